@@ -1,0 +1,1 @@
+"""bertjax: BERT-family encoders in JAX/Flax."""
