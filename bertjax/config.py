@@ -1,0 +1,150 @@
+"""BertConfig: the one frozen model config shared by every Linen module."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import jax.numpy as jnp
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
+MODEL_TYPES = ("bert", "roberta", "albert")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# name: (layers, hidden, heads); intermediate = 4 * hidden as in Turc et al. "Well-Read Students".
+_PRESETS = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture of a BERT-family encoder; variants are fields, not subclasses."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"  # "gelu" is exact erf GELU; "gelu_new"/"gelu_tanh" the tanh form
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pre_layer_norm: bool = False  # False: BERT's post-LN; True: pre-LN with a final LayerNorm
+    position_offset: int = 0  # RoBERTa: position ids start at padding_idx + 1 = 2
+    embedding_size: Optional[int] = None  # ALBERT factorized embeddings (None: hidden_size)
+    num_hidden_groups: Optional[int] = None  # ALBERT cross-layer sharing (None: no sharing)
+    classifier_dropout: Optional[float] = None  # None: hidden_dropout_prob
+    model_type: str = "bert"  # which Hugging Face family convert.to_hf writes
+    pad_token_id: int = 0  # special-token ids (None: unknown); defaults match bertjax tokenizers
+    unk_token_id: Optional[int] = 1
+    cls_token_id: Optional[int] = 2
+    sep_token_id: Optional[int] = 3
+    mask_token_id: Optional[int] = 4
+    dtype: str = "float32"  # compute dtype of activations and matmuls
+    param_dtype: str = "float32"  # storage dtype of parameters (master weights)
+    scan_layers: bool = False  # nn.scan over layers: one compiled layer, stacked params
+    remat: str = "none"  # rematerialisation policy per layer: none | full | dots | dots_no_batch
+    attention_implementation: Optional[str] = None  # passed to jax.nn.dot_product_attention
+
+    def __post_init__(self):
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"BertConfig.hidden_act {self.hidden_act!r} is not one of {ACTIVATIONS}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"BertConfig.classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"BertConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        if self.initializer_range <= 0:
+            raise ValueError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
+        if self.position_offset < 0:
+            raise ValueError(f"BertConfig.position_offset must be >= 0, got {self.position_offset!r}")
+        if self.embedding_size is not None and self.embedding_size <= 0:
+            raise ValueError(f"BertConfig.embedding_size must be positive or None, got {self.embedding_size!r}")
+        if self.num_hidden_groups is not None:
+            if self.num_hidden_groups <= 0 or self.num_hidden_layers % self.num_hidden_groups:
+                raise ValueError(
+                    f"BertConfig.num_hidden_groups ({self.num_hidden_groups}) must be positive and "
+                    f"divide num_hidden_layers ({self.num_hidden_layers})")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"BertConfig.model_type {self.model_type!r} is not one of {MODEL_TYPES}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"BertConfig.{name} {getattr(self, name)!r} is not one of {DTYPES}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"BertConfig.remat {self.remat!r} is not one of {REMAT_POLICIES}")
+        for name in ("pad_token_id", "unk_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"BertConfig.{name} ({value}) is outside the vocabulary [0, {self.vocab_size})")
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "BertConfig":
+        """A named size (tiny, mini, small, medium, base, large) with optional field overrides."""
+        if name not in _PRESETS:
+            raise ValueError(f"unknown BertConfig preset {name!r}; choose one of {sorted(_PRESETS)}")
+        layers, hidden, heads = _PRESETS[name]
+        fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      intermediate_size=4 * hidden)
+        fields.update(overrides)
+        return cls.from_dict(fields)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "BertConfig":
+        """Builds a config from a dict, rejecting keys that are not fields."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown BertConfig field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "BertConfig":
+        """A copy with some fields changed (validated again)."""
+        return self.from_dict({**dataclasses.asdict(self), **changes})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    # Derived sizes ---------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the token embedding table (ALBERT's E; BERT's hidden size)."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def num_groups(self) -> int:
+        """Number of distinct layer parameter sets (ALBERT sharing groups)."""
+        return self.num_hidden_groups or self.num_hidden_layers
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def params_dtype(self):
+        return jnp.dtype(self.param_dtype)

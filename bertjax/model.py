@@ -1,0 +1,280 @@
+"""The BERT-family encoder in Flax Linen: embeddings, attention, layers, encoder, pooler.
+
+Every parameter carries logical axis names (``vocab``, ``embed``, ``factor``, ``heads``,
+``kv``, ``mlp``, ``position``, ``types``, ``layers``) and main activations carry
+``act_*`` names; `bertjax.sharding` maps them to mesh axes. No layer names a mesh axis.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.config import BertConfig
+
+Array = jax.Array
+
+
+def activation(name: str):
+    """The feed-forward non-linearity named by BertConfig.hidden_act."""
+    if name == "gelu":
+        return functools.partial(jax.nn.gelu, approximate=False)
+    if name in ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh"):
+        return functools.partial(jax.nn.gelu, approximate=True)
+    return {"relu": jax.nn.relu, "silu": jax.nn.silu, "swish": jax.nn.silu, "tanh": jnp.tanh}[name]
+
+
+def _init(cfg: BertConfig, axes):
+    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), axes)
+
+
+def _zeros(axes):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _ones(axes):
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def dense(cfg: BertConfig, features: int, axes: tuple, name: str) -> nn.Dense:
+    """A Dense layer with logical names on kernel (in, out) and bias (out,)."""
+    return nn.Dense(features, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                    kernel_init=_init(cfg, axes), bias_init=_zeros(axes[-1:]), name=name)
+
+
+def layer_norm(cfg: BertConfig, axis: str, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+                        param_dtype=cfg.params_dtype, scale_init=_ones((axis,)),
+                        bias_init=_zeros((axis,)), name=name)
+
+
+def constrain(x: Array, axes: tuple) -> Array:
+    return nn.with_logical_constraint(x, axes)
+
+
+def make_attention_mask(attention_mask: Optional[Array], segment_ids: Optional[Array],
+                   batch: int, length: int) -> Array:
+    """Boolean mask broadcastable to [B, N, T, S]: True where a query may attend a key.
+
+    With ``segment_ids`` (packed rows, 0 = padding) attention is block-diagonal, so
+    packed sequences never see each other; otherwise keys at padding are masked.
+    """
+    if segment_ids is not None:
+        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+        return same & (segment_ids[:, None, None, :] > 0)
+    if attention_mask is None:
+        return jnp.ones((batch, 1, 1, length), bool)
+    return attention_mask[:, None, None, :] > 0
+
+
+def position_ids(segment_ids: Optional[Array], batch: int, length: int, offset: int) -> Array:
+    """0, 1, 2, ... per row, restarting at each packed segment, plus RoBERTa's offset."""
+    index = jnp.arange(length, dtype=jnp.int32)[None, :]
+    if segment_ids is None:
+        return jnp.broadcast_to(index + offset, (batch, length))
+    starts = jnp.concatenate(
+        [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+    return index - segment_start + offset
+
+
+class Embeddings(nn.Module):
+    """Word + position + token-type embeddings, LayerNorm, dropout; ALBERT projects E -> H."""
+
+    cfg: BertConfig
+
+    def setup(self):
+        cfg = self.cfg
+        self.width_axis = "embed" if cfg.embedding_dim == cfg.hidden_size else "factor"
+        width = cfg.embedding_dim
+        self.word_embeddings = self.param(
+            "word_embeddings", _init(cfg, ("vocab", self.width_axis)), (cfg.vocab_size, width),
+            cfg.params_dtype)
+        self.position_embeddings = self.param(
+            "position_embeddings", _init(cfg, ("position", self.width_axis)),
+            (cfg.max_position_embeddings, width), cfg.params_dtype)
+        self.token_type_embeddings = self.param(
+            "token_type_embeddings", _init(cfg, ("types", self.width_axis)),
+            (cfg.type_vocab_size, width), cfg.params_dtype)
+        self.layer_norm = layer_norm(cfg, self.width_axis, "layer_norm")
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        if width != cfg.hidden_size:
+            self.projection = dense(cfg, cfg.hidden_size, ("factor", "embed"), "projection")
+
+    def __call__(self, input_ids, token_type_ids, positions, deterministic: bool) -> Array:
+        dtype = self.cfg.compute_dtype
+        x = (jnp.take(self.word_embeddings, input_ids, axis=0).astype(dtype)
+             + jnp.take(self.position_embeddings, positions, axis=0).astype(dtype)
+             + jnp.take(self.token_type_embeddings, token_type_ids, axis=0).astype(dtype))
+        x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+        if self.cfg.embedding_dim != self.cfg.hidden_size:
+            x = self.projection(x)
+        return constrain(x, ("act_batch", "act_len", "act_embed"))
+
+    def attend(self, x: Array) -> Array:
+        """Logits against the word-embedding table (the tied MLM decoder)."""
+        table = self.word_embeddings.astype(self.cfg.compute_dtype)
+        return jnp.einsum("bpe,ve->bpv", x, table)
+
+
+def exact_attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
+                    dropout=lambda probs: probs) -> Array:
+    """Softmax attention in fp32 with an optional dropout on the probabilities."""
+    logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH).astype(jnp.float32)
+    logits = logits / jnp.sqrt(jnp.float32(q_BTNH.shape[-1]))
+    probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", dropout(probs).astype(v_BSNH.dtype), v_BSNH)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention; fused `jax.nn.dot_product_attention` unless dropout is active."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BTE: Array, mask: Array, deterministic: bool) -> Array:
+        cfg = self.cfg
+        heads, head_dim, width = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+        dtype = cfg.compute_dtype
+
+        def project(name):
+            kernel = self.param(f"{name}_kernel", _init(cfg, ("embed", "heads", "kv")),
+                                (width, heads, head_dim), cfg.params_dtype)
+            bias = self.param(f"{name}_bias", _zeros(("heads", "kv")), (heads, head_dim),
+                              cfg.params_dtype)
+            y = jnp.einsum("bte,enh->btnh", x_BTE.astype(dtype), kernel.astype(dtype))
+            y = y + bias.astype(dtype)
+            return constrain(y, ("act_batch", "act_len", "act_heads", "act_kv"))
+
+        q_BTNH, k_BSNH, v_BSNH = project("query"), project("key"), project("value")
+        if cfg.attention_probs_dropout_prob > 0 and not deterministic:
+            # dot_product_attention has no dropout: use the exact path.
+            dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
+            ctx_BTNH = exact_attention(q_BTNH, k_BSNH, v_BSNH, mask,
+                                       lambda p: dropout(p, deterministic=False))
+        else:
+            full_mask = jnp.broadcast_to(mask, (mask.shape[0], 1, mask.shape[2], k_BSNH.shape[1]))
+            ctx_BTNH = jax.nn.dot_product_attention(
+                q_BTNH, k_BSNH, v_BSNH, mask=full_mask,
+                implementation=cfg.attention_implementation)
+        ctx_BTNH = constrain(ctx_BTNH, ("act_batch", "act_len", "act_heads", "act_kv"))
+        out_kernel = self.param("output_kernel", _init(cfg, ("heads", "kv", "embed")),
+                                (heads, head_dim, width), cfg.params_dtype)
+        out_bias = self.param("output_bias", _zeros(("embed",)), (width,), cfg.params_dtype)
+        y = jnp.einsum("btnh,nhe->bte", ctx_BTNH, out_kernel.astype(dtype)) + out_bias.astype(dtype)
+        return constrain(y, ("act_batch", "act_len", "act_embed"))
+
+
+class FeedForward(nn.Module):
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.cfg
+        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+        h = constrain(activation(cfg.hidden_act)(h), ("act_batch", "act_len", "act_mlp"))
+        y = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
+        return constrain(y, ("act_batch", "act_len", "act_embed"))
+
+
+class BertLayer(nn.Module):
+    """One transformer layer, post-LN (BERT) or pre-LN. Returns (x, None) so it can be scanned."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool):
+        cfg = self.cfg
+        drop = nn.Dropout(cfg.hidden_dropout_prob)
+        attention = SelfAttention(cfg, name="attention")
+        mlp = FeedForward(cfg, name="mlp")
+        attention_norm = layer_norm(cfg, "embed", "attention_norm")
+        output_norm = layer_norm(cfg, "embed", "output_norm")
+        if cfg.pre_layer_norm:
+            x = x + drop(attention(attention_norm(x), mask, deterministic), deterministic)
+            x = x + drop(mlp(output_norm(x)), deterministic)
+        else:
+            x = attention_norm(x + drop(attention(x, mask, deterministic), deterministic))
+            x = output_norm(x + drop(mlp(x), deterministic))
+        return constrain(x, ("act_batch", "act_len", "act_embed")), None
+
+
+_REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class Encoder(nn.Module):
+    """The layer stack: a Python loop or `nn.scan`; ALBERT groups share one layer's parameters."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+        cfg = self.cfg
+        groups = cfg.num_groups
+        repeats = cfg.num_hidden_layers // groups
+        layer_cls = BertLayer
+        if cfg.remat != "none":
+            layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat],
+                                 prevent_cse=not cfg.scan_layers, static_argnums=(3,))
+        if cfg.scan_layers:
+            block = layer_cls
+            if repeats > 1:  # shared layer applied `repeats` times: broadcast its parameters
+                block = nn.scan(block, variable_broadcast="params",
+                                split_rngs={"params": False, "dropout": True},
+                                in_axes=(nn.broadcast, nn.broadcast), length=repeats)
+            stack = nn.scan(block, variable_axes={"params": 0},
+                            split_rngs={"params": True, "dropout": True},
+                            in_axes=(nn.broadcast, nn.broadcast), length=groups,
+                            metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = stack(cfg, name="layers")(x, mask, deterministic)
+        else:
+            layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(groups)]
+            for index in range(cfg.num_hidden_layers):
+                x, _ = layers[index // repeats](x, mask, deterministic)
+        if cfg.pre_layer_norm:
+            x = layer_norm(cfg, "embed", "final_norm")(x)
+        return x
+
+
+class BertModel(nn.Module):
+    """The bare encoder: (sequence_output [B,T,H], pooled_output [B,H] or None)."""
+
+    cfg: BertConfig
+    add_pooler: bool = True
+
+    def setup(self):
+        self.embeddings = Embeddings(self.cfg)
+        self.encoder = Encoder(self.cfg)
+        if self.add_pooler:
+            self.pooler = dense(self.cfg, self.cfg.hidden_size, ("embed", "embed_out"), "pooler")
+
+    def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
+                 attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
+                 positions: Optional[Array] = None, deterministic: bool = True):
+        cfg = self.cfg
+        batch, length = input_ids.shape
+        if length > cfg.max_position_embeddings - cfg.position_offset:
+            raise ValueError(
+                f"sequence length {length} exceeds max_position_embeddings "
+                f"{cfg.max_position_embeddings} (position_offset {cfg.position_offset})")
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if positions is None:
+            positions = position_ids(segment_ids, batch, length, cfg.position_offset)
+        x = self.embeddings(input_ids, token_type_ids, positions, deterministic)
+        mask = make_attention_mask(attention_mask, segment_ids, batch, length)
+        x = self.encoder(x, mask, deterministic)
+        pooled = None
+        if self.add_pooler:
+            pooled = jnp.tanh(self.pooler(x[:, 0]))
+        return x, pooled
+
+    def attend(self, x: Array) -> Array:
+        return self.embeddings.attend(x)

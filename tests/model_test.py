@@ -1,0 +1,217 @@
+"""Behaviour of the encoder itself: padding, packing, scan, sharing, gradients, configs."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+import bertjax
+from bertjax import convert
+from bertjax.model import exact_attention, make_attention_mask
+
+SMALL = dict(vocab_size=61, hidden_size=32, num_attention_heads=4, intermediate_size=48,
+             max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _cfg(**overrides):
+    return bertjax.BertConfig.preset("tiny", **{**SMALL, **overrides})
+
+
+def _init(model, length=12, seed=0):
+    ids = jnp.ones((2, length), jnp.int32)
+    return nn.unbox(model.init(jax.random.key(seed), ids)["params"])
+
+
+def _ids(seed, shape, vocab=61):
+    return jnp.asarray(np.random.default_rng(seed).integers(5, vocab, size=shape), jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    cfg = _cfg()
+    model = bertjax.BertForPreTraining(cfg)
+    return cfg, model, _init(model)
+
+
+def test_padding_never_changes_real_positions(bert):
+    cfg, model, params = bert
+    ids = _ids(0, (2, 7))
+    types = jnp.asarray([[0, 0, 0, 1, 1, 1, 1]] * 2, jnp.int32)
+    short = model.apply({"params": params}, ids, types, jnp.ones((2, 7), jnp.int32))
+    pad = jnp.zeros((2, 5), jnp.int32)
+    padded = model.apply({"params": params}, jnp.concatenate([ids, pad + 9], 1),
+                         jnp.concatenate([types, pad], 1),
+                         jnp.concatenate([jnp.ones((2, 7), jnp.int32), pad], 1))
+    np.testing.assert_allclose(padded["sequence_output"][:, :7], short["sequence_output"], atol=1e-5)
+    np.testing.assert_allclose(padded["mlm_logits"][:, :7], short["mlm_logits"], atol=1e-5)
+    np.testing.assert_allclose(padded["nsp_logits"], short["nsp_logits"], atol=1e-5)
+
+
+def test_packed_row_equals_separate_sequences(bert):
+    cfg, model, params = bert
+    a, b = _ids(1, (1, 5)), _ids(2, (1, 4))
+    seg = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3], jnp.int32)
+    packed_ids = jnp.concatenate([a, b, jnp.zeros((1, 3), jnp.int32)], 1)
+    packed = model.apply({"params": params}, packed_ids, segment_ids=seg)["sequence_output"]
+    alone_a = model.apply({"params": params}, a)["sequence_output"]
+    alone_b = model.apply({"params": params}, b)["sequence_output"]
+    np.testing.assert_allclose(packed[:, :5], alone_a, atol=1e-5)
+    np.testing.assert_allclose(packed[:, 5:9], alone_b, atol=1e-5)
+    # Without segment ids the two sequences do see each other: the test has teeth.
+    leaky = model.apply({"params": params}, packed_ids[:, :9])["sequence_output"]
+    assert np.max(np.abs(leaky[:, 5:9] - alone_b)) > 1e-3
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(embedding_size=16, num_hidden_groups=1,
+                                                     num_hidden_layers=4)])
+def test_scan_and_remat_match_the_loop(overrides):
+    cfg = _cfg(**overrides)
+    ids = _ids(3, (2, 9))
+    loop = bertjax.BertForPreTraining(cfg)
+    params = _init(loop, length=9)
+    ref = loop.apply({"params": params}, ids)
+    scan_cfg = cfg.replace(scan_layers=True, remat="full")
+    stacked = convert.stack_layers(scan_cfg, params)
+    scanned = bertjax.BertForPreTraining(scan_cfg)
+    # The scanned module's own init has the same tree as the stacked loop params.
+    assert jax.tree.structure(_init(scanned, length=9)) == jax.tree.structure(stacked)
+    out = scanned.apply({"params": stacked}, ids)
+    np.testing.assert_allclose(out["mlm_logits"], ref["mlm_logits"], atol=1e-5)
+
+    def loss(p, m):
+        return jnp.sum(m.apply({"params": p}, ids)["mlm_logits"] ** 2)
+
+    g_loop = jax.grad(loss)(params, loop)
+    g_scan = convert.unstack_layers(scan_cfg, jax.grad(loss)(stacked, scanned))
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5), g_loop, g_scan)
+
+
+def test_albert_one_group_has_one_layer_of_parameters():
+    albert = _cfg(embedding_size=16, num_hidden_groups=1, num_hidden_layers=6)
+    params = _init(bertjax.BertForPreTraining(albert))
+    assert list(params["bert"]["encoder"]) == ["layer_0"]
+    bert_params = _init(bertjax.BertForPreTraining(albert.replace(num_hidden_groups=None)))
+    layer = sum(x.size for x in jax.tree.leaves(bert_params["bert"]["encoder"]["layer_0"]))
+    count = lambda p: sum(x.size for x in jax.tree.leaves(p))  # noqa: E731
+    assert count(bert_params) - count(params) == 5 * layer
+    assert params["bert"]["embeddings"]["word_embeddings"].shape == (61, 16)
+    assert params["bert"]["embeddings"]["projection"]["kernel"].shape == (16, 32)
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(embedding_size=16, num_hidden_groups=1),
+                                       dict(pre_layer_norm=True)])
+def test_every_parameter_gets_a_gradient(overrides):
+    cfg = _cfg(**overrides)
+    model = bertjax.BertForPreTraining(cfg)
+    params = _init(model)
+    ids = _ids(4, (4, 12))
+    types = jnp.asarray(np.repeat([[0] * 6 + [1] * 6], 4, 0), jnp.int32)
+    positions = jnp.asarray(np.random.default_rng(0).integers(1, 12, (4, 3)), jnp.int32)
+    labels = jnp.take_along_axis(ids, positions, 1)
+
+    def loss(p):
+        out = model.apply({"params": p}, ids, types, masked_positions=positions)
+        mlm = optax.softmax_cross_entropy_with_integer_labels(out["mlm_logits"], labels).mean()
+        nsp = optax.softmax_cross_entropy_with_integer_labels(
+            out["nsp_logits"], jnp.asarray([0, 1, 0, 1])).mean()
+        return mlm + nsp
+
+    grads = jax.grad(loss)(params)
+    flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+    # Every parameter tensor moves; position rows past the sequence length cannot.
+    for path, g in flat:
+        name = jax.tree_util.keystr(path)
+        if "position_embeddings" in name:
+            g = g[:12]
+        if "token_type_embeddings" in name or "word_embeddings" in name:
+            continue  # rows of unused ids legitimately get zero; checked below
+        assert float(jnp.max(jnp.abs(g))) > 0, f"zero gradient for {name}"
+    word = grads["bert"]["embeddings"]["word_embeddings"]
+    assert float(jnp.min(jnp.max(jnp.abs(word), axis=1))) > 0  # tied decoder reaches every row
+    assert float(jnp.min(jnp.max(jnp.abs(grads["bert"]["embeddings"]["token_type_embeddings"]), 1))) > 0
+
+
+def test_exact_attention_equals_fused():
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 4)), jnp.float32) for _ in range(3))
+    seg = jnp.asarray([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
+    mask = make_attention_mask(None, seg, 2, 6)
+    fused = jax.nn.dot_product_attention(q, k, v, mask=jnp.broadcast_to(mask, (2, 1, 6, 6)))
+    exact = exact_attention(q, k, v, mask)
+    np.testing.assert_allclose(exact[:, :5], fused[:, :5], atol=1e-6)
+    np.testing.assert_allclose(exact[1], fused[1], atol=1e-6)
+
+
+def test_dropout_is_active_only_when_asked(bert):
+    cfg = _cfg(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = bertjax.BertForPreTraining(cfg)
+    params = bert[2]
+    ids = _ids(5, (2, 10))
+    a = model.apply({"params": params}, ids)["mlm_logits"]
+    b = model.apply({"params": params}, ids)["mlm_logits"]
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, bert[1].apply({"params": params}, ids)["mlm_logits"], atol=1e-6)
+    c = model.apply({"params": params}, ids, deterministic=False,
+                    rngs={"dropout": jax.random.key(1)})["mlm_logits"]
+    assert np.max(np.abs(np.asarray(c) - np.asarray(a))) > 1e-3
+
+
+def test_bfloat16_compute_keeps_float32_params_and_tracks_float32(bert):
+    cfg, model, params = bert
+    ids = _ids(6, (2, 10))
+    half = bertjax.BertForPreTraining(cfg.replace(dtype="bfloat16"))
+    out = half.apply({"params": params}, ids)
+    assert out["mlm_logits"].dtype == jnp.bfloat16
+    ref = model.apply({"params": params}, ids)["mlm_logits"]
+    assert float(jnp.max(jnp.abs(out["mlm_logits"].astype(jnp.float32) - ref))) < 0.1
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(_init(half)))
+
+
+def test_token_classification_and_sequence_classification_shapes(bert):
+    cfg = bert[0]
+    ids = _ids(7, (3, 8))
+    seq = bertjax.BertForSequenceClassification(cfg, num_labels=1)
+    out = seq.apply({"params": _init(seq)}, ids)
+    assert out.shape == (3, 1)
+    tok = bertjax.BertForTokenClassification(cfg, num_labels=7)
+    tok_params = _init(tok)
+    assert "pooler" not in tok_params["bert"]
+    assert tok.apply({"params": tok_params}, ids).shape == (3, 8, 7)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("hidden_size", 30, "hidden_size .* divisible by num_attention_heads"),
+    ("hidden_act", "gelu_fast", "hidden_act"),
+    ("num_hidden_layers", -1, "num_hidden_layers"),
+    ("vocab_size", 0, "vocab_size"),
+    ("hidden_dropout_prob", 1.5, "hidden_dropout_prob"),
+    ("num_hidden_groups", 5, "num_hidden_groups"),
+    ("dtype", "float8", "dtype"),
+    ("remat", "everything", "remat"),
+    ("mask_token_id", 100, "mask_token_id"),
+])
+def test_bad_config_names_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        _cfg(**{field: value})
+
+
+def test_config_rejects_unknown_keys_and_presets():
+    with pytest.raises(ValueError, match="unknown BertConfig field.*hiden_size"):
+        bertjax.BertConfig.from_dict({"hiden_size": 8})
+    with pytest.raises(ValueError, match="unknown BertConfig preset 'huge'"):
+        bertjax.BertConfig.preset("huge")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _cfg().hidden_size = 64
+    sizes = {name: bertjax.BertConfig.preset(name) for name in
+             ("tiny", "mini", "small", "medium", "base", "large")}
+    assert [(c.num_hidden_layers, c.hidden_size, c.num_attention_heads) for c in sizes.values()] == [
+        (2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8), (12, 768, 12), (24, 1024, 16)]
+
+
+def test_sequence_longer_than_positions_is_refused(bert):
+    cfg, model, params = bert
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
+        model.apply({"params": params}, jnp.ones((1, 40), jnp.int32))
