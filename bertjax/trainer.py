@@ -1,0 +1,285 @@
+"""`train_and_evaluate(config, workdir)`: the pretraining loop behind `train.py`.
+
+The loop only moves data and calls the jitted step: batch `s` comes from the data
+pipeline as a pure function of the step, metrics stay on device until a log step,
+checkpoints are written asynchronously, and a restart resumes from the last complete
+checkpoint with bit-identical results. SIGTERM/SIGINT save the current step and stop.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import metrics as metrics_lib
+from bertjax import sharding, step as step_lib
+from bertjax.config import BertConfig
+from bertjax.data import make_pipeline
+from bertjax.data.config import PAIR_OBJECTIVES
+
+# Model fields the tokenizer decides; a run config never sets them.
+_TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "unk_token_id", "cls_token_id",
+                     "sep_token_id", "mask_token_id")
+
+
+def model_config_dict(preset: str, **overrides) -> ml_collections.ConfigDict:
+    """``config.model``: every BertConfig field of a preset except the tokenizer's ids/size."""
+    fields = BertConfig.preset(preset, **overrides).to_dict()
+    return ml_collections.ConfigDict({k: v for k, v in fields.items()
+                                      if k not in _TOKENIZER_FIELDS})
+
+
+def default_run_config() -> ml_collections.ConfigDict:
+    """Every key a pretraining run reads, with defaults; configs/*.py start from this."""
+    from bertjax.data import default_data_config
+
+    config = step_lib.default_step_config()  # seed, batch_size, skip_nonfinite, optim, mesh, loss
+    config.num_train_steps = 1000  # optimizer steps; the LR schedule spans them
+    config.optim.total_steps = config.get_ref("num_train_steps")
+    config.model = model_config_dict("tiny")  # BertConfig fields (vocab and special ids: tokenizer)
+    config.data = default_data_config()
+    config.log_every = 50  # steps between train-metric fetches (the only host syncs)
+    config.eval_every = 500  # steps between held-out evals (0: no eval)
+    config.eval_batches = 8  # held-out batches per eval (fixed, same every eval)
+    config.checkpoint_every = 500  # steps between checkpoints (0: only at the end)
+    config.keep_checkpoints = 3  # complete checkpoints kept
+    config.async_checkpoints = True  # save in the background while training continues
+    config.peak_flops_per_device = 0.0  # for MFU; 0 = by device kind, CPU measured at start
+    config.progress_bar = True  # tqdm bar with loss, tokens/s, MFU and ETA (process 0)
+    return config
+
+
+def model_config(config: ml_collections.ConfigDict, tokenizer) -> BertConfig:
+    """The BertConfig of a run: ``config.model`` plus the tokenizer's vocabulary and ids."""
+    fields = dict(config.model.to_dict())
+    fields.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id,
+                  unk_token_id=tokenizer.unk_id, cls_token_id=tokenizer.cls_id,
+                  sep_token_id=tokenizer.sep_id, mask_token_id=tokenizer.mask_id)
+    try:
+        return BertConfig.from_dict(fields)
+    except ValueError as error:
+        raise ValueError(f"config.model: {error}") from error
+
+
+def validate_run_config(config: ml_collections.ConfigDict) -> None:
+    """Cross-field checks that no single sub-config can make."""
+    for key in ("num_train_steps", "batch_size", "log_every", "checkpoint_every", "eval_every"):
+        if int(config[key]) < 0 or (key in ("num_train_steps", "batch_size", "log_every")
+                                     and int(config[key]) == 0):
+            raise ValueError(f"config.{key}={config[key]!r}: must be positive")
+    pairs = config.data.objective in PAIR_OBJECTIVES
+    if bool(config.loss.next_sentence) != pairs:
+        raise ValueError(
+            f"config.loss.next_sentence={config.loss.next_sentence} but config.data.objective="
+            f"{config.data.objective!r} {'has' if pairs else 'has no'} sentence pairs: set "
+            f"--config.loss.next_sentence={pairs}")
+    if config.optim.total_steps != config.num_train_steps:
+        logging.warning("config.optim.total_steps=%s differs from num_train_steps=%s",
+                        config.optim.total_steps, config.num_train_steps)
+
+
+def _prepare_workdir(workdir: str) -> str:
+    workdir = os.path.abspath(workdir)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as error:
+        raise ValueError(f"workdir {workdir!r} is not writable: {error}") from error
+    return workdir
+
+
+class _StopSignal:
+    """Turns SIGTERM/SIGINT into a flag the loop checks after each step."""
+
+    def __init__(self):
+        self.received: Optional[int] = None
+        self._previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _measured_cpu_peak() -> float:
+    """fp32 matmul FLOP/s of one device, measured once (for MFU where no datasheet applies)."""
+    n = 1024
+    x = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    f(x).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(5):
+        f(x).block_until_ready()
+    return 5 * 2 * n ** 3 / (time.perf_counter() - start)
+
+
+def peak_flops(config: ml_collections.ConfigDict) -> float:
+    kind = jax.devices()[0].device_kind
+    peak = metrics_lib.device_peak_flops(kind, float(config.peak_flops_per_device))
+    return peak if peak > 0 else _measured_cpu_peak()
+
+
+def evaluate(steps, state, pipeline, mesh, config) -> dict:
+    """Held-out MLM accuracy, perplexity, NSP/SOP accuracy over fixed eval batches."""
+    totals: dict[str, float] = {}
+    counts = {}
+    for batch in pipeline.eval_batches(int(config.eval_batches)):
+        ids = batch["masked_ids"][batch["masked_weights"] > 0]
+        for token, count in zip(*np.unique(ids, return_counts=True)):
+            counts[token] = counts.get(token, 0) + int(count)
+        out = jax.device_get(steps.eval(state, sharding.global_batch(batch, mesh, config.batch_size)))
+        weight, examples = float(out["mlm_weight"]), float(out["examples"])
+        for key, value in out.items():
+            if key.startswith("mlm_") and key != "mlm_weight":
+                totals[key] = totals.get(key, 0.0) + float(value) * weight
+            elif key.startswith("nsp_"):
+                totals[key] = totals.get(key, 0.0) + float(value) * examples
+        totals["_weight"] = totals.get("_weight", 0.0) + weight
+        totals["_examples"] = totals.get("_examples", 0.0) + examples
+    if not totals:
+        return {}
+    result = {k: v / totals["_weight" if k.startswith("mlm_") else "_examples"]
+              for k, v in totals.items() if not k.startswith("_")}
+    result["perplexity"] = math.exp(min(result["mlm_loss"], 50.0))
+    # Guessing the single most frequent masked token: the floor a model must beat.
+    result["majority_baseline"] = max(counts.values()) / max(1, sum(counts.values()))
+    return result
+
+
+def _meta(config, model_cfg, pipeline) -> dict:
+    return {"config": config.to_dict(), "model_config": model_cfg.to_dict(),
+            "store_fingerprint": pipeline.store.fingerprint if hasattr(pipeline.store, "fingerprint")
+            else "", **checkpoint_lib.tokenizer_meta(pipeline.tokenizer)}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Pretrains as configured, resuming from ``workdir`` if it holds checkpoints."""
+    validate_run_config(config)
+    workdir = _prepare_workdir(workdir)
+    is_chief = jax.process_index() == 0
+    pipeline = make_pipeline(config, workdir)
+    model_cfg = model_config(config, pipeline.tokenizer)
+    mesh = sharding.make_mesh(config.mesh)
+    abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
+    ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                       keep=int(config.keep_checkpoints),
+                                       async_save=bool(config.async_checkpoints))
+    if ckpt.latest_step() is not None:
+        meta = ckpt.read_meta()
+        checkpoint_lib.check_compatible(meta, model_cfg, pipeline.tokenizer.fingerprint(),
+                                        ckpt.directory)
+        state, _ = ckpt.restore(abstract)
+        logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
+    else:
+        state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
+    steps = step_lib.jit_steps(state, mesh)
+    meta = _meta(config, model_cfg, pipeline)
+    writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
+    stop = _StopSignal()
+    dropout_rng = jax.random.key(config.seed + 1)
+    peak = peak_flops(config)
+    num_devices = jax.device_count()
+    total = int(config.num_train_steps)
+    start = int(jax.device_get(state.step))
+    progress = None
+    if is_chief and config.progress_bar and start < total:
+        from tqdm.auto import tqdm
+        progress = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+    history, unchecked, summary = [], [], {}
+    tokens = flops = 0.0
+    window_start = time.perf_counter()
+
+    def check_finite():
+        """Fetches pending non-finite flags; stops the run before bad params are saved."""
+        flags = jax.device_get([m["nonfinite"] for m in unchecked])
+        unchecked.clear()
+        bad = int(np.sum(flags))
+        if bad and not config.skip_nonfinite_updates:
+            ckpt.wait()
+            raise FloatingPointError(
+                f"non-finite loss or gradient before step {current}; the last good checkpoint "
+                f"({ckpt.latest_step()}) in {ckpt.directory} is kept. Lower the learning rate, "
+                "check the data, or set --config.skip_nonfinite_updates=True")
+        return bad
+
+    current = start
+    try:
+        for current in range(start, total):
+            host_batch = pipeline.batch(current)
+            batch_tokens = float(np.sum(host_batch["attention_mask"])) * jax.process_count()
+            masked = float(np.sum(host_batch["masked_weights"] > 0)) * jax.process_count()
+            length = host_batch["input_ids"].shape[1]
+            tokens += batch_tokens
+            flops += config.batch_size * metrics_lib.train_flops_per_sequence(
+                model_cfg, length, masked / config.batch_size)
+            batch = sharding.global_batch(host_batch, mesh, config.batch_size)
+            state, step_metrics = steps.train(state, batch, dropout_rng)
+            history.append(step_metrics)
+            unchecked.append(step_metrics)
+            done = current + 1
+            last = done == total or stop.received is not None
+            if done % config.log_every == 0 or last:
+                fetched = jax.device_get(history)
+                history = []
+                skipped = check_finite()
+                elapsed = time.perf_counter() - window_start
+                scalars = {f"train/{k}": v for k, v in metrics_lib.mean_metrics(fetched).items()}
+                scalars.update({"train/skipped_updates": skipped,
+                                "perf/tokens_per_second": tokens / elapsed,
+                                "perf/steps_per_second": len(fetched) / elapsed,
+                                "perf/mfu": metrics_lib.mfu(flops / len(fetched),
+                                                            elapsed / len(fetched), num_devices, peak)})
+                writer.write_scalars(done, scalars)
+                summary.update(scalars)
+                if progress is not None:
+                    progress.set_postfix(loss=f"{scalars['train/loss']:.3f}",
+                                         tok_s=f"{scalars['perf/tokens_per_second']:.0f}",
+                                         mfu=f"{scalars['perf/mfu']:.1%}")
+                tokens = flops = 0.0
+                window_start = time.perf_counter()
+            if progress is not None:
+                progress.update(1)
+            if config.eval_every and (done % config.eval_every == 0 or done == total):
+                result = {f"eval/{k}": v for k, v in evaluate(steps, state, pipeline, mesh,
+                                                              config).items()}
+                writer.write_scalars(done, result)
+                summary.update(result)
+                if result and is_chief:
+                    line = " ".join(f"{k[5:]}={v:.4g}" for k, v in result.items())
+                    (progress.write if progress is not None else print)(f"step {done}: {line}")
+                window_start = time.perf_counter()  # eval time is not training throughput
+            if (config.checkpoint_every and done % config.checkpoint_every == 0) or last:
+                check_finite()
+                ckpt.save(state, meta, force=True)
+            if stop.received is not None:
+                logging.warning("signal %d: saved step %d, stopping", stop.received, done)
+                break
+    finally:
+        stop.restore()
+        if progress is not None:
+            progress.close()
+        ckpt.close()
+        writer.close()
+        pipeline.close()
+    summary["step"] = int(jax.device_get(state.step))
+    summary["stopped_by_signal"] = stop.received is not None
+    return summary

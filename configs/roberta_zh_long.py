@@ -1,0 +1,37 @@
+"""Long-context Chinese RoBERTa: 1024 positions, whole-word masking, full-sentence rows of
+mixed lengths (25% 128 / 50% 512 / 25% 1024 tokens, chosen per step), no NSP.
+
+Run:     pip install 'bertjax[zh]'
+         python train.py --config=configs/roberta_zh_long.py --workdir=DIR --config.data.corpus='/data/zh/*.txt'
+Expect:  three compiled step shapes, reused as the schedule mixes them; use remat and bf16
+         (set here) to fit 1024-token rows; tokens/s drops on 1024 rows (attention is T^2).
+"""
+from bertjax.trainer import default_run_config, model_config_dict
+
+
+def get_config():
+    config = default_run_config()
+    config.model = model_config_dict("base", model_type="roberta", position_offset=1,
+                                     max_position_embeddings=1025, type_vocab_size=1,
+                                     dtype="bfloat16", remat="dots", scan_layers=True)
+    config.batch_size = 256
+    config.num_train_steps = 500_000
+    config.data.corpus = "data/zh/*.txt"  # your Chinese corpus
+    config.data.language = "zh"
+    config.data.vocab_size = 21128
+    config.data.max_seq_length = 1024
+    config.data.length_schedule = ((0.25, 128), (0.5, 512), (0.25, 1024))
+    config.data.mixed_lengths = True
+    config.data.max_predictions = 160
+    config.data.objective = "full_sentences"
+    config.data.masking = "whole_word"
+    config.loss.next_sentence = False
+    config.optim.learning_rate = 1e-4
+    config.optim.base_batch_size = 256
+    config.optim.lr_scaling = "sqrt"
+    config.optim.b2 = 0.98
+    config.optim.warmup_steps = 10_000
+    config.log_every = 100
+    config.eval_every = 10_000
+    config.checkpoint_every = 10_000
+    return config

@@ -1,0 +1,87 @@
+"""Two processes x 2 CPU devices (jax.distributed on localhost) match one process with 4 devices."""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import two_process_worker as worker
+from bertjax import sharding
+
+WORKER = pathlib.Path(worker.__file__).resolve()
+REPO = WORKER.parent.parent
+TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = ""  # conftest's 8 fake devices would override jax_num_cpu_devices
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _start_two_processes(out_path: pathlib.Path) -> list:
+    port = _free_port()
+    return [subprocess.Popen([sys.executable, str(WORKER), str(port), str(i), "2", str(out_path)],
+                             cwd=REPO, env=_child_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
+
+
+def _wait(procs: list, out_path: pathlib.Path) -> tuple[bool, str]:
+    logs, ok = [], True
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            logs.append(proc.communicate()[0])
+            ok = False
+        ok = ok and proc.returncode == 0
+    return ok and out_path.exists(), "\n".join(log[-3000:] for log in logs)
+
+
+def _one_process_losses() -> list:
+    mesh = sharding.make_mesh(worker.step_config(data=-1).mesh, jax.devices()[:4])
+    assert sharding.process_batch_rows(mesh, worker.BATCH) == slice(0, worker.BATCH)
+    return worker.train_losses(mesh)
+
+
+@pytest.fixture(scope="module")
+def losses(tmp_path_factory):
+    """(two-process result, one-process losses); the reference runs while the workers do.
+
+    One retry with a fresh port covers a port taken between choosing and binding it.
+    """
+    log, reference = "", None
+    for attempt in range(2):
+        out_path = tmp_path_factory.mktemp(f"two_process_{attempt}") / "result.json"
+        procs = _start_two_processes(out_path)
+        try:
+            reference = reference or _one_process_losses()
+        finally:
+            ok, log = _wait(procs, out_path)
+        if ok:
+            return json.loads(out_path.read_text()), reference
+    pytest.fail(f"two-process run failed twice; last logs:\n{log}")
+
+
+def test_two_processes_match_one_process_with_four_devices(losses):
+    result, reference = losses
+    assert result["devices"] == 4 and result["local_devices"] == 2
+    assert result["rows"] == [0, worker.BATCH // 2]  # process 0 fed only its half
+    # fp32, same global batch; only the collectives' (gloo vs in-process) reduction order differs.
+    np.testing.assert_allclose(result["losses"], reference, rtol=1e-5)
+    assert reference[0] != reference[1]  # two different batches were really trained on

@@ -1,0 +1,134 @@
+"""Train/eval step tests: losses, accumulation, compile-once, non-finite skipping, bf16."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import two_process_worker as setup
+from bertjax import objectives, optim, sharding, step
+
+
+def _mesh(shape):
+    config = setup.step_config(**dict(zip(sharding.MESH_AXES, shape)))
+    return sharding.make_mesh(config.mesh, jax.devices()[:int(np.prod(shape))])
+
+
+def _copy(state):
+    """A copy to feed a step that donates its input."""
+    return jax.tree.map(jnp.copy, state)
+
+
+@pytest.fixture(scope="module")
+def single():
+    """One-device state and steps, jitted once for the whole module."""
+    mesh = _mesh((1, 1, 1))
+    state = step.init_train_state(setup.step_config(), setup.tiny_model_config(), mesh,
+                                  jax.random.key(0))
+    return mesh, state, step.jit_steps(state, mesh)
+
+
+def _batch(mesh, seed=0):
+    return sharding.global_batch(setup.synthetic_batch(seed), mesh, setup.BATCH)
+
+
+def test_losses_match_a_numpy_reference():
+    rs = np.random.RandomState(0)
+    logits = rs.randn(3, 4, 7).astype(np.float32)
+    ids, weights = rs.randint(0, 7, (3, 4)), (rs.rand(3, 4) > 0.3).astype(np.float32)
+    nsp_logits, labels = rs.randn(3, 2).astype(np.float32), rs.randint(0, 2, 3)
+    batch = dict(masked_ids=ids, masked_weights=weights, next_sentence_label=labels)
+    sums = objectives.loss_sums({"mlm_logits": logits, "nsp_logits": nsp_logits}, batch, True)
+    config = objectives.default_loss_config()
+    config.nsp_weight = 0.5
+    metrics = objectives.loss_metrics(sums, objectives.normalizers(batch), config)
+
+    def nll(x, y):
+        x = x - x.max(-1, keepdims=True)
+        logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        return -np.take_along_axis(logp, y[..., None], -1)[..., 0]
+
+    mlm = (nll(logits, ids) * weights).sum() / weights.sum()
+    nsp = nll(nsp_logits, labels).mean()
+    np.testing.assert_allclose(metrics["mlm_loss"], mlm, rtol=1e-6)
+    np.testing.assert_allclose(metrics["nsp_loss"], nsp, rtol=1e-6)
+    np.testing.assert_allclose(metrics["loss"], mlm + 0.5 * nsp, rtol=1e-6)
+    accuracy = ((logits.argmax(-1) == ids) * weights).sum() / weights.sum()
+    np.testing.assert_allclose(metrics["mlm_accuracy"], accuracy, rtol=1e-6)
+
+
+def test_train_step_compiles_once_and_eval_agrees(single):
+    mesh, state, steps = single
+    eval_metrics = steps.eval(state, _batch(mesh, 0))
+    state = _copy(state)
+    history = []
+    for index in range(3):
+        state, metrics = steps.train(state, _batch(mesh, index), jax.random.key(index))
+        history.append(metrics)
+    assert steps.train._cache_size() == 1
+    assert steps.eval._cache_size() == 1
+    assert int(state.step) == 3
+    expected = {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "grad_norm",
+                "param_norm", "learning_rate", "nonfinite"}
+    assert set(history[0]) == expected
+    # No dropout: the first train step's loss is the eval loss at the initial params.
+    for key in ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss"):
+        np.testing.assert_allclose(history[0][key], eval_metrics[key], rtol=1e-6)
+    assert float(history[2]["loss"]) < float(history[0]["loss"]) + 0.5
+    assert all(float(m["nonfinite"]) == 0.0 for m in history)
+
+
+def test_nonfinite_loss_skips_the_update(single):
+    mesh, state, steps = single
+    before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+    bad = setup.synthetic_batch(0)
+    bad["masked_weights"][0, 0] = np.nan
+    after, metrics = steps.train(_copy(state), sharding.global_batch(bad, mesh, setup.BATCH),
+                                 jax.random.key(0))
+    assert float(metrics["nonfinite"]) == 1.0
+    assert int(after.step) == int(state.step) + 1
+    for got, want in zip(jax.tree.leaves((after.params, after.opt_state)), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_gradient_accumulation_equals_the_whole_batch(single):
+    """k=2 microbatches on a (4,2,1) mesh == one whole-batch step on one device."""
+    mesh, state, steps = single
+    whole, whole_metrics = steps.train(_copy(state), _batch(mesh, 0), jax.random.key(0))
+    config = setup.step_config(data=4, fsdp=2, tensor=1)
+    config.optim.grad_accum_steps = 2
+    accum_mesh = _mesh((4, 2, 1))
+    accum_state = step.init_train_state(config, setup.tiny_model_config(), accum_mesh,
+                                        jax.random.key(0))
+    accum_steps = step.jit_steps(accum_state, accum_mesh)
+    accum, accum_metrics = accum_steps.train(accum_state, _batch(accum_mesh, 0), jax.random.key(0))
+    # Sums over microbatches under whole-batch normalizers: equal up to fp32 summation order.
+    for key in whole_metrics:
+        np.testing.assert_allclose(accum_metrics[key], whole_metrics[key], rtol=1e-5, err_msg=key)
+    for got, want in zip(jax.tree.leaves(accum.params), jax.tree.leaves(whole.params)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=5e-6)
+
+
+def test_bf16_compute_keeps_fp32_master_params_and_scales_lr():
+    """bf16 activations, fp32 params/loss; MLM-only objective; sqrt batch-size LR scaling."""
+    mesh = _mesh((1, 1, 1))
+    config = setup.step_config()
+    config.loss.next_sentence = False
+    config.optim.update(lr_scaling="sqrt", base_batch_size=4)
+    fp32_cfg = setup.tiny_model_config()
+    state = step.init_train_state(config, fp32_cfg.replace(dtype="bfloat16"), mesh,
+                                  jax.random.key(0))
+    assert "nsp_head" not in state.params and "pooler" not in state.params["bert"]
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
+    reference = jax.jit(step.eval_step)(state.replace(spec=state.spec.__class__(
+        fp32_cfg, next_sentence=False)), _batch(mesh, 0))
+    new_state, metrics = step.jit_steps(state, mesh).train(state, _batch(mesh, 0),
+                                                           jax.random.key(0))
+    assert set(metrics) == {"loss", "mlm_loss", "mlm_accuracy", "grad_norm", "param_norm",
+                            "learning_rate", "nonfinite"}
+    assert metrics["loss"].dtype == jnp.float32
+    np.testing.assert_allclose(metrics["loss"], reference["loss"], rtol=2e-2)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new_state.params))
+    schedule = optim.make_schedule(config.optim, setup.BATCH)
+    np.testing.assert_allclose(metrics["learning_rate"], 1e-3 * (setup.BATCH / 4) ** 0.5,
+                               rtol=1e-6)
+    np.testing.assert_allclose(metrics["learning_rate"], schedule(0), rtol=1e-6)

@@ -1,0 +1,219 @@
+"""The trainer end to end: exact resume after SIGKILL (mid-training and mid-save),
+SIGTERM checkpointing, resume on another device count, metrics, and bad-input errors.
+
+Each run is a real `train.py` subprocess on a shrunken BERT-tiny (the built-in corpus,
+a 400-piece SentencePiece model, T=32, B=8), so signals hit a real process.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHRINK = [
+    "--config.batch_size=8", "--config.data.max_seq_length=32", "--config.data.max_predictions=5",
+    "--config.data.vocab_size=400", "--config.model.hidden_size=32",
+    "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
+    "--config.optim.warmup_steps=5", "--config.log_every=5", "--config.eval_every=0",
+    "--config.progress_bar=False", "--config.data.prefetch=1",
+]
+
+
+def _env(devices=1):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _command(workdir, steps=30, every=10, extra=()):
+    return [sys.executable, os.path.join(ROOT, "train.py"), f"--workdir={workdir}",
+            f"--config.num_train_steps={steps}", f"--config.checkpoint_every={every}",
+            *SHRINK, *extra]
+
+
+def _run(workdir, devices=1, **kwargs):
+    result = subprocess.run(_command(workdir, **kwargs), env=_env(devices), cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout[result.stdout.index("{"):])
+
+
+def _steps(workdir):
+    path = os.path.join(workdir, "checkpoints")
+    return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
+
+
+def _final_params(workdir, step):
+    """The saved params of a step, read back with orbax as plain numpy."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
+    tree = ocp.StandardCheckpointer().restore(path)
+    return tree["params"]
+
+
+def _wait_for(predicate, process, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"trainer exited early: {process.stderr.read()[-3000:]}")
+        time.sleep(0.2)
+    process.kill()
+    raise AssertionError("timed out waiting for the trainer")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 30-step run."""
+    workdir = str(tmp_path_factory.mktemp("reference"))
+    summary = _run(workdir)
+    assert summary["step"] == 30 and _steps(workdir)[-1] == 30
+    return workdir
+
+
+def test_metrics_are_written_for_tensorboard_and_jsonl(reference):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    records = [json.loads(line) for line in open(os.path.join(reference, "metrics.jsonl"))]
+    assert [r["step"] for r in records if "train/loss" in r] == [5, 10, 15, 20, 25, 30]
+    acc = event_accumulator.EventAccumulator(reference)
+    acc.Reload()
+    losses = [e.value for e in acc.Scalars("train/loss")]
+    np.testing.assert_allclose(losses, [r["train/loss"] for r in records if "train/loss" in r],
+                               rtol=1e-6)
+    assert losses[-1] < losses[0]  # it learns
+    assert {"perf/tokens_per_second", "perf/mfu", "train/learning_rate"} <= set(records[0])
+
+
+def test_sigkill_mid_training_then_resume_is_bit_identical(reference, tmp_path):
+    workdir = str(tmp_path)
+    process = subprocess.Popen(_command(workdir), env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: 10 in _steps(workdir), process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert _steps(workdir)[-1] < 30
+    summary = _run(workdir)
+    assert summary["step"] == 30
+    import jax
+
+    jax.tree.map(np.testing.assert_array_equal, _final_params(reference, 30),
+                 _final_params(workdir, 30))
+
+
+def test_sigkill_mid_save_falls_back_to_last_complete_checkpoint(reference, tmp_path):
+    """The process dies while the step-20 checkpoint is being written asynchronously."""
+    workdir = str(tmp_path)
+    killer = (
+        "import os, signal, sys, runpy\n"
+        "from bertjax import checkpoint\n"
+        "original = checkpoint.Checkpointer.save\n"
+        "def save(self, state, meta, force=False):\n"
+        "    started = original(self, state, meta, force=force)\n"
+        "    if int(state.step) == 20:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return started\n"
+        "checkpoint.Checkpointer.save = save\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", killer] + _command(workdir)[1:], env=_env(),
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    assert 20 not in _steps(workdir) and 10 in _steps(workdir)
+    summary = _run(workdir)
+    assert summary["step"] == 30
+    import jax
+
+    jax.tree.map(np.testing.assert_array_equal, _final_params(reference, 30),
+                 _final_params(workdir, 30))
+
+
+def test_sigterm_saves_the_current_step(tmp_path):
+    workdir = str(tmp_path)
+    process = subprocess.Popen(_command(workdir, steps=2000, every=1000), env=_env(), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jsonl = os.path.join(workdir, "metrics.jsonl")
+    _wait_for(lambda: os.path.exists(jsonl) and os.path.getsize(jsonl) > 0, process)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-2000:]
+    summary = json.loads(out[out.index("{"):])
+    assert 0 < summary["step"] < 2000
+    assert _steps(workdir) == [summary["step"]]
+
+
+def test_saved_on_four_devices_resumes_on_two(tmp_path):
+    workdir = str(tmp_path)
+    first = _run(workdir, devices=4, steps=20, extra=["--config.mesh.fsdp=2"])
+    assert first["step"] == 20
+    second = _run(workdir, devices=2, steps=30)
+    assert second["step"] == 30
+    records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    losses = {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+    # The resumed run continues from the saved loss level instead of starting over.
+    assert losses[25] < losses[5] and abs(losses[25] - losses[20]) < 0.5 * (losses[5] - losses[20])
+
+
+def test_unknown_config_key_is_rejected(tmp_path):
+    result = subprocess.run(_command(str(tmp_path), extra=["--config.optim.lr=1e-3"]),
+                            env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "unknown config key 'config.optim.lr'" in result.stderr
+    assert "learning_rate" in result.stderr  # the message lists the keys that do exist
+
+
+def _in_process_config(**changes):
+    sys.path.insert(0, os.path.join(ROOT, "configs"))
+    import bert_tiny
+
+    config = bert_tiny.get_config()
+    config.batch_size, config.num_train_steps = 8, 6
+    config.data.max_seq_length, config.data.max_predictions, config.data.vocab_size = 32, 5, 400
+    config.model.hidden_size, config.model.num_attention_heads = 32, 2
+    config.model.intermediate_size = 64
+    config.optim.warmup_steps, config.log_every, config.eval_every = 1, 2, 0
+    config.progress_bar = False
+    for key, value in changes.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    return config
+
+
+def test_missing_corpus_and_unwritable_workdir_are_named(tmp_path):
+    from bertjax import trainer
+
+    with pytest.raises(FileNotFoundError, match="no_such_corpus"):
+        trainer.train_and_evaluate(
+            _in_process_config(**{"data.corpus": str(tmp_path / "no_such_corpus*.txt")}),
+            str(tmp_path / "w1"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="not writable"):
+        trainer.train_and_evaluate(_in_process_config(), str(blocker / "sub"))
+    with pytest.raises(ValueError, match="next_sentence"):
+        trainer.train_and_evaluate(_in_process_config(**{"data.objective": "full_sentences"}),
+                                   str(tmp_path / "w2"))
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    from bertjax import trainer
+
+    workdir = str(tmp_path)
+    good = _in_process_config(checkpoint_every=2, num_train_steps=2)
+    trainer.train_and_evaluate(good, workdir)
+    bad = _in_process_config(**{"checkpoint_every": 2, "num_train_steps": 8,
+                                "skip_nonfinite_updates": False, "optim.learning_rate": 1e30})
+    with pytest.raises(FloatingPointError, match="last good checkpoint \\(2\\)"):
+        trainer.train_and_evaluate(bad, workdir)
+    assert _steps(workdir) == [2]
