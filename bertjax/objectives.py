@@ -1,13 +1,23 @@
-"""Pretraining losses: weighted sparse MLM cross-entropy and NSP/SOP cross-entropy, in fp32.
+"""Objectives: what a step computes from a batch. Pretraining (MLM + NSP/SOP) lives here;
+other objectives (diffusion, fine-tuning, distillation) subclass `Objective` in their own
+modules and are named in `OBJECTIVES`.
 
 Losses are computed as sums plus global normalizers (total mask weight, number of
-examples), so k microbatches summed give exactly the loss of the whole batch.
+examples), so k microbatches summed give exactly the loss of the whole batch, and eval
+sums/normalizers added over many batches give exact held-out averages.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+
+from bertjax.config import BertConfig
+from bertjax.heads import BertForPreTraining
 
 Array = jax.Array
 
@@ -18,12 +28,17 @@ def default_loss_config() -> ml_collections.ConfigDict:
     c.mlm_weight = 1.0  # weight of the masked-LM loss in the total
     c.nsp_weight = 1.0  # weight of the next-sentence (NSP/SOP) loss in the total
     c.next_sentence = True  # False when the objective has no sentence pairs: no NSP head or loss
+    c.objective = "pretraining"  # what the step optimizes: a name in bertjax.objectives.OBJECTIVES
     return c
 
 
 def validate_loss_config(config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming an unknown or invalid ``config.loss`` key."""
     known = set(default_loss_config().keys())
+    for name in config.get("objective", "pretraining"), :
+        if name not in OBJECTIVES:
+            raise ValueError(f"config.loss.objective={name!r}: must be one of {sorted(OBJECTIVES)}")
+        known |= set(_objective_class(name).extra_config_keys)
     unknown = sorted(set(config.keys()) - known)
     if unknown:
         raise ValueError(f"unknown config.loss key(s) {unknown}; known keys: {sorted(known)}")
@@ -76,3 +91,86 @@ def loss_metrics(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> 
         metrics["nsp_loss"] = sums["nsp_loss"] / norms["examples"]
         metrics["nsp_accuracy"] = sums["nsp_correct"] / norms["examples"]
     return metrics
+
+
+class Objective:
+    """What a step computes: the model, its inputs, loss sums and metrics. Frozen and hashable."""
+
+    extra_config_keys: tuple = ()  # config.loss keys this objective adds to the defaults
+
+    @classmethod
+    def from_config(cls, loss_config: ml_collections.ConfigDict) -> "Objective":
+        raise NotImplementedError(cls.__name__)
+
+    def model(self, cfg: BertConfig) -> nn.Module:
+        return BertForPreTraining(cfg, next_sentence=False)
+
+    def init_batch(self, cfg: BertConfig) -> dict:
+        """A tiny batch with every key `apply` reads (only shapes/dtypes matter)."""
+        length = min(8, cfg.max_position_embeddings - cfg.position_offset)
+        return {"input_ids": jnp.zeros((1, length), jnp.int32),
+                "masked_positions": jnp.zeros((1, 1), jnp.int32)}
+
+    def apply(self, model: nn.Module, variables: dict, batch: dict, rngs, deterministic: bool,
+              init: bool = False):
+        """Runs the model on a batch (``init=True``: returns ``model.init``'s variables)."""
+        args = (batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
+                batch.get("segment_ids"), batch["masked_positions"])
+        if init:
+            return model.init(rngs, *args, deterministic=deterministic)
+        return model.apply(variables, *args, deterministic=deterministic, rngs=rngs)
+
+    def loss_sums(self, outputs, batch: dict) -> dict:
+        raise NotImplementedError(type(self).__name__)
+
+    def normalizers(self, batch: dict) -> dict:
+        return normalizers(batch)
+
+    def total_loss(self, sums: dict, norms: dict) -> jax.Array:
+        raise NotImplementedError(type(self).__name__)
+
+    def metrics(self, sums: dict, norms: dict) -> dict:
+        raise NotImplementedError(type(self).__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining(Objective):
+    """BERT's objective: weighted MLM at masked positions (+ NSP/SOP on [CLS])."""
+
+    next_sentence: bool = True
+    mlm_weight: float = 1.0
+    nsp_weight: float = 1.0
+
+    @classmethod
+    def from_config(cls, loss_config):
+        return cls(bool(loss_config.next_sentence), float(loss_config.mlm_weight),
+                   float(loss_config.nsp_weight))
+
+    def model(self, cfg):
+        return BertForPreTraining(cfg, next_sentence=self.next_sentence)
+
+    def loss_sums(self, outputs, batch):
+        return loss_sums(outputs, batch, self.next_sentence)
+
+    def total_loss(self, sums, norms):
+        return total_loss(sums, norms, self)
+
+    def metrics(self, sums, norms):
+        return loss_metrics(sums, norms, self)
+
+
+# name -> "module:class"; an objective module is imported only when a config names it.
+OBJECTIVES = {
+    "pretraining": "bertjax.objectives:Pretraining",
+}
+
+
+def _objective_class(name: str) -> type:
+    module, attr = OBJECTIVES[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def make_objective(loss_config: ml_collections.ConfigDict) -> Objective:
+    """The Objective named by ``config.loss.objective`` (default: pretraining)."""
+    validate_loss_config(loss_config)
+    return _objective_class(loss_config.get("objective", "pretraining")).from_config(loss_config)

@@ -42,22 +42,18 @@ class StepSpec:
     """Static, hashable description of what a step computes."""
 
     model_cfg: BertConfig
-    next_sentence: bool = True
-    mlm_weight: float = 1.0
-    nsp_weight: float = 1.0
+    objective: objectives.Objective = objectives.Pretraining()
     grad_accum_steps: int = 1
     skip_nonfinite_updates: bool = True
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, model_cfg: BertConfig) -> "StepSpec":
-        objectives.validate_loss_config(config.loss)
         optim.validate_optim_config(config.optim)
-        return cls(model_cfg, bool(config.loss.next_sentence), float(config.loss.mlm_weight),
-                   float(config.loss.nsp_weight), int(config.optim.grad_accum_steps),
-                   bool(config.skip_nonfinite_updates))
+        return cls(model_cfg, objectives.make_objective(config.loss),
+                   int(config.optim.grad_accum_steps), bool(config.skip_nonfinite_updates))
 
-    def model(self) -> BertForPreTraining:
-        return BertForPreTraining(self.model_cfg, next_sentence=self.next_sentence)
+    def model(self) -> nn.Module:
+        return self.objective.model(self.model_cfg)
 
 
 @struct.dataclass
@@ -72,22 +68,18 @@ class TrainState:
     spec: StepSpec = struct.field(pytree_node=False)
 
 
-def _init_inputs(model_cfg: BertConfig) -> tuple:
-    length = min(8, model_cfg.max_position_embeddings - model_cfg.position_offset)
-    return jnp.zeros((1, length), jnp.int32), jnp.zeros((1, 1), jnp.int32)
-
-
 def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                          mesh: Mesh) -> tuple[TrainState, TrainState, Callable]:
     """(state shapes, state shardings, init fn): no arrays allocated; also the restore target."""
     spec = StepSpec.from_config(config, model_cfg)
     tx, learning_rate_fn = optim.make_optimizer(config.optim, model_cfg, config.batch_size)
     model = spec.model()
-    input_ids, positions = _init_inputs(model_cfg)
+    init_batch = spec.objective.init_batch(model_cfg)
     rules = sharding.logical_axis_rules()
 
     def init_variables(rng):
-        return model.init({"params": rng, "dropout": rng}, input_ids, masked_positions=positions)
+        return spec.objective.apply(model, {}, init_batch, {"params": rng, "dropout": rng},
+                                    deterministic=True, init=True)
 
     def init_fn(rng):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
@@ -120,11 +112,9 @@ def init_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig, m
     return jax.jit(init_fn, out_shardings=shardings)(rng)
 
 
-def _forward(spec: StepSpec, params, batch: dict, rng, deterministic: bool) -> dict:
-    return spec.model().apply(
-        {"params": params}, batch["input_ids"], batch.get("token_type_ids"),
-        batch.get("attention_mask"), batch.get("segment_ids"), batch["masked_positions"],
-        deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
+def _forward(spec: StepSpec, params, batch: dict, rng, deterministic: bool):
+    return spec.objective.apply(spec.model(), {"params": params}, batch,
+                                None if deterministic else {"dropout": rng}, deterministic)
 
 
 def _microbatches(batch: dict, k: int) -> dict:
@@ -144,12 +134,13 @@ def _microbatches(batch: dict, k: int) -> dict:
 def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     """Whole-batch gradients and loss sums, accumulated over microbatches with lax.scan."""
     spec = state.spec
-    norms = objectives.normalizers(batch)
+    objective = spec.objective
+    norms = objective.normalizers(batch)
 
     def loss_fn(params, microbatch, microbatch_rng):
         outputs = _forward(spec, params, microbatch, microbatch_rng, deterministic=False)
-        sums = objectives.loss_sums(outputs, microbatch, spec.next_sentence)
-        return objectives.total_loss(sums, norms, spec), sums
+        sums = objective.loss_sums(outputs, microbatch)
+        return objective.total_loss(sums, norms), sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
     k = spec.grad_accum_steps
@@ -175,7 +166,7 @@ def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, 
     """One optimizer step on the global batch; pure, no host sync."""
     rng = jax.random.fold_in(rng, state.step)
     grads, sums, norms = _gradients(state, batch, rng)
-    metrics = objectives.loss_metrics(sums, norms, state.spec)
+    metrics = state.spec.objective.metrics(sums, norms)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -193,14 +184,12 @@ def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, 
 
 
 def eval_step(state: TrainState, batch: dict) -> dict:
-    """Deterministic losses and accuracies; also the sums' weights for exact averaging."""
+    """Deterministic metrics of one batch, plus its loss ``sums`` and ``norms``: adding those
+    over many batches and calling ``objective.metrics`` gives exact held-out averages."""
+    objective = state.spec.objective
     outputs = _forward(state.spec, state.params, batch, None, deterministic=True)
-    sums = objectives.loss_sums(outputs, batch, state.spec.next_sentence)
-    norms = objectives.normalizers(batch)
-    metrics = objectives.loss_metrics(sums, norms, state.spec)
-    metrics.update(mlm_weight=jnp.sum(batch["masked_weights"].astype(jnp.float32)),
-                   examples=norms["examples"])
-    return metrics
+    sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
+    return {**objective.metrics(sums, norms), "sums": sums, "norms": norms}
 
 
 class Steps(NamedTuple):

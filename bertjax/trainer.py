@@ -77,7 +77,7 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
                                      and int(config[key]) == 0):
             raise ValueError(f"config.{key}={config[key]!r}: must be positive")
     pairs = config.data.objective in PAIR_OBJECTIVES
-    if bool(config.loss.next_sentence) != pairs:
+    if config.loss.objective == "pretraining" and bool(config.loss.next_sentence) != pairs:
         raise ValueError(
             f"config.loss.next_sentence={config.loss.next_sentence} but config.data.objective="
             f"{config.data.objective!r} {'has' if pairs else 'has no'} sentence pairs: set "
@@ -139,29 +139,26 @@ def peak_flops(config: ml_collections.ConfigDict) -> float:
 
 
 def evaluate(steps, state, pipeline, mesh, config) -> dict:
-    """Held-out MLM accuracy, perplexity, NSP/SOP accuracy over fixed eval batches."""
-    totals: dict[str, float] = {}
-    counts = {}
+    """Held-out metrics over fixed eval batches: the objective's metrics of the summed loss
+    sums and normalizers (exact averages), MLM perplexity, and the majority baseline."""
+    totals = None
+    counts: dict[int, int] = {}
     for batch in pipeline.eval_batches(int(config.eval_batches)):
-        ids = batch["masked_ids"][batch["masked_weights"] > 0]
-        for token, count in zip(*np.unique(ids, return_counts=True)):
-            counts[token] = counts.get(token, 0) + int(count)
-        out = jax.device_get(steps.eval(state, sharding.global_batch(batch, mesh, config.batch_size)))
-        weight, examples = float(out["mlm_weight"]), float(out["examples"])
-        for key, value in out.items():
-            if key.startswith("mlm_") and key != "mlm_weight":
-                totals[key] = totals.get(key, 0.0) + float(value) * weight
-            elif key.startswith("nsp_"):
-                totals[key] = totals.get(key, 0.0) + float(value) * examples
-        totals["_weight"] = totals.get("_weight", 0.0) + weight
-        totals["_examples"] = totals.get("_examples", 0.0) + examples
-    if not totals:
+        if "masked_ids" in batch:
+            ids = batch["masked_ids"][batch["masked_weights"] > 0]
+            for token, count in zip(*np.unique(ids, return_counts=True)):
+                counts[int(token)] = counts.get(int(token), 0) + int(count)
+        out = steps.eval(state, sharding.global_batch(batch, mesh, config.batch_size))
+        parts = jax.device_get({"sums": out["sums"], "norms": out["norms"]})
+        totals = parts if totals is None else jax.tree.map(np.add, totals, parts)
+    if totals is None:
         return {}
-    result = {k: v / totals["_weight" if k.startswith("mlm_") else "_examples"]
-              for k, v in totals.items() if not k.startswith("_")}
-    result["perplexity"] = math.exp(min(result["mlm_loss"], 50.0))
-    # Guessing the single most frequent masked token: the floor a model must beat.
-    result["majority_baseline"] = max(counts.values()) / max(1, sum(counts.values()))
+    result = {k: float(v) for k, v in
+              state.spec.objective.metrics(totals["sums"], totals["norms"]).items()}
+    if "mlm_loss" in result:
+        result["perplexity"] = math.exp(min(result["mlm_loss"], 50.0))
+    if counts:  # guessing the single most frequent masked token: the floor to beat
+        result["majority_baseline"] = max(counts.values()) / sum(counts.values())
     return result
 
 

@@ -120,7 +120,7 @@ def test_bf16_compute_keeps_fp32_master_params_and_scales_lr():
     assert "nsp_head" not in state.params and "pooler" not in state.params["bert"]
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
     reference = jax.jit(step.eval_step)(state.replace(spec=state.spec.__class__(
-        fp32_cfg, next_sentence=False)), _batch(mesh, 0))
+        fp32_cfg, objectives.Pretraining(next_sentence=False))), _batch(mesh, 0))
     new_state, metrics = step.jit_steps(state, mesh).train(state, _batch(mesh, 0),
                                                            jax.random.key(0))
     assert set(metrics) == {"loss", "mlm_loss", "mlm_accuracy", "grad_norm", "param_norm",
