@@ -49,7 +49,6 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdir/bert_tiny",
                                "Directory for tokenizer, token store, checkpoints and metrics.")
 _MULTIHOST = flags.DEFINE_bool("multihost", False,
                                "Call jax.distributed.initialize() first (TPU pods, SLURM GPU clusters).")
-flags.FLAGS.set_default("verbosity", logging.WARNING)  # orbax is chatty at INFO; --verbosity=0 restores it
 
 
 def main(argv):
@@ -57,6 +56,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import jax
 
+    if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
+        logging.set_verbosity(logging.WARNING)
     if _MULTIHOST.value:
         jax.distributed.initialize()
     from bertjax import trainer

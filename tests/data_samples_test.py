@@ -50,7 +50,8 @@ def test_nsp_labels_are_balanced_and_random_b_is_never_from_a_document(store):
     assert (doc_a[is_random] != doc_b[is_random]).all()
     assert (doc_a[~is_random] == doc_b[~is_random]).all()
     assert (plan.b_start[~is_random] >= plan.a_end[~is_random]).all()
-  assert plans[0].skipped["single_sentence_documents"] > 1000
+  one_sentence_docs = int(np.sum(np.diff(store.documents) == 1))
+  assert plans[0].skipped["single_sentence_documents"] == one_sentence_docs > 0
   assert not np.array_equal(plans[0].a_start, plans[1].a_start)
 
 

@@ -1,0 +1,197 @@
+"""Train-step throughput of bertjax beside Hugging Face transformers' PyTorch BertForPreTraining.
+
+Same model sizes, batch, masked positions (full-length rows, 15% masked), NSP and AdamW on
+both sides, measured in one run. bertjax runs its real jitted, donated step from
+`bertjax.step`; the HF side is the plain PyTorch training loop most people run (its MLM head
+computes logits at every position, bertjax's only at the masked ones). MFU is against the
+matmul peak measured in this run (or the datasheet peak of a known accelerator).
+
+  python benchmarks/step_throughput.py                       # tiny, mini, small at T=128 and 512
+  python benchmarks/step_throughput.py --sizes base --lengths 128 --batch 8
+  python benchmarks/step_throughput.py --variants            # fast paths on/off for one size
+  python benchmarks/step_throughput.py --no-hf --dtype bfloat16 --attention cudnn   # accelerators
+
+Appends the table to benchmarks/results.md unless --no-record.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bertjax  # noqa: E402
+from bertjax import metrics as metrics_lib  # noqa: E402
+from bertjax import sharding, step  # noqa: E402
+
+VOCAB = 30522
+
+
+def synthetic_batch(batch: int, length: int, predictions: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, VOCAB, (batch, length)).astype(np.int32)
+    positions = np.sort(np.stack([rng.choice(np.arange(1, length), predictions, replace=False)
+                                  for _ in range(batch)]), axis=1).astype(np.int32)
+    return {"input_ids": ids, "token_type_ids": (np.arange(length) >= length // 2).astype(np.int32)
+            [None].repeat(batch, 0), "attention_mask": np.ones((batch, length), np.int32),
+            "masked_positions": positions, "masked_ids": np.take_along_axis(ids, positions, 1),
+            "masked_weights": np.ones((batch, predictions), np.float32),
+            "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32)}
+
+
+def time_steps(run, warmup: int, steps: int) -> list[float]:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bertjax_times(cfg, batch: dict, warmup: int, steps: int) -> list[float]:
+    config = step.default_step_config()
+    config.batch_size = batch["input_ids"].shape[0]
+    config.mesh.update(data=1)
+    config.optim.update(learning_rate=1e-4, warmup_steps=10, total_steps=1000)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
+    train, _ = step.jit_steps(state, mesh)
+    device_batch = sharding.global_batch(batch, mesh, config.batch_size)
+    rng = jax.random.key(1)
+    holder = [state]
+
+    def run():
+        holder[0], metrics = train(holder[0], device_batch, rng)
+        metrics["loss"].block_until_ready()
+
+    return time_steps(run, warmup, steps)
+
+
+def hf_times(cfg, batch: dict, warmup: int, steps: int) -> list[float]:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    hf_cfg = transformers.BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+        hidden_dropout_prob=cfg.hidden_dropout_prob,
+        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob)
+    model = transformers.BertForPreTraining(hf_cfg).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    ids = torch.tensor(batch["input_ids"], dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    rows = torch.arange(ids.shape[0])[:, None]
+    positions = torch.tensor(batch["masked_positions"], dtype=torch.long)
+    labels[rows, positions] = torch.tensor(batch["masked_ids"], dtype=torch.long)
+    inputs = dict(input_ids=ids, token_type_ids=torch.tensor(batch["token_type_ids"]).long(),
+                  attention_mask=torch.tensor(batch["attention_mask"]).long(), labels=labels,
+                  next_sentence_label=torch.tensor(batch["next_sentence_label"]).long())
+
+    def run():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**inputs).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    return time_steps(run, warmup, steps)
+
+
+def measured_peak() -> float:
+    kind = jax.devices()[0].device_kind
+    peak = metrics_lib.device_peak_flops(kind)
+    if peak:
+        return peak
+    n = 2048 if jax.default_backend() == "cpu" else 8192
+    x = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    times = time_steps(lambda: f(x).block_until_ready(), 2, 5)
+    return 2 * n ** 3 / min(times)
+
+
+def row(name, cfg, batch, times, peak, reference=None):
+    b, t = batch["input_ids"].shape
+    p = batch["masked_positions"].shape[1]
+    flops = b * metrics_lib.train_flops_per_sequence(cfg, t, p)
+    best, median = min(times), statistics.median(times)
+    line = (f"| {name} | {t} | {b} | {best * 1e3:.0f} | {median * 1e3:.0f} | "
+            f"{b * t / median:,.0f} | {flops / median / peak:.1%} |")
+    ratio = "" if reference is None else f" {reference / median:.2f}x |"
+    return line + (ratio if reference is not None else " |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="tiny,mini,small")
+    parser.add_argument("--lengths", default="128,512")
+    parser.add_argument("--batch", type=int, default=0, help="0: 32 at T=128, 8 at T=512")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--attention", default=None, help="dot_product_attention implementation")
+    parser.add_argument("--remat", default="none")
+    parser.add_argument("--scan", action="store_true")
+    parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--variants", action="store_true",
+                        help="fast paths on/off for the first size and length")
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    if jax.default_backend() == "cpu":
+        import torch
+        torch.set_num_threads(os.cpu_count() or 1)
+    peak = measured_peak()
+    header = [f"### {datetime.date.today()} — {platform.node()} — {jax.devices()[0].device_kind} "
+              f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s",
+              "", "| model | T | B | min ms | median ms | tokens/s | MFU | bertjax vs HF |",
+              "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(header), flush=True)
+    lines = list(header)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    for size in args.sizes.split(","):
+        for length in lengths:
+            batch_size = args.batch or (32 if length <= 128 else 8)
+            cfg = bertjax.BertConfig.preset(size, vocab_size=VOCAB, dtype=args.dtype,
+                                            attention_implementation=args.attention,
+                                            remat=args.remat, scan_layers=args.scan,
+                                            hidden_dropout_prob=0.1,
+                                            attention_probs_dropout_prob=0.0)
+            batch = synthetic_batch(batch_size, length, max(1, round(0.15 * length)))
+            variants = [("bertjax", cfg)]
+            if args.variants:
+                variants += [("+ attention dropout (exact path)", cfg.replace(attention_probs_dropout_prob=0.1)),
+                             ("+ scan", cfg.replace(scan_layers=True)),
+                             ("+ scan + remat full", cfg.replace(scan_layers=True, remat="full")),
+                             ("+ bf16 compute", cfg.replace(dtype="bfloat16"))]
+            hf_median = None
+            if not args.no_hf:
+                hf = hf_times(cfg, batch, args.warmup, args.steps)
+                hf_median = statistics.median(hf)
+                lines.append(row(f"HF {size}", cfg, batch, hf, peak, None))
+                print(lines[-1], flush=True)
+            for name, variant in variants:
+                times = bertjax_times(variant, batch, args.warmup, args.steps)
+                lines.append(row(f"{name} {size}", variant, batch, times, peak, hf_median))
+                print(lines[-1], flush=True)
+        if args.variants:
+            break
+    if not args.no_record:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md")
+        with open(path, "a") as f:
+            f.write("\n" + " ".join(sys.argv[1:]).join(["<!-- args: ", " -->\n"]) + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
