@@ -66,7 +66,8 @@ def main(argv):
     summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     if jax.process_index() == 0:
         keys = ("step", "train/loss", "eval/mlm_accuracy", "eval/majority_baseline",
-                "eval/perplexity", "eval/nsp_accuracy", "perf/tokens_per_second", "perf/mfu")
+                "eval/perplexity", "eval/nsp_accuracy", "eval/nll_bound", "perf/tokens_per_second",
+                "perf/mfu")
         print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
 
 

@@ -122,13 +122,19 @@ def measured_peak() -> float:
     return 2 * n ** 3 / min(times)
 
 
-def row(name, cfg, batch, times, peak, reference=None):
+def peak_memory() -> str:
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return "-" if peak is None else f"{peak / 2**30:.1f}"
+
+
+def row(name, cfg, batch, times, peak, reference=None, memory="-"):
     b, t = batch["input_ids"].shape
     p = batch["masked_positions"].shape[1]
     flops = b * metrics_lib.train_flops_per_sequence(cfg, t, p)
     best, median = min(times), statistics.median(times)
     line = (f"| {name} | {t} | {b} | {best * 1e3:.0f} | {median * 1e3:.0f} | "
-            f"{b * t / median:,.0f} | {flops / median / peak:.1%} |")
+            f"{b * t / median:,.0f} | {flops / median / peak:.1%} | {memory} |")
     ratio = "" if reference is None else f" {reference / median:.2f}x |"
     return line + (ratio if reference is not None else " |")
 
@@ -145,6 +151,8 @@ def main():
     parser.add_argument("--remat", default="none")
     parser.add_argument("--scan", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--attention-variants", default="",
+                        help="e.g. cudnn,xla: each implementation, with and without scan+remat")
     parser.add_argument("--variants", action="store_true",
                         help="fast paths on/off for the first size and length")
     parser.add_argument("--no-record", action="store_true")
@@ -155,14 +163,16 @@ def main():
     peak = measured_peak()
     header = [f"### {datetime.date.today()} — {platform.node()} — {jax.devices()[0].device_kind} "
               f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s",
-              "", "| model | T | B | min ms | median ms | tokens/s | MFU | bertjax vs HF |",
-              "|---|---|---|---|---|---|---|---|"]
+              "", "| model | T | B | min ms | median ms | tokens/s | MFU | peak GiB | bertjax vs HF |",
+              "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
     lines = list(header)
     lengths = [int(x) for x in args.lengths.split(",")]
     for size in args.sizes.split(","):
         for length in lengths:
             batch_size = args.batch or (32 if length <= 128 else 8)
+            if args.batch and length > 128:
+                batch_size = max(1, args.batch * 128 // length)  # same tokens per step
             cfg = bertjax.BertConfig.preset(size, vocab_size=VOCAB, dtype=args.dtype,
                                             attention_implementation=args.attention,
                                             remat=args.remat, scan_layers=args.scan,
@@ -170,6 +180,12 @@ def main():
                                             attention_probs_dropout_prob=0.0)
             batch = synthetic_batch(batch_size, length, max(1, round(0.15 * length)))
             variants = [("bertjax", cfg)]
+            if args.attention_variants:
+                variants = [(f"bertjax attention={impl}", cfg.replace(attention_implementation=impl))
+                            for impl in args.attention_variants.split(",")]
+                variants += [(f"bertjax attention={impl} remat=full",
+                              cfg.replace(attention_implementation=impl, remat="full", scan_layers=True))
+                             for impl in args.attention_variants.split(",")]
             if args.variants:
                 variants += [("+ attention dropout (exact path)", cfg.replace(attention_probs_dropout_prob=0.1)),
                              ("+ scan", cfg.replace(scan_layers=True)),
@@ -183,7 +199,8 @@ def main():
                 print(lines[-1], flush=True)
             for name, variant in variants:
                 times = bertjax_times(variant, batch, args.warmup, args.steps)
-                lines.append(row(f"{name} {size}", variant, batch, times, peak, hf_median))
+                lines.append(row(f"{name} {size}", variant, batch, times, peak, hf_median,
+                                 peak_memory()))
                 print(lines[-1], flush=True)
         if args.variants:
             break
