@@ -20,7 +20,10 @@ from bertjax.config import BertConfig
 
 
 def _state_tree(state) -> dict:
-    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    if getattr(state, "frozen", None) is not None:  # e.g. a distillation teacher
+        tree["frozen"] = state.frozen
+    return tree
 
 
 def tokenizer_meta(tokenizer) -> dict:
@@ -93,6 +96,8 @@ class Checkpointer:
         tree = restored["state"]
         state = abstract_state.replace(step=tree["step"], params=tree["params"],
                                        opt_state=tree["opt_state"])
+        if "frozen" in tree:
+            state = state.replace(frozen=tree["frozen"])
         return state, restored["meta"]
 
     def close(self) -> None:

@@ -54,6 +54,12 @@ class BertConfig:
     scan_layers: bool = False  # nn.scan over layers: one compiled layer, stacked params
     remat: str = "none"  # rematerialisation policy per layer: none | full | dots | dots_no_batch
     attention_implementation: Optional[str] = None  # passed to jax.nn.dot_product_attention
+    num_experts: int = 0  # mixture-of-experts feed-forward experts per MoE layer (0: dense)
+    experts_per_token: int = 1  # top-k routing: experts each token is sent to
+    moe_layer_interval: int = 1  # every n-th layer (indices n-1, 2n-1, ...) is MoE; 1: all
+    expert_capacity_factor: Optional[float] = 1.25  # C = ceil(f * tokens * k / E); None: dropless
+    router_z_loss_weight: float = 1e-3  # ST-MoE router z-loss weight in the total loss
+    load_balance_loss_weight: float = 1e-2  # Switch load-balancing loss weight in the total loss
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -94,10 +100,39 @@ class BertConfig:
                 raise ValueError(f"BertConfig.{name} {getattr(self, name)!r} is not one of {DTYPES}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"BertConfig.remat {self.remat!r} is not one of {REMAT_POLICIES}")
+        self._validate_moe()
         for name in ("pad_token_id", "unk_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"BertConfig.{name} ({value}) is outside the vocabulary [0, {self.vocab_size})")
+
+    def _validate_moe(self):
+        """Mixture-of-experts fields (see bertjax/moe.py)."""
+        for name, low in (("num_experts", 0), ("experts_per_token", 1), ("moe_layer_interval", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"BertConfig.{name} must be an integer >= {low}, got {value!r}")
+        if self.num_experts and self.experts_per_token > self.num_experts:
+            raise ValueError(f"BertConfig.experts_per_token ({self.experts_per_token}) must not "
+                             f"exceed num_experts ({self.num_experts})")
+        if self.expert_capacity_factor is not None and not self.expert_capacity_factor > 0:
+            raise ValueError("BertConfig.expert_capacity_factor must be positive or None "
+                             f"(dropless), got {self.expert_capacity_factor!r}")
+        for name in ("router_z_loss_weight", "load_balance_loss_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"BertConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.num_experts and self.scan_layers and self.moe_layer_interval != 1:
+            raise ValueError(
+                f"BertConfig.moe_layer_interval={self.moe_layer_interval} needs scan_layers=False:"
+                " a scanned encoder repeats one layer type, so with scan_layers every layer is MoE"
+                " (moe_layer_interval=1)")
+        if self.num_experts and self.moe_layer_interval > self.num_groups:
+            raise ValueError(f"BertConfig.moe_layer_interval ({self.moe_layer_interval}) exceeds "
+                             f"the {self.num_groups} distinct layers: no layer would be MoE")
+
+    def is_moe_layer(self, group: int) -> bool:
+        """Whether distinct layer ``group`` (layer index; ALBERT group) has an MoE feed-forward."""
+        return self.num_experts > 0 and (group + 1) % self.moe_layer_interval == 0
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "BertConfig":

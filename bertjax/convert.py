@@ -349,6 +349,9 @@ def to_hf(cfg: BertConfig, params: dict, path: str, *, token_classification: boo
 
     if cfg.pre_layer_norm:
         raise ValueError("to_hf: pre_layer_norm=True has no Hugging Face BERT equivalent")
+    if cfg.num_experts:
+        raise ValueError(f"to_hf: num_experts={cfg.num_experts} (mixture-of-experts) has no "
+                         "Hugging Face BERT equivalent; convert a dense model (num_experts=0)")
     params = nn.unbox(params)
     params = params.get("params", params)
     if "layers" in params["bert"]["encoder"]:

@@ -190,7 +190,7 @@ class BertLayer(nn.Module):
         cfg = self.cfg
         drop = nn.Dropout(cfg.hidden_dropout_prob)
         attention = SelfAttention(cfg, name="attention")
-        mlp = FeedForward(cfg, name="mlp")
+        mlp = self.feed_forward(cfg, mask)
         attention_norm = layer_norm(cfg, "embed", "attention_norm")
         output_norm = layer_norm(cfg, "embed", "output_norm")
         if cfg.pre_layer_norm:
@@ -200,6 +200,11 @@ class BertLayer(nn.Module):
             x = attention_norm(x + drop(attention(x, mask, deterministic), deterministic))
             x = output_norm(x + drop(mlp(x), deterministic))
         return constrain(x, ("act_batch", "act_len", "act_embed")), None
+
+    @nn.nowrap
+    def feed_forward(self, cfg: BertConfig, mask: Array):
+        """The layer's feed-forward block; `bertjax.moe.MoeBertLayer` swaps in experts."""
+        return FeedForward(cfg, name="mlp")
 
 
 _REMAT_POLICIES = {
@@ -219,23 +224,31 @@ class Encoder(nn.Module):
         cfg = self.cfg
         groups = cfg.num_groups
         repeats = cfg.num_hidden_layers // groups
-        layer_cls = BertLayer
-        if cfg.remat != "none":
-            layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat],
-                                 prevent_cse=not cfg.scan_layers, static_argnums=(3,))
-        if cfg.scan_layers:
-            block = layer_cls
+
+        def layer_type(group):
+            layer_cls = BertLayer
+            if cfg.num_experts:  # MoE layers are their own module type (bertjax.moe)
+                from bertjax.moe import layer_class
+                layer_cls = layer_class(cfg, group)
+            if cfg.remat != "none":
+                layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat],
+                                     prevent_cse=not cfg.scan_layers, static_argnums=(3,))
+            return layer_cls
+
+        if cfg.scan_layers:  # one layer type: BertConfig allows MoE here only in every layer
+            block = layer_type(0)
+            sown = {"intermediates": 0} if cfg.num_experts else {}  # per-layer MoE stats
             if repeats > 1:  # shared layer applied `repeats` times: broadcast its parameters
-                block = nn.scan(block, variable_broadcast="params",
+                block = nn.scan(block, variable_broadcast="params", variable_axes=sown,
                                 split_rngs={"params": False, "dropout": True},
                                 in_axes=(nn.broadcast, nn.broadcast), length=repeats)
-            stack = nn.scan(block, variable_axes={"params": 0},
+            stack = nn.scan(block, variable_axes={"params": 0, **sown},
                             split_rngs={"params": True, "dropout": True},
                             in_axes=(nn.broadcast, nn.broadcast), length=groups,
                             metadata_params={nn.PARTITION_NAME: "layers"})
             x, _ = stack(cfg, name="layers")(x, mask, deterministic)
         else:
-            layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(groups)]
+            layers = [layer_type(g)(cfg, name=f"layer_{g}") for g in range(groups)]
             for index in range(cfg.num_hidden_layers):
                 x, _ = layers[index // repeats](x, mask, deterministic)
         if cfg.pre_layer_norm:

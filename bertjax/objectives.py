@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bertjax import moe
 from bertjax.config import BertConfig
 from bertjax.heads import BertForPreTraining
 
@@ -64,6 +65,7 @@ def loss_sums(outputs: dict, batch: dict, next_sentence: bool) -> dict:
     if next_sentence:
         nll_B, correct_B = cross_entropy(outputs["nsp_logits"], batch["next_sentence_label"])
         sums.update(nsp_loss=jnp.sum(nll_B), nsp_correct=jnp.sum(correct_B))
+    sums.update(moe.loss_sums(outputs, batch))  # MoE auxiliary losses (empty when dense)
     return sums
 
 
@@ -79,6 +81,8 @@ def total_loss(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> Ar
     loss = config.mlm_weight * sums["mlm_loss"] / norms["mlm_weight"]
     if "nsp_loss" in sums:
         loss = loss + config.nsp_weight * sums["nsp_loss"] / norms["examples"]
+    if "moe_aux_loss" in sums:  # MoE router losses, already weighted by BertConfig fields
+        loss = loss + sums["moe_aux_loss"] / norms["examples"]
     return loss
 
 
@@ -90,6 +94,7 @@ def loss_metrics(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> 
     if "nsp_loss" in sums:
         metrics["nsp_loss"] = sums["nsp_loss"] / norms["examples"]
         metrics["nsp_accuracy"] = sums["nsp_correct"] / norms["examples"]
+    metrics.update(moe.metrics(sums, norms))
     return metrics
 
 
@@ -118,7 +123,8 @@ class Objective:
                 batch.get("segment_ids"), batch["masked_positions"])
         if init:
             return model.init(rngs, *args, deterministic=deterministic)
-        return model.apply(variables, *args, deterministic=deterministic, rngs=rngs)
+        # MoE configs also collect the layers' sown router stats as outputs["moe"].
+        return moe.apply_model(model, variables, *args, deterministic=deterministic, rngs=rngs)
 
     def loss_sums(self, outputs, batch: dict) -> dict:
         raise NotImplementedError(type(self).__name__)
@@ -162,6 +168,10 @@ class Pretraining(Objective):
 # name -> "module:class"; an objective module is imported only when a config names it.
 OBJECTIVES = {
     "pretraining": "bertjax.objectives:Pretraining",
+    "classification": "bertjax.finetune:Classification",
+    "token_classification": "bertjax.finetune:TokenClassification",
+    "diffusion": "bertjax.diffusion:MaskedDiffusion",
+    "distill": "bertjax.distill:DistillObjective",
 }
 
 

@@ -1,12 +1,16 @@
 """Device mesh, logical-axis rules (DP / FSDP / tensor parallel) and global batches.
 
-Mesh axes are ``data``, ``fsdp`` and ``tensor``. One rule table serves every strategy:
-a mesh axis of size 1 shards nothing, so the mesh shape alone picks the strategy.
+Mesh axes are ``data``, ``fsdp``, ``tensor`` and ``expert``. One rule table serves every
+strategy: a mesh axis of size 1 shards nothing, so the mesh shape alone picks the strategy.
+Experts live on the ``expert`` axis; outside the expert buffers tokens are data-parallel
+across it too, so the batch is split over (data, fsdp, expert).
 
 =============  ==========  ================================================================
 logical name   mesh axis   why
 =============  ==========  ================================================================
-act_batch      data, fsdp  the batch is split over every data-parallel device (ZeRO-3 too)
+act_expert     expert      MoE expert buffers [E, G, C, M]: one slice of experts per device
+act_batch      data, fsdp, the batch is split over every data-parallel device (ZeRO-3 too);
+               expert      in expert buffers, where ``expert`` is taken, over (data, fsdp)
 act_heads      tensor      Megatron: attention is column-split by heads ...
 act_mlp        tensor      ... and the MLP by its hidden units
 act_vocab      tensor      MLM logits follow the vocab-split embedding table
@@ -21,6 +25,7 @@ kv, embed_out  --          second axes of already-split weights
 position       --          small tables stay replicated
 types, classes --
 layers         --          the stacked-layer axis of scanned encoders
+expert         expert      MoE expert weights [E, ...] (expert parallelism)
 =============  ==========  ================================================================
 """
 from __future__ import annotations
@@ -34,12 +39,14 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # (logical name, mesh axes); earlier rules win and a mesh axis is used once per array.
 LOGICAL_AXIS_RULES = (
+    ("act_expert", "expert"),
     ("act_batch", BATCH_AXES),
+    ("act_batch", ("data", "fsdp")),  # arrays whose expert axis already holds ``expert``
     ("act_len", None),
     ("act_embed", None),
     ("act_heads", "tensor"),
@@ -57,6 +64,7 @@ LOGICAL_AXIS_RULES = (
     ("types", None),
     ("classes", None),
     ("layers", None),
+    ("expert", "expert"),
 )
 
 
@@ -66,11 +74,12 @@ def default_mesh_config() -> ml_collections.ConfigDict:
     c.data = -1  # data-parallel replicas (-1: whatever the other axes leave)
     c.fsdp = 1  # ZeRO-3 shards: parameters, grads and optimizer state split over this axis
     c.tensor = 1  # Megatron tensor-parallel width (must divide heads, mlp and vocab)
+    c.expert = 1  # MoE expert parallelism (must divide num_experts); also splits the batch
     return c
 
 
 def mesh_shape(config: ml_collections.ConfigDict, num_devices: int) -> tuple:
-    """Sizes of (data, fsdp, tensor); one -1 fills the rest; the product must be num_devices."""
+    """Sizes of (data, fsdp, tensor, expert); one -1 fills the rest; product = num_devices."""
     unknown = sorted(set(config.keys()) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"unknown config.mesh key(s) {unknown}; known axes: {list(MESH_AXES)}")
@@ -95,10 +104,10 @@ def mesh_shape(config: ml_collections.ConfigDict, num_devices: int) -> tuple:
 
 def make_mesh(config: ml_collections.ConfigDict,
               devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over ``devices`` (default: all), Auto axis types."""
+    """A (data, fsdp, tensor, expert) mesh over ``devices`` (default: all), Auto axis types."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(config, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
                          devices=devices)
 
 
@@ -112,7 +121,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over data and fsdp; other axes whole."""
+    """Leading (batch) axis split over data, fsdp and expert; other axes whole."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
@@ -127,7 +136,7 @@ def process_batch_rows(mesh: Mesh, global_batch_size: int) -> slice:
     shards = _num_batch_shards(mesh)
     if global_batch_size % shards:
         raise ValueError(f"config.batch_size={global_batch_size} is not divisible by the "
-                         f"{shards} batch shards (mesh data x fsdp)")
+                         f"{shards} batch shards (mesh data x fsdp x expert)")
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
     starts = sorted({idx[0].start or 0 for idx in index_map.values()})
     stops = sorted({idx[0].stop or global_batch_size for idx in index_map.values()})
@@ -139,11 +148,11 @@ def process_batch_rows(mesh: Mesh, global_batch_size: int) -> slice:
 
 
 def _num_batch_shards(mesh: Mesh) -> int:
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
 
 
 def global_batch(batch: dict, mesh: Mesh, global_batch_size: int) -> dict:
-    """This host's numpy rows -> global jax.Arrays with the batch split over (data, fsdp)."""
+    """This host's numpy rows -> global jax.Arrays with the batch split over BATCH_AXES."""
     rows = process_batch_rows(mesh, global_batch_size)
     local = rows.stop - rows.start
     sharding = batch_sharding(mesh)

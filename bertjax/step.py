@@ -66,6 +66,7 @@ class TrainState:
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
     learning_rate_fn: Callable = struct.field(pytree_node=False)
     spec: StepSpec = struct.field(pytree_node=False)
+    frozen: Any = None  # params the step reads but never updates (a distillation teacher)
 
 
 def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig,
@@ -83,13 +84,17 @@ def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfi
 
     def init_fn(rng):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
-            params = nn.unbox(init_variables(rng)["params"])
+            variables = nn.unbox(init_variables(rng))
+        params = variables["params"]
         return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), tx,
-                          learning_rate_fn, spec)
+                          learning_rate_fn, spec, variables.get("frozen"))
 
     rng_shape = jax.random.key(0)
-    boxed = jax.eval_shape(init_variables, rng_shape)["params"]
+    boxed_variables = jax.eval_shape(init_variables, rng_shape)
+    boxed = boxed_variables["params"]
     param_shardings = sharding.logical_to_shardings(boxed, mesh, rules)
+    frozen_shardings = (sharding.logical_to_shardings(boxed_variables["frozen"], mesh, rules)
+                        if boxed_variables.get("frozen") is not None else None)
     shapes = jax.eval_shape(init_fn, rng_shape)
     everything = sharding.replicated(mesh)
     # Moments shaped like their parameter share its sharding (ZeRO-3 shards them too); other
@@ -99,7 +104,8 @@ def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfi
             param_sharding if leaf.shape == param.shape else everything),
         shapes.opt_state, shapes.params, param_shardings,
         transform_non_params=lambda _: everything)
-    shardings = shapes.replace(step=everything, params=param_shardings, opt_state=opt_shardings)
+    shardings = shapes.replace(step=everything, params=param_shardings, opt_state=opt_shardings,
+                               frozen=frozen_shardings)
     shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           shapes, shardings)
     return shapes, shardings, init_fn
@@ -112,8 +118,9 @@ def init_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig, m
     return jax.jit(init_fn, out_shardings=shardings)(rng)
 
 
-def _forward(spec: StepSpec, params, batch: dict, rng, deterministic: bool):
-    return spec.objective.apply(spec.model(), {"params": params}, batch,
+def _forward(spec: StepSpec, params, batch: dict, rng, deterministic: bool, frozen=None):
+    variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
+    return spec.objective.apply(spec.model(), variables, batch,
                                 None if deterministic else {"dropout": rng}, deterministic)
 
 
@@ -131,6 +138,28 @@ def _microbatches(batch: dict, k: int) -> dict:
     return {key: split(value) for key, value in batch.items()}
 
 
+def fgm_perturbation(grads, epsilon: float):
+    """FGM (Miyato et al. 2017): r = epsilon * g / ||g|| on the word-embedding table, 0 elsewhere."""
+    g = grads["bert"]["embeddings"]["word_embeddings"]
+    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+    perturbation = jax.tree.map(jnp.zeros_like, grads)
+    perturbation["bert"]["embeddings"]["word_embeddings"] = (epsilon * g / (norm + 1e-12)).astype(g.dtype)
+    return perturbation
+
+
+def with_fgm(grad_fn: Callable, epsilon: float) -> Callable:
+    """``grad_fn`` plus the gradient at embeddings moved by the FGM perturbation (clean + adversarial,
+    as in the usual FGM recipe); the loss sums stay the clean pass's."""
+
+    def fgm_grad_fn(params, batch, rng):
+        grads, sums = grad_fn(params, batch, rng)
+        perturbed = jax.tree.map(jnp.add, params, fgm_perturbation(grads, epsilon))
+        adversarial, _ = grad_fn(perturbed, batch, rng)
+        return jax.tree.map(jnp.add, grads, adversarial), sums
+
+    return fgm_grad_fn
+
+
 def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     """Whole-batch gradients and loss sums, accumulated over microbatches with lax.scan."""
     spec = state.spec
@@ -138,11 +167,14 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     norms = objective.normalizers(batch)
 
     def loss_fn(params, microbatch, microbatch_rng):
-        outputs = _forward(spec, params, microbatch, microbatch_rng, deterministic=False)
+        outputs = _forward(spec, params, microbatch, microbatch_rng, deterministic=False,
+                           frozen=state.frozen)
         sums = objective.loss_sums(outputs, microbatch)
         return objective.total_loss(sums, norms), sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
+    if getattr(objective, "fgm_epsilon", 0.0) > 0:  # fine-tuning: adversarial second pass
+        grad_fn = with_fgm(grad_fn, objective.fgm_epsilon)
     k = spec.grad_accum_steps
     if k == 1:
         grads, sums = grad_fn(state.params, batch, rng)
@@ -187,9 +219,13 @@ def eval_step(state: TrainState, batch: dict) -> dict:
     """Deterministic metrics of one batch, plus its loss ``sums`` and ``norms``: adding those
     over many batches and calling ``objective.metrics`` gives exact held-out averages."""
     objective = state.spec.objective
-    outputs = _forward(state.spec, state.params, batch, None, deterministic=True)
+    outputs = _forward(state.spec, state.params, batch, None, deterministic=True,
+                       frozen=state.frozen)
     sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
-    return {**objective.metrics(sums, norms), "sums": sums, "norms": norms}
+    result = {**objective.metrics(sums, norms), "sums": sums, "norms": norms}
+    if hasattr(objective, "predictions"):  # fine-tuning: per-row predictions for task metrics
+        result["predictions"] = objective.predictions(outputs)
+    return result
 
 
 class Steps(NamedTuple):

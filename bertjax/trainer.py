@@ -21,7 +21,7 @@ import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import metrics as metrics_lib
-from bertjax import sharding, step as step_lib
+from bertjax import objectives, sharding, step as step_lib
 from bertjax.config import BertConfig
 from bertjax.data import make_pipeline
 from bertjax.data.config import PAIR_OBJECTIVES
@@ -143,6 +143,7 @@ def evaluate(steps, state, pipeline, mesh, config) -> dict:
     sums and normalizers (exact averages), MLM perplexity, and the majority baseline."""
     totals = None
     counts: dict[int, int] = {}
+    predictions = []
     for batch in pipeline.eval_batches(int(config.eval_batches)):
         if "masked_ids" in batch:
             ids = batch["masked_ids"][batch["masked_weights"] > 0]
@@ -150,6 +151,8 @@ def evaluate(steps, state, pipeline, mesh, config) -> dict:
                 counts[int(token)] = counts.get(int(token), 0) + int(count)
         out = steps.eval(state, sharding.global_batch(batch, mesh, config.batch_size))
         parts = jax.device_get({"sums": out["sums"], "norms": out["norms"]})
+        if "predictions" in out:  # fine-tuning: task metrics need every dev prediction on host
+            predictions.append(jax.device_get(out["predictions"]))
         totals = parts if totals is None else jax.tree.map(np.add, totals, parts)
     if totals is None:
         return {}
@@ -159,13 +162,15 @@ def evaluate(steps, state, pipeline, mesh, config) -> dict:
         result["perplexity"] = math.exp(min(result["mlm_loss"], 50.0))
     if counts:  # guessing the single most frequent masked token: the floor to beat
         result["majority_baseline"] = max(counts.values()) / sum(counts.values())
+    if predictions:
+        result.update(pipeline.score(np.concatenate(predictions)))
     return result
 
 
 def _meta(config, model_cfg, pipeline) -> dict:
     return {"config": config.to_dict(), "model_config": model_cfg.to_dict(),
-            "store_fingerprint": pipeline.store.fingerprint if hasattr(pipeline.store, "fingerprint")
-            else "", **checkpoint_lib.tokenizer_meta(pipeline.tokenizer)}
+            "store_fingerprint": pipeline.store.fingerprint,
+            **checkpoint_lib.tokenizer_meta(pipeline.tokenizer)}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -173,8 +178,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate_run_config(config)
     workdir = _prepare_workdir(workdir)
     is_chief = jax.process_index() == 0
-    pipeline = make_pipeline(config, workdir)
-    model_cfg = model_config(config, pipeline.tokenizer)
+    # A fine-tuning objective brings its task data, which knows an init_from checkpoint's model.
+    objective = objectives.make_objective(config.loss)
+    pipeline = (objective.make_data if hasattr(objective, "make_data") else make_pipeline)(config, workdir)
+    model_cfg = getattr(pipeline, "model_cfg", None) or model_config(config, pipeline.tokenizer)
     mesh = sharding.make_mesh(config.mesh)
     abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
     ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -188,6 +195,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
     else:
         state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
+        if hasattr(pipeline, "pretrained_params"):  # fine-tuning: config.init_from's encoder
+            state = state.replace(params=pipeline.pretrained_params(state.params))
+        if hasattr(pipeline, "teacher_state"):  # distillation: the teacher, and the student from it
+            state = pipeline.teacher_state(state)
     steps = step_lib.jit_steps(state, mesh)
     meta = _meta(config, model_cfg, pipeline)
     writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
@@ -223,7 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for current in range(start, total):
             host_batch = pipeline.batch(current)
             batch_tokens = float(np.sum(host_batch["attention_mask"])) * jax.process_count()
-            masked = float(np.sum(host_batch["masked_weights"] > 0)) * jax.process_count()
+            masked = float(np.sum(host_batch.get("masked_weights", 0) > 0)) * jax.process_count()
             length = host_batch["input_ids"].shape[1]
             tokens += batch_tokens
             flops += config.batch_size * metrics_lib.train_flops_per_sequence(
@@ -263,6 +274,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 if result and is_chief:
                     line = " ".join(f"{k[5:]}={v:.4g}" for k, v in result.items())
                     (progress.write if progress is not None else print)(f"step {done}: {line}")
+                if result and hasattr(pipeline, "after_eval"):  # fine-tuning: keep WORKDIR/best
+                    pipeline.after_eval(done, result, state, meta)
                 window_start = time.perf_counter()  # eval time is not training throughput
             if (config.checkpoint_every and done % config.checkpoint_every == 0) or last:
                 check_finite()

@@ -48,9 +48,9 @@ def logical_specs():
 
 def test_mesh_shape_fills_and_validates():
     config = sharding.default_mesh_config()
-    assert sharding.mesh_shape(config, 8) == (8, 1, 1)
+    assert sharding.mesh_shape(config, 8) == (8, 1, 1, 1)
     config.update(data=-1, fsdp=2, tensor=2)
-    assert sharding.mesh_shape(config, 8) == (2, 2, 2)
+    assert sharding.mesh_shape(config, 8) == (2, 2, 2, 1)
     config.update(data=3, fsdp=1, tensor=2)
     with pytest.raises(ValueError, match="needs 6 devices but 8"):
         sharding.mesh_shape(config, 8)

@@ -1,0 +1,118 @@
+"""Distilled vs plain 1-layer student on the built-in corpus, from a trained BERT-tiny teacher.
+
+  python benchmarks/distill_compare.py --teacher=/tmp/default_run --steps=500   # a `python train.py` workdir
+
+Every run uses configs/distilbert.py with the teacher's tokenizer, the same student shape, seed, data
+order, steps and held-out batches. Variants: "distilled" (teacher-layer init + DistilBERT's triple
+loss), "mlm_only" (random init, plain MLM: the same student without the teacher) and, with
+--init_only, "teacher_init" (teacher-layer init, plain MLM). Prints held-out MLM accuracy of each,
+the teacher's on the same batches, and teacher vs student forward throughput.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bertjax import distill, trainer  # noqa: E402
+from bertjax.heads import BertForPreTraining  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(args, variant: str):
+    spec = importlib.util.spec_from_file_location("distilbert", os.path.join(ROOT, "configs", "distilbert.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.num_train_steps = config.optim.total_steps = args.steps
+    config.eval_every = config.checkpoint_every = args.steps
+    config.progress_bar = False
+    config.data.tokenizer_model = os.path.join(args.teacher, "tokenizer", "spm.model")
+    teacher_cfg = distill.teacher_model_config(args.teacher)
+    for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
+        config.model[key] = getattr(teacher_cfg, key)
+    config.model.num_hidden_layers = args.student_layers
+    if variant == "distilled":
+        config.loss.teacher = args.teacher
+    else:  # plain MLM on the same student; "teacher_init" still starts from teacher layers
+        config.loss.teacher = args.teacher if variant == "teacher_init" else ""
+        config.loss.alpha_ce = config.loss.alpha_cos = 0.0
+        config.loss.alpha_mlm = 1.0
+    return config, teacher_cfg
+
+
+def _summary(workdir: str, steps: int):
+    """Final held-out MLM metrics and mean train steps/s from a run's metrics.jsonl (None: unfinished)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    rows = [json.loads(line) for line in open(path)]
+    final = [r for r in rows if r["step"] == steps and "eval/mlm_accuracy" in r]
+    speeds = [r["perf/steps_per_second"] for r in rows if "perf/steps_per_second" in r]
+    if not final:
+        return None
+    return {"eval_mlm_accuracy": final[-1]["eval/mlm_accuracy"], "eval_mlm_loss": final[-1]["eval/mlm_loss"],
+            "train_steps_per_s": sum(speeds) / len(speeds)}
+
+
+def _run(args, variant: str) -> dict:
+    config, _ = _config(args, variant)
+    workdir = os.path.join(args.workdir, variant)
+    if args.reuse and _summary(workdir, args.steps):
+        return _summary(workdir, args.steps)
+    shutil.rmtree(workdir, ignore_errors=True)
+    if variant == "mlm_only":  # no teacher at all: plain MLM (the NSP head is built but weighted 0)
+        with config.loss.unlocked():
+            for key in distill.DistillObjective.extra_config_keys:
+                del config.loss[key]
+        config.loss.objective, config.loss.next_sentence, config.loss.nsp_weight = "pretraining", True, 0.0
+    trainer.train_and_evaluate(config, workdir)
+    return _summary(workdir, args.steps)
+
+
+def _forward_speed(cfg, batch: int, length: int, preds: int, repeats: int = 20) -> float:
+    """Forward passes per second of BertForPreTraining(cfg) at [batch, length]."""
+    model = BertForPreTraining(cfg, next_sentence=False)
+    ids = jnp.ones((batch, length), jnp.int32)
+    positions = jnp.zeros((batch, preds), jnp.int32)
+    params = model.init(jax.random.key(0), ids, None, None, None, positions)["params"]
+    fn = jax.jit(lambda p, i: model.apply({"params": p}, i, None, None, None, positions)["mlm_logits"])
+    fn(params, ids).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn(params, ids).block_until_ready()
+    return repeats / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", default="/tmp/default_run", help="bertjax workdir of the teacher")
+    parser.add_argument("--workdir", default="/tmp/distill_compare")
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--student_layers", type=int, default=1)
+    parser.add_argument("--init_only", action="store_true", help="also run teacher_init (MLM only)")
+    parser.add_argument("--reuse", action="store_true", help="keep variants already run to --steps")
+    args = parser.parse_args()
+    variants = ["distilled", "mlm_only"] + (["teacher_init"] if args.init_only else [])
+    results = {v: _run(args, v) for v in variants}
+    config, teacher_cfg = _config(args, "distilled")
+    student_cfg = teacher_cfg.replace(num_hidden_layers=args.student_layers)
+    length, preds = int(config.data.max_seq_length), int(config.data.max_predictions)
+    teacher_fps = _forward_speed(teacher_cfg, int(config.batch_size), length, preds)
+    student_fps = _forward_speed(student_cfg, int(config.batch_size), length, preds)
+    results["forward_per_s"] = {"teacher": teacher_fps, "student": student_fps,
+                                "speedup": student_fps / teacher_fps}
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

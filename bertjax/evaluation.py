@@ -1,0 +1,167 @@
+"""Task metrics as GLUE and CoNLL report them (numpy only), and the best-by-dev-metric checkpoint.
+
+Sequence tasks: accuracy, binary F1 (positive class 1), Matthews correlation (CoLA), Pearson and
+Spearman (STS-B; Spearman = Pearson of average-tie ranks). Token tasks: entity-level F1 over BIO
+spans with exact (start, end, type) match, as seqeval's default mode counts them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from bertjax import checkpoint as checkpoint_lib
+
+# Metrics where lower is better; every other dev metric is maximised.
+_LOWER_IS_BETTER = ("loss", "mse")
+
+
+def accuracy(predictions, labels) -> float:
+    """Fraction of predictions equal to the labels."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    return float(np.mean(predictions == labels)) if len(labels) else 0.0
+
+
+def f1_binary(predictions, labels, positive: int = 1) -> float:
+    """F1 of the positive class (MRPC/QQP style); 0 when there are no true or predicted positives."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    tp = float(np.sum((predictions == positive) & (labels == positive)))
+    fp = float(np.sum((predictions == positive) & (labels != positive)))
+    fn = float(np.sum((predictions != positive) & (labels == positive)))
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def macro_f1(predictions, labels, num_labels: int) -> float:
+    """Unweighted mean over classes of each class's F1 (multi-class tasks)."""
+    return float(np.mean([f1_binary(predictions, labels, c) for c in range(num_labels)]))
+
+
+def matthews_corrcoef(predictions, labels) -> float:
+    """Matthews correlation (multi-class form of Gorodkin 2004); 0 when undefined."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    classes = np.union1d(predictions, labels)
+    confusion = np.zeros((len(classes), len(classes)), np.float64)
+    np.add.at(confusion, (np.searchsorted(classes, labels), np.searchsorted(classes, predictions)), 1)
+    t, p = confusion.sum(axis=1), confusion.sum(axis=0)
+    n, correct = confusion.sum(), np.trace(confusion)
+    denominator = np.sqrt((n * n - p @ p) * (n * n - t @ t))
+    return float((correct * n - t @ p) / denominator) if denominator else 0.0
+
+
+def pearson(x, y) -> float:
+    """Pearson correlation; 0 when either side is constant."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    x, y = x - x.mean(), y - y.mean()
+    denominator = np.sqrt(np.sum(x * x) * np.sum(y * y))
+    return float(np.sum(x * y) / denominator) if denominator else 0.0
+
+
+def average_ranks(x) -> np.ndarray:
+    """1-based ranks with ties sharing the mean of their positions (as scipy.stats.rankdata)."""
+    x = np.asarray(x)
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), np.float64)
+    sorted_x = x[order]
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    ends = np.r_[starts[1:], len(x)]
+    for start, end in zip(starts, ends):
+        ranks[order[start:end]] = (start + end + 1) / 2.0
+    return ranks
+
+
+def spearman(x, y) -> float:
+    """Spearman correlation: Pearson of average-tie ranks."""
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+def bio_spans(tags: Sequence[str]) -> set:
+    """(start, end_exclusive, type) spans of a BIO sequence; an I- without a matching open span
+    starts a new one (seqeval's default, non-strict behaviour)."""
+    spans, start, kind = set(), None, None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, _, label = tag.partition("-")
+        continues = prefix == "I" and kind == label
+        if start is not None and not continues:
+            spans.add((start, i, kind))
+            start = kind = None
+        if prefix in ("B", "I") and not continues:
+            start, kind = i, label
+    return spans
+
+
+def entity_f1(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) -> dict:
+    """Entity-level precision/recall/F1 over sentences: a span counts only on an exact match."""
+    tp = n_pred = n_gold = 0
+    for p, g in zip(predicted, gold):
+        p_spans, g_spans = bio_spans(p), bio_spans(g)
+        tp += len(p_spans & g_spans)
+        n_pred += len(p_spans)
+        n_gold += len(g_spans)
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"entity_precision": precision, "entity_recall": recall, "entity_f1": f1}
+
+
+def sequence_metrics(predictions, labels, num_labels: int) -> dict:
+    """GLUE's metrics for a sequence task: regression (num_labels=1) or classification."""
+    if num_labels == 1:
+        predictions, labels = np.asarray(predictions, np.float64), np.asarray(labels, np.float64)
+        return {"pearson": pearson(predictions, labels), "spearman": spearman(predictions, labels),
+                "mse": float(np.mean((predictions - labels) ** 2))}
+    result = {"accuracy": accuracy(predictions, labels),
+              "matthews": matthews_corrcoef(predictions, labels)}
+    if num_labels == 2:
+        result["f1"] = f1_binary(predictions, labels)
+    else:
+        result["macro_f1"] = macro_f1(predictions, labels, num_labels)
+    return result
+
+
+def better(metric: str, new: float, old: Optional[float]) -> bool:
+    """Whether ``new`` beats ``old`` on ``metric`` (losses and MSE: lower is better)."""
+    if old is None:
+        return True
+    return new < old if metric in _LOWER_IS_BETTER else new > old
+
+
+class BestCheckpoint:
+    """Keeps WORKDIR/best: the state with the best dev ``metric`` so far, and its predictions."""
+
+    def __init__(self, workdir: str, metric: str, predictions_file: str = "dev_predictions.tsv"):
+        self.metric, self.predictions_file = metric, predictions_file
+        self.directory = os.path.join(workdir, "best")
+        self._ckpt = checkpoint_lib.Checkpointer(self.directory, keep=1, async_save=False)
+        self.value: Optional[float] = None
+        self.step: Optional[int] = None
+        if self._ckpt.latest_step() is not None:  # a resumed run competes with its earlier best
+            best = self._ckpt.read_meta().get("best", {})
+            self.value, self.step = best.get("value"), best.get("step")
+
+    def update(self, step: int, result: dict, state, meta: dict,
+               write_predictions: Callable[[str], None]) -> bool:
+        """Saves ``state`` (and writes its predictions) when ``result`` improves the dev metric."""
+        key = f"eval/{self.metric}"
+        if key not in result:
+            raise KeyError(f"config.task.metric={self.metric!r} is not among the eval metrics "
+                           f"{sorted(k[5:] for k in result)}")
+        value = float(result[key])
+        if not better(self.metric, value, self.value):
+            return False
+        self.value, self.step = value, int(step)
+        best = {"metric": self.metric, "value": value, "step": int(step)}
+        self._ckpt.save(state, {**meta, "best": best}, force=True)
+        self._ckpt.wait()
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+        write_predictions(os.path.join(self.directory, self.predictions_file))
+        with open(os.path.join(self.directory, "best.json"), "w") as f:
+            json.dump({**best, "metrics": {k: float(v) for k, v in result.items()}}, f, indent=1)
+        logging.info("new best %s=%.4f at step %d -> %s", self.metric, value, step, self.directory)
+        return True
+
+    def close(self) -> None:
+        self._ckpt.close()

@@ -1,0 +1,250 @@
+"""Fine-tuning task data: examples from built-in tasks, local TSV/CSV/JSONL/CoNLL files or TFDS
+`glue/*`, encoded once into fixed-shape numpy rows.
+
+Sequence rows are `[CLS] a [SEP] (b [SEP])`, truncated longest-first. Token rows label the first
+piece of each word and give the word's other pieces (and [CLS]/[SEP]/padding) weight 0.
+
+Built-in tasks (offline, from CPython's own docstrings, see bertjax/data/builtin_corpus.py):
+  stdlib_families    each docstring sentence labelled by the library family of its module
+                     (text, files, network, concurrency); train/dev split by document.
+  stdlib_code_spans  BIO tags over words: EXC (names ending in Error/Exception/Warning) and
+                     CODE (runs of code-like words: dotted, snake_case, calls); split by document.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+from bertjax.data.corpus import is_heldout
+
+# Library families of the built-in classification task (module -> family via these prefixes).
+FAMILIES = {
+    "text": ("difflib", "codecs", "re", "json", "textwrap", "base64", "csv", "configparser", "xml",
+             "html", "locale", "tokenize", "pprint", "quopri", "shlex", "string", "gettext", "plistlib"),
+    "files": ("os", "shutil", "pathlib", "tarfile", "zipfile", "tempfile", "lzma", "bz2", "gzip",
+              "fileinput", "io", "shelve", "filecmp", "fnmatch", "glob", "pickle", "sqlite3", "wave",
+              "mailbox", "platform"),
+    "network": ("ssl", "smtplib", "imaplib", "http", "urllib", "socketserver", "ftplib", "socket",
+                "mimetypes", "poplib"),
+    "concurrency": ("threading", "asyncio", "concurrent", "subprocess", "selectors", "queue", "sched",
+                    "multiprocessing"),
+}
+BUILTIN_TASKS = ("stdlib_families", "stdlib_code_spans")
+# TFDS glue configs: (text feature, pair feature or "", number of labels; 1 = regression).
+GLUE = {"cola": ("sentence", "", 2), "sst2": ("sentence", "", 2), "mrpc": ("sentence1", "sentence2", 2),
+        "qqp": ("question1", "question2", 2), "stsb": ("sentence1", "sentence2", 1),
+        "mnli": ("premise", "hypothesis", 3), "qnli": ("question", "sentence", 2),
+        "rte": ("sentence1", "sentence2", 2), "wnli": ("sentence1", "sentence2", 2)}
+_EXCEPTION = re.compile(r"^[A-Z]\w*(Error|Exception|Warning)$")
+_CODE = re.compile(r"^\w+(\.\w+)+(\(\))?$|^\w*_\w*(\(\))?$|^\w+\(\)$")
+
+
+def family_of(doc_id: str) -> Optional[str]:
+    """The family of a built-in document id such as 'doc:json.decoder.JSONDecoder.decode'."""
+    if not doc_id.startswith("doc:"):
+        return None
+    top = doc_id[4:].split(".")[0]
+    return next((family for family, modules in FAMILIES.items() if top in modules), None)
+
+
+def code_span_tags(words: Sequence[str]) -> list[str]:
+    """Rule-made BIO tags of the built-in token task: B-/I-CODE runs, B-EXC single words."""
+    tags, previous = [], "O"
+    for word in words:
+        bare = word.strip(".,;:'\"`()")
+        if _EXCEPTION.match(bare):
+            tag = "B-EXC"
+        elif _CODE.match(word.strip(",;:'\"`")) and not word.endswith("."):
+            tag = "I-CODE" if previous.endswith("CODE") else "B-CODE"
+        else:
+            tag = "O"
+        tags.append(tag)
+        previous = tag
+    return tags
+
+
+def builtin_examples(name: str, split: str, dev_fraction: float) -> list[dict]:
+    """Examples of a built-in task; documents go to dev by a stable hash of their id."""
+    from bertjax.data import builtin_corpus
+    if name not in BUILTIN_TASKS:
+        raise ValueError(f"config.task.source='builtin:{name}': built-in tasks are {BUILTIN_TASKS}")
+    examples = []
+    for doc_id, sentences in builtin_corpus.documents():
+        family = family_of(doc_id)
+        if family is None or (split == "dev") != is_heldout(doc_id, dev_fraction):
+            continue
+        for sentence in sentences:
+            words = sentence.split()
+            if len(words) < 4:  # "Return the value." carries no family signal
+                continue
+            if name == "stdlib_families":
+                examples.append({"text": sentence, "text_pair": "", "label": family})
+            else:
+                examples.append({"tokens": words, "tags": code_span_tags(words)})
+    return examples
+
+
+def _read_rows(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"task file {path!r} does not exist")
+    with open(path, encoding="utf-8", newline="") as f:
+        if path.endswith((".jsonl", ".json")):
+            return [json.loads(line) for line in f if line.strip()]
+        if path.endswith((".tsv", ".csv")):
+            return list(csv.DictReader(f, delimiter="\t" if path.endswith(".tsv") else ","))
+    raise ValueError(f"task file {path!r}: expected .tsv, .csv, .jsonl (or .conll/.txt for tokens)")
+
+
+def _read_conll(path: str) -> list[dict]:
+    """CoNLL-style token file: 'word ... tag' per line (last column is the tag), blank line between."""
+    examples, words, tags = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for line in list(f) + [""]:
+            parts = line.split()
+            if parts and not parts[0].startswith("-DOCSTART-"):
+                words.append(parts[0])
+                tags.append(parts[-1])
+            elif words:
+                examples.append({"tokens": words, "tags": tags})
+                words, tags = [], []
+    return examples
+
+
+def file_examples(path: str, task, tokens: bool) -> list[dict]:
+    """Examples of a local file with the configured column names."""
+    if tokens:
+        if path.endswith((".conll", ".txt")):
+            return _read_conll(path)
+        rows, keys = _read_rows(path), (task.tokens_column, task.tags_column)
+        missing = [k for k in keys if rows and k not in rows[0]]
+        if missing:
+            raise ValueError(f"task file {path!r} has no column(s) {missing}: set config.task."
+                             "tokens_column / tags_column")
+        return [{"tokens": list(r[keys[0]]), "tags": list(r[keys[1]])} for r in rows]
+    rows = _read_rows(path)
+    keys = [task.text_column, task.label_column] + ([task.text_pair_column] if task.text_pair_column else [])
+    missing = [k for k in keys if rows and k not in rows[0]]
+    if missing:
+        raise ValueError(f"task file {path!r} has no column(s) {missing} (columns: "
+                         f"{sorted(rows[0]) if rows else []}): set config.task.text_column / "
+                         "text_pair_column / label_column")
+    return [{"text": str(r[task.text_column]), "label": r[task.label_column],
+             "text_pair": str(r[task.text_pair_column]) if task.text_pair_column else ""} for r in rows]
+
+
+def tfds_examples(name: str, split: str, data_dir: str) -> list[dict]:
+    """GLUE examples through tfds.data_source (ArrayRecord, no TensorFlow, no download)."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise ImportError(f"config.task.source='tfds:{name}' needs tensorflow-datasets: "
+                          "pip install 'bertjax[tfds]'") from None
+    task = name.split("/")[-1]
+    if not name.startswith("glue/") or task not in GLUE:
+        raise ValueError(f"config.task.source='tfds:{name}': supported are "
+                         f"{['glue/' + t for t in GLUE]}")
+    split = {"dev": "validation_matched" if task == "mnli" else "validation"}.get(split, split)
+    try:
+        source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+    except Exception as e:  # tfds raises several types for a dataset that is not prepared
+        raise FileNotFoundError(f"config.task.source='tfds:{name}': cannot open split {split!r} "
+                                f"(data_dir={data_dir or 'tfds default'}): {e}") from e
+    text, pair, _ = GLUE[task]
+    decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
+    return [{"text": decode(r[text]), "text_pair": decode(r[pair]) if pair else "",
+             "label": r["label"]} for r in (source[i] for i in range(len(source)))]
+
+
+def load_examples(task, split: str, tokens: bool) -> list[dict]:
+    """Examples of ``config.task`` for split 'train' or 'dev'."""
+    source = task.source
+    if source.startswith("builtin:"):
+        return builtin_examples(source[len("builtin:"):], split, float(task.dev_fraction))
+    if source.startswith("tfds:"):
+        return tfds_examples(source[len("tfds:"):], split, task.tfds_data_dir)
+    if source == "files":
+        path = task.train_file if split == "train" else task.dev_file
+        if not path:
+            raise ValueError(f"config.task.{split}_file is empty: set it (source='files')")
+        return file_examples(path, task, tokens)
+    raise ValueError(f"config.task.source={source!r}: expected 'builtin:NAME', 'files' or "
+                     "'tfds:glue/NAME'")
+
+
+def encode_pairs(tokenizer, texts: Sequence[str], pairs: Sequence[str], length: int) -> dict:
+    """[CLS] a [SEP] (b [SEP]) rows, padded to ``length``; the longer side is cut first."""
+    n = len(texts)
+    rows = {"input_ids": np.full((n, length), tokenizer.pad_id, np.int32),
+            "token_type_ids": np.zeros((n, length), np.int32),
+            "attention_mask": np.zeros((n, length), np.int32)}
+    firsts = tokenizer.encode(list(texts))
+    seconds = tokenizer.encode([p for p in pairs]) if any(pairs) else [np.zeros(0, np.int32)] * n
+    for i, (a, b) in enumerate(zip(firsts, seconds)):
+        a, b = list(a), list(b)
+        budget = length - 2 - (1 if len(b) or pairs[i] else 0)
+        while len(a) + len(b) > budget:
+            (a if len(a) >= len(b) else b).pop()
+        ids = [tokenizer.cls_id] + a + [tokenizer.sep_id]
+        types = [0] * len(ids)
+        if pairs[i]:
+            ids += b + [tokenizer.sep_id]
+            types += [1] * (len(b) + 1)
+        rows["input_ids"][i, :len(ids)] = ids
+        rows["token_type_ids"][i, :len(ids)] = types
+        rows["attention_mask"][i, :len(ids)] = 1
+    return rows
+
+
+def encode_words(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[int]],
+                 length: int) -> dict:
+    """First-piece labelling: each word's first piece carries its tag (weight 1), later pieces,
+    [CLS], [SEP] and padding weight 0; words past ``length`` are cut (their tags are lost)."""
+    n = len(sentences)
+    rows = encode_pairs(tokenizer, [""] * n, [""] * n, length)
+    rows["labels"] = np.zeros((n, length), np.int32)
+    rows["label_weights"] = np.zeros((n, length), np.float32)
+    rows["word_positions"] = np.full((n, length), -1, np.int32)  # row position of word j's first piece
+    flat = [w for words in sentences for w in words]
+    pieces = tokenizer.encode(flat) if flat else []
+    cursor = 0
+    for i, (words, word_tags) in enumerate(zip(sentences, tags)):
+        ids, position = [tokenizer.cls_id], 1
+        for j, tag in enumerate(word_tags):
+            word_ids = list(pieces[cursor + j]) or [tokenizer.unk_id]
+            if len(ids) + len(word_ids) > length - 1:
+                break
+            rows["labels"][i, position] = tag
+            rows["label_weights"][i, position] = 1.0
+            rows["word_positions"][i, j] = position
+            ids += word_ids
+            position += len(word_ids)
+        cursor += len(words)
+        ids.append(tokenizer.sep_id)
+        rows["input_ids"][i, :len(ids)] = ids
+        rows["attention_mask"][i, :len(ids)] = 1
+    return rows
+
+
+def label_index(examples: list[dict], configured: Sequence[str], num_labels: int,
+                tokens: bool) -> list[str]:
+    """Label names in id order: ``config.task.labels`` or the sorted train labels (BIO: 'O' first)."""
+    if configured:
+        names = [str(v) for v in configured]
+    elif num_labels == 1:
+        return []
+    elif tokens:
+        names = sorted({t for e in examples for t in e["tags"]}, key=lambda t: (t != "O", t[2:], t))
+    else:
+        seen = {e["label"] for e in examples}
+        ints = all(isinstance(v, (int, np.integer)) or str(v).lstrip("-").isdigit() for v in seen)
+        names = [str(v) for v in sorted(seen, key=int if ints else str)]
+    if len(names) != num_labels:
+        raise ValueError(f"config.loss.num_labels={num_labels} but the task has {len(names)} "
+                         f"labels {names[:20]}: set config.loss.num_labels={len(names)} or "
+                         "config.task.labels")
+    return names

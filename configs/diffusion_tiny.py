@@ -1,0 +1,36 @@
+"""Masked diffusion LM (LLaDA/MDLM) with a BERT-tiny-sized encoder on the built-in corpus.
+
+Run:     python train.py --config=configs/diffusion_tiny.py --workdir=workdir/diffusion_tiny
+         python -m bertjax.diffusion --workdir=workdir/diffusion_tiny --prompt="The function returns"
+Expect:  on a 2-core CPU, about 12 minutes for 1000 steps; eval/nll_bound (nats/token) falls
+         from ~8.3 to ~6.35, below the train split's unigram entropy (6.52) but still near the unigram
+         plateau (mlm_accuracy ~ the majority baseline); samples are frequent words and punctuation.
+         Contextual learning needs longer runs (raise --config.num_train_steps).
+"""
+from bertjax.trainer import default_run_config, model_config_dict
+
+
+def get_config():
+    config = default_run_config()
+    config.seed = 0
+    config.batch_size = 32
+    config.num_train_steps = 1000
+    # LLaDA's encoder is pre-LN without dropout; no token types.
+    config.model = model_config_dict("tiny", type_vocab_size=1, pre_layer_norm=True,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config.data.vocab_size = 4000
+    config.data.max_seq_length = 64
+    config.data.objective = "diffusion"  # FULL-SENTENCES rows, t ~ U(eps, 1) per row
+    config.data.masking = "diffusion"  # every position listed: P = T whatever max_predictions says
+    config.loss.objective = "diffusion"
+    config.loss.next_sentence = False
+    config.optim.learning_rate = 3e-3
+    config.optim.schedule = "wsd"  # warmup, constant, linear decay over the last 10% (LLaDA)
+    config.optim.base_batch_size = 32
+    config.optim.warmup_steps = 100
+    config.optim.weight_decay = 0.01
+    config.log_every = 100
+    config.eval_every = 250
+    config.eval_batches = 16
+    config.checkpoint_every = 250
+    return config
