@@ -8,6 +8,7 @@ sums/normalizers added over many batches give exact held-out averages.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 
@@ -98,14 +99,15 @@ def loss_metrics(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> 
     return metrics
 
 
-class Objective:
+class Objective(abc.ABC):
     """What a step computes: the model, its inputs, loss sums and metrics. Frozen and hashable."""
 
     extra_config_keys: tuple = ()  # config.loss keys this objective adds to the defaults
 
     @classmethod
+    @abc.abstractmethod
     def from_config(cls, loss_config: ml_collections.ConfigDict) -> "Objective":
-        raise NotImplementedError(cls.__name__)
+        """The objective described by ``config.loss``."""
 
     def model(self, cfg: BertConfig) -> nn.Module:
         return BertForPreTraining(cfg, next_sentence=False)
@@ -126,17 +128,20 @@ class Objective:
         # MoE configs also collect the layers' sown router stats as outputs["moe"].
         return moe.apply_model(model, variables, *args, deterministic=deterministic, rngs=rngs)
 
+    @abc.abstractmethod
     def loss_sums(self, outputs, batch: dict) -> dict:
-        raise NotImplementedError(type(self).__name__)
+        """Additive sums over the (micro)batch."""
 
     def normalizers(self, batch: dict) -> dict:
         return normalizers(batch)
 
+    @abc.abstractmethod
     def total_loss(self, sums: dict, norms: dict) -> jax.Array:
-        raise NotImplementedError(type(self).__name__)
+        """The scalar to differentiate, linear in ``sums``."""
 
+    @abc.abstractmethod
     def metrics(self, sums: dict, norms: dict) -> dict:
-        raise NotImplementedError(type(self).__name__)
+        """Named scalars from (possibly accumulated) sums and normalizers."""
 
 
 @dataclasses.dataclass(frozen=True)

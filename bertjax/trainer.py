@@ -283,6 +283,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             if stop.received is not None:
                 logging.warning("signal %d: saved step %d, stopping", stop.received, done)
                 break
+        if start >= total and config.eval_every:  # already trained: report the held-out metrics
+            summary.update({f"eval/{k}": v for k, v in evaluate(steps, state, pipeline, mesh,
+                                                                config).items()})
     finally:
         stop.restore()
         if progress is not None:
