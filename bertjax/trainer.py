@@ -277,10 +277,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 if result and hasattr(pipeline, "after_eval"):  # fine-tuning: keep WORKDIR/best
                     pipeline.after_eval(done, result, state, meta)
                 window_start = time.perf_counter()  # eval time is not training throughput
-            if (config.checkpoint_every and done % config.checkpoint_every == 0) or last:
+            # Read the signal once: one that lands after this line is handled at the next step,
+            # so a stop always saves first.
+            stopping = stop.received is not None
+            if (config.checkpoint_every and done % config.checkpoint_every == 0) or \
+                    done == total or stopping:
                 check_finite()
                 ckpt.save(state, meta, force=True)
-            if stop.received is not None:
+            if stopping:
                 logging.warning("signal %d: saved step %d, stopping", stop.received, done)
                 break
         if start >= total and config.eval_every:  # already trained: report the held-out metrics
