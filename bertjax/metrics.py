@@ -113,11 +113,6 @@ class MetricWriter:
             self._jsonl.close()
 
 
-def read_jsonl(logdir: str) -> list[dict]:
-    with open(os.path.join(logdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 # Model FLOPs -----------------------------------------------------------------
 
 def matmul_params(cfg: BertConfig) -> int:
