@@ -37,6 +37,9 @@ class BertConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     initializer_range: float = 0.02
+    # Position-table init: "normal" (BERT) or "sinusoidal" (Vaswani et al. sin/cos rows scaled to
+    # std initializer_range; still learned). Only the initial values differ, so HF conversion is unchanged.
+    position_embedding_init: str = "normal"
     layer_norm_eps: float = 1e-12
     pre_layer_norm: bool = False  # False: BERT's post-LN; True: pre-LN with a final LayerNorm
     position_offset: int = 0  # RoBERTa: position ids start at padding_idx + 1 = 2
@@ -82,6 +85,9 @@ class BertConfig:
             raise ValueError(f"BertConfig.classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"BertConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        if self.position_embedding_init not in ("normal", "sinusoidal"):
+            raise ValueError("BertConfig.position_embedding_init must be 'normal' or 'sinusoidal', got "
+                             f"{self.position_embedding_init!r}")
         if self.initializer_range <= 0:
             raise ValueError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
         if self.position_offset < 0:

@@ -27,6 +27,7 @@ import numpy as np
 
 from bertjax.diffusion_sampling import (  # noqa: F401 (public API)
     generate, generate_text, load, main, step_schedule)
+from bertjax import moe
 from bertjax.objectives import Objective, cross_entropy
 
 Array = jax.Array
@@ -85,7 +86,8 @@ class MaskedDiffusion(Objective):
                 "bound_tokens": jnp.sum(outputs["bound_tokens"]),
                 "mlm_loss": jnp.sum(nll_BP * weights_BP),
                 "mlm_correct": jnp.sum(correct_BP * weights_BP),
-                "mlm_weight": jnp.sum(weights_BP)}
+                "mlm_weight": jnp.sum(weights_BP),
+                **moe.loss_sums(outputs, batch)}  # MoE router losses (empty when dense)
 
     def normalizers(self, batch):
         """Whole-batch denominators: real tokens (pretraining) or rows (SFT)."""
@@ -93,10 +95,14 @@ class MaskedDiffusion(Objective):
             loss_norm = jnp.float32(batch["input_ids"].shape[0])
         else:
             loss_norm = jnp.sum(_attention(batch).astype(jnp.float32))
-        return {"loss_norm": jnp.maximum(loss_norm, 1.0)}
+        return {"loss_norm": jnp.maximum(loss_norm, 1.0),
+                "examples": jnp.float32(batch["input_ids"].shape[0])}
 
     def total_loss(self, sums, norms):
-        return sums["diffusion_loss"] / norms["loss_norm"]
+        loss = sums["diffusion_loss"] / norms["loss_norm"]
+        if "moe_aux_loss" in sums:  # already weighted by the BertConfig router-loss fields
+            loss = loss + sums["moe_aux_loss"] / norms["examples"]
+        return loss
 
     def metrics(self, sums, norms):
         weight = jnp.maximum(sums["mlm_weight"], 1.0)
@@ -104,7 +110,8 @@ class MaskedDiffusion(Objective):
                 "nll_bound": sums["nll_bound"] / jnp.maximum(sums["bound_tokens"], 1.0),
                 "mlm_loss": sums["mlm_loss"] / weight,
                 "mlm_accuracy": sums["mlm_correct"] / weight,
-                "mask_fraction": sums["mlm_weight"] / jnp.maximum(sums["bound_tokens"], 1.0)}
+                "mask_fraction": sums["mlm_weight"] / jnp.maximum(sums["bound_tokens"], 1.0),
+                **moe.metrics(sums, norms)}
 
 
 def sft_batch(tokenizer, pairs: Sequence[tuple[str, str]], length: int, *, seed: int,

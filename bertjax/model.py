@@ -12,6 +12,7 @@ from typing import Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.config import BertConfig
 
@@ -29,6 +30,21 @@ def activation(name: str):
 
 def _init(cfg: BertConfig, axes):
     return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), axes)
+
+
+def sinusoidal_init(std: float):
+    """Initializer of a [positions, width] table: interleaved sin/cos rows (Vaswani et al. 2017)
+    with wavelengths up to 10000, scaled to standard deviation `std`."""
+    def init(key, shape, dtype=jnp.float32):
+        del key
+        positions, width = shape
+        freqs = 1.0 / (10000.0 ** (np.arange(0, width, 2) / width))
+        angles = np.arange(positions)[:, None] * freqs[None, :]
+        table = np.zeros((positions, width))
+        table[:, 0::2] = np.sin(angles)
+        table[:, 1::2] = np.cos(angles[:, :width // 2])
+        return jnp.asarray(table * (std * np.sqrt(2.0)), dtype)
+    return init
 
 
 def _zeros(axes):
@@ -93,8 +109,12 @@ class Embeddings(nn.Module):
         self.word_embeddings = self.param(
             "word_embeddings", _init(cfg, ("vocab", self.width_axis)), (cfg.vocab_size, width),
             cfg.params_dtype)
+        position_init = (nn.with_logical_partitioning(sinusoidal_init(cfg.initializer_range),
+                                                      ("position", self.width_axis))
+                         if cfg.position_embedding_init == "sinusoidal"
+                         else _init(cfg, ("position", self.width_axis)))
         self.position_embeddings = self.param(
-            "position_embeddings", _init(cfg, ("position", self.width_axis)),
+            "position_embeddings", position_init,
             (cfg.max_position_embeddings, width), cfg.params_dtype)
         self.token_type_embeddings = self.param(
             "token_type_embeddings", _init(cfg, ("types", self.width_axis)),

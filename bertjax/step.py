@@ -72,6 +72,10 @@ class TrainState:
 def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                          mesh: Mesh) -> tuple[TrainState, TrainState, Callable]:
     """(state shapes, state shardings, init fn): no arrays allocated; also the restore target."""
+    experts_axis = dict(mesh.shape).get("expert", 1)
+    if model_cfg.num_experts and model_cfg.num_experts % experts_axis:
+        raise ValueError(f"config.mesh.expert={experts_axis} must divide model.num_experts="
+                         f"{model_cfg.num_experts}: each device holds whole experts")
     spec = StepSpec.from_config(config, model_cfg)
     tx, learning_rate_fn = optim.make_optimizer(config.optim, model_cfg, config.batch_size)
     model = spec.model()

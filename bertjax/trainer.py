@@ -53,6 +53,7 @@ def default_run_config() -> ml_collections.ConfigDict:
     config.checkpoint_every = 500  # steps between checkpoints (0: only at the end)
     config.keep_checkpoints = 3  # complete checkpoints kept
     config.async_checkpoints = True  # save in the background while training continues
+    config.mlm_bias_init = "unigram"  # new models: "unigram" (log token frequencies) | "zeros" (BERT)
     config.peak_flops_per_device = 0.0  # for MFU; 0 = by device kind, CPU measured at start
     config.progress_bar = True  # tqdm bar with loss, tokens/s, MFU and ETA (process 0)
     return config
@@ -76,6 +77,8 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
         if int(config[key]) < 0 or (key in ("num_train_steps", "batch_size", "log_every")
                                      and int(config[key]) == 0):
             raise ValueError(f"config.{key}={config[key]!r}: must be positive")
+    if config.get("mlm_bias_init", "zeros") not in ("unigram", "zeros"):
+        raise ValueError(f"config.mlm_bias_init={config.mlm_bias_init!r}: must be 'unigram' or 'zeros'")
     pairs = config.data.objective in PAIR_OBJECTIVES
     if config.loss.objective == "pretraining" and bool(config.loss.next_sentence) != pairs:
         raise ValueError(
@@ -85,6 +88,25 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
     if config.optim.total_steps != config.num_train_steps:
         logging.warning("config.optim.total_steps=%s differs from num_train_steps=%s",
                         config.optim.total_steps, config.num_train_steps)
+
+
+def init_mlm_bias(state, log_prior: np.ndarray):
+    """Sets the MLM decoder bias of a new model to the corpus' log unigram frequencies (a model
+    then starts at the unigram loss; a zero bias spends hundreds of Adam steps of ~lr each getting
+    there). Works on any mesh and process count; a state without an MLM head is returned as is."""
+    head = state.params.get("mlm_head") if hasattr(state.params, "get") else None
+    if head is None or "bias" not in head:
+        return state
+    bias = head["bias"]
+    if bias.shape != log_prior.shape:
+        raise ValueError(f"unigram prior of shape {log_prior.shape} does not fit the MLM bias "
+                         f"{bias.shape}: tokenizer and model disagree on the vocabulary size")
+    values = np.asarray(log_prior, bias.dtype)
+    new_bias = jax.make_array_from_callback(bias.shape, bias.sharding, lambda index: values[index])
+    params = dict(state.params)
+    params["mlm_head"] = {**head, "bias": new_bias}
+    return state.replace(params=type(state.params)(params) if not isinstance(state.params, dict)
+                         else params)
 
 
 def _prepare_workdir(workdir: str) -> str:
@@ -195,6 +217,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
     else:
         state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
+        if config.get("mlm_bias_init", "zeros") == "unigram" and hasattr(pipeline, "unigram_log_prior"):
+            state = init_mlm_bias(state, pipeline.unigram_log_prior())
         if hasattr(pipeline, "pretrained_params"):  # fine-tuning: config.init_from's encoder
             state = state.replace(params=pipeline.pretrained_params(state.params))
         if hasattr(pipeline, "teacher_state"):  # distillation: the teacher, and the student from it

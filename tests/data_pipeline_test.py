@@ -113,6 +113,28 @@ def test_eval_batches_come_from_the_heldout_split_and_repeat(spm_path, workdir):
   assert not np.array_equal(first[0]["input_ids"], p.batch(0)["input_ids"])
 
 
+def test_eval_batches_can_mask_at_their_own_rate(spm_path, workdir):
+  """Training at 40% while evaluating at BERT's 15%: same held-out rows, different masking."""
+  def predicted_fraction(batches):
+    masked = sum(float(b["masked_weights"].sum()) for b in batches)
+    real = sum(float((b["attention_mask"] == 1).sum()) for b in batches)
+    return masked / real
+
+  same = list(_pipeline(spm_path, workdir, mask_rate=0.15).eval_batches(3))
+  p = _pipeline(spm_path, workdir, mask_rate=0.4, max_predictions=26, eval_mask_rate=0.15,
+                eval_max_predictions=10)
+  own = list(p.eval_batches(3))
+  for a, b in zip(same, own):
+    _equal(a, b)  # the held-out batches do not depend on the training mask rate
+  assert p.batch(0)["masked_positions"].shape == (16, 26)
+  train_fraction = predicted_fraction([p.batch(s) for s in range(3)])
+  assert train_fraction > 2 * predicted_fraction(own)
+  with pytest.raises(ValueError, match="config.data.eval_mask_rate"):
+    _pipeline(spm_path, workdir, eval_mask_rate=1.5)
+  with pytest.raises(ValueError, match="config.data.eval_max_predictions"):
+    _pipeline(spm_path, workdir, eval_max_predictions=-1)
+
+
 def test_invalid_values_name_the_key(spm_path, workdir):
   bad = {"mask_rate": -0.1, "random_token_prob": 0.5, "max_predictions": 0, "objective": "clm",
          "masking": "span", "length_schedule": ((0.5, 64), (0.4, 32)), "pack_rows": True}

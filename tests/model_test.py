@@ -192,10 +192,27 @@ def test_token_classification_and_sequence_classification_shapes(bert):
     ("dtype", "float8", "dtype"),
     ("remat", "everything", "remat"),
     ("mask_token_id", 100, "mask_token_id"),
+    ("position_embedding_init", "rotary", "position_embedding_init"),
 ])
 def test_bad_config_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         _cfg(**{field: value})
+
+
+def test_sinusoidal_position_init_is_sin_cos_at_the_configured_scale():
+    cfg = _cfg(position_embedding_init="sinusoidal", initializer_range=0.05)
+    table = np.asarray(_init(bertjax.BertModel(cfg))["embeddings"]["position_embeddings"])
+    width = cfg.hidden_size
+    positions = np.arange(cfg.max_position_embeddings)[:, None]
+    angles = positions / 10000.0 ** (np.arange(0, width, 2)[None, :] / width)
+    amplitude = 0.05 * np.sqrt(2.0)
+    np.testing.assert_allclose(table[:, 0::2], amplitude * np.sin(angles), atol=1e-6)
+    np.testing.assert_allclose(table[:, 1::2], amplitude * np.cos(angles), atol=1e-6)
+    # Only the position table changes: the word embeddings are the normal init of the same seed.
+    normal = _init(bertjax.BertModel(_cfg(initializer_range=0.05)))["embeddings"]
+    np.testing.assert_array_equal(
+        _init(bertjax.BertModel(cfg))["embeddings"]["word_embeddings"], normal["word_embeddings"])
+    assert not np.allclose(normal["position_embeddings"], table, atol=1e-3)
 
 
 def test_config_rejects_unknown_keys_and_presets():

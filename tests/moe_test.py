@@ -157,3 +157,33 @@ def test_expert_parallel_step_equals_one_device():
                                    err_msg=jax.tree_util.keystr(path))
     kernel = state.params["bert"]["encoder"]["layer_0"]["mlp"]["intermediate_kernel"]
     assert kernel.sharding.shard_shape(kernel.shape) == (1, 32, 64)  # one expert per device
+
+
+def test_diffusion_objective_adds_the_router_losses():
+    from bertjax.diffusion import MaskedDiffusion
+    from bertjax.heads import BertForPreTraining
+
+    cfg = _cfg(num_experts=4, experts_per_token=1)
+    batch = _batch()
+    rs = np.random.RandomState(1)
+    batch.update(masked_positions=np.tile(np.arange(LENGTH, dtype=np.int32), (BATCH, 1)),
+                 masked_ids=batch["input_ids"],
+                 masked_weights=(rs.rand(BATCH, LENGTH) < 0.5).astype(np.float32),
+                 mask_ratio=np.full((BATCH,), 0.5, np.float32))
+    objective, model = MaskedDiffusion(), BertForPreTraining(cfg, next_sentence=False)
+    variables = objective.apply(model, None, batch, jax.random.key(0), True, init=True)
+    outputs = objective.apply(model, variables, batch, None, True)
+    sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
+    metrics = objective.metrics(sums, norms)
+    aux = float(moe.aux_loss(cfg, outputs["moe"]))
+    assert aux > 0 and float(metrics["moe_aux_loss"]) == pytest.approx(aux, rel=1e-5)
+    diffusion_only = float(sums["diffusion_loss"] / norms["loss_norm"])
+    assert float(objective.total_loss(sums, norms)) == pytest.approx(diffusion_only + aux, rel=1e-5)
+
+
+def test_expert_axis_must_divide_the_experts():
+    cfg = _cfg(num_experts=6)
+    config = setup.step_config(data=2, expert=4)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:8])
+    with pytest.raises(ValueError, match="config.mesh.expert=4 must divide model.num_experts=6"):
+        step.abstract_train_state(config, cfg, mesh)

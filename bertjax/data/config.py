@@ -27,6 +27,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.masking = "token"  # "token" | "whole_word" | "ngram" | "diffusion"
   c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
   c.max_predictions = 20  # P, width of masked_positions/ids/weights (diffusion: always T)
+  c.eval_mask_rate = 0.0  # held-out batches: mask rate (0 = mask_rate; BERT's 0.15 keeps evals comparable)
+  c.eval_max_predictions = 0  # held-out batches: P (0 = max_predictions)
   c.mask_token_prob = 0.8  # of predicted tokens: replaced by [MASK] (or a similar token if correction)
   c.random_token_prob = 0.1  # of predicted tokens: replaced by a random token (the rest stay as is)
   c.ngram_max = 3  # ngram masking: spans of 1..ngram_max whole words
@@ -88,6 +90,10 @@ def validate(config) -> None:
     _fail("random_token_prob", c.random_token_prob, "mask_token_prob + random_token_prob must be <= 1")
   if c.max_predictions < 1:
     _fail("max_predictions", c.max_predictions, "must be >= 1")
+  if not 0.0 <= c.eval_mask_rate <= 1.0:
+    _fail("eval_mask_rate", c.eval_mask_rate, "must be in [0, 1] (0: use mask_rate)")
+  if c.eval_max_predictions < 0:
+    _fail("eval_max_predictions", c.eval_max_predictions, "must be >= 0 (0: use max_predictions)")
   if c.ngram_max < 1:
     _fail("ngram_max", c.ngram_max, "must be >= 1")
   weights = tuple(c.ngram_weights)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import os
 import threading
 from typing import Iterator
@@ -118,10 +119,29 @@ class Pipeline:
         mode=c.masking, rate=c.mask_rate, max_predictions=c.max_predictions, mask_token_prob=c.mask_token_prob,
         random_token_prob=c.random_token_prob, ngram_probs=config_lib.ngram_probabilities(c),
         diffusion_eps=c.diffusion_eps)
+    self._eval_mask_spec = dataclasses.replace(
+        self._mask_spec, rate=c.eval_mask_rate or c.mask_rate,
+        max_predictions=c.eval_max_predictions or c.max_predictions)
     self._special_ids = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
     self._executor = concurrent.futures.ThreadPoolExecutor(1, "bertjax-data") if c.prefetch else None
     self._futures: dict[int, concurrent.futures.Future] = {}
     self._futures_lock = threading.Lock()
+
+  def unigram_log_prior(self, max_tokens: int = 50_000_000) -> np.ndarray:
+    """[V] float32 log frequency of each token in the training split (add-one smoothed; special
+    tokens get the floor), from an evenly strided sample of at most `max_tokens` tokens.
+
+    The MLM output bias starts here, so a new model predicts the unigram distribution from step 0
+    instead of spending its first steps (and the tied embeddings) learning token frequencies."""
+    tokens = self.store.tokens
+    stride = max(1, -(-len(tokens) // max_tokens))
+    vocab = self.tokenizer.vocab_size
+    counts = np.bincount(np.asarray(tokens[::stride], np.int64), minlength=vocab)[:vocab].astype(np.float64)
+    never_predicted = self.tokenizer.special.copy()  # [CLS], [SEP], [PAD], [MASK]; [UNK] is a real token
+    if self.tokenizer.unk_id is not None:
+      never_predicted[self.tokenizer.unk_id] = False
+    counts[never_predicted] = 0.0
+    return np.log((counts + 1.0) / (counts.sum() + vocab)).astype(np.float32)
 
   def seq_len(self, step: int) -> int:
     """Row length T of the batch of `step` (known ahead of time)."""
@@ -158,9 +178,9 @@ class Pipeline:
                                     np.int64(step) * self.global_batch_size + host)
     return out
 
-  def _masked(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  def _masked(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
     masked = masking.mask_batch(out["input_ids"], out["maskable"], out["word_starts"], out["row_keys"],
-                                self._mask_spec, mask_id=self.tokenizer.mask_id,
+                                spec or self._mask_spec, mask_id=self.tokenizer.mask_id,
                                 normal_ids=self.tokenizer.normal_ids, similar=self._similar)
     batch = {"input_ids": masked["input_ids"], "token_type_ids": out["token_type_ids"],
              "attention_mask": out["attention_mask"]}
@@ -198,7 +218,8 @@ class Pipeline:
     if self._eval_split is None:
       self._eval_split = _Split(self._eval_store, self.config, self.global_batch_size, "eval")
     for i in range(num_batches):
-      yield self._masked(self._rows(self._eval_split, self.c.max_seq_length, i, i, "eval-mask"))
+      yield self._masked(self._rows(self._eval_split, self.c.max_seq_length, i, i, "eval-mask"),
+                         self._eval_mask_spec)
 
   def close(self):
     """Stops background prefetching."""

@@ -1,0 +1,78 @@
+"""The MLM output bias of a new model starts at the corpus' log unigram frequencies."""
+import numpy as np
+import pytest
+
+import jax
+
+from bertjax import sharding, step as step_lib, trainer
+from bertjax.data import corpus, make_pipeline
+from bertjax.data.tokenizer import train_sentencepiece
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    spm = train_sentencepiece((s for _, d in corpus.iter_documents("builtin") for s in d),
+                              str(tmp_path_factory.mktemp("spm")), vocab_size=400)
+    config = trainer.default_run_config()
+    config.batch_size = 8
+    config.data.tokenizer_model = spm
+    config.data.max_seq_length = 32
+    config.data.max_predictions = 5
+    config.data.prefetch = 0
+    config.model.hidden_size = 32
+    config.model.num_attention_heads = 2
+    config.model.intermediate_size = 64
+    config.loss.next_sentence = True
+    pipeline = make_pipeline(config, str(tmp_path_factory.mktemp("work")))
+    return config, pipeline
+
+
+def test_prior_is_the_smoothed_token_frequency(setup):
+    _, pipeline = setup
+    prior = pipeline.unigram_log_prior()
+    tokenizer = pipeline.tokenizer
+    assert prior.shape == (tokenizer.vocab_size,) and prior.dtype == np.float32
+    np.testing.assert_allclose(np.exp(prior.astype(np.float64)).sum(), 1.0, rtol=1e-5)
+    counts = np.bincount(np.asarray(pipeline.store.tokens), minlength=tokenizer.vocab_size)
+    for special in (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id):
+        assert prior[special] == prior.min()  # never a target: the floor, even [SEP] (in the store)
+    normal = np.flatnonzero(~tokenizer.special)
+    top = normal[np.argmax(counts[normal])]
+    assert np.argmax(prior) == top
+    # Ratios of frequencies are ratios of (count + 1).
+    a, b = normal[:2]
+    np.testing.assert_allclose(prior[a] - prior[b], np.log((counts[a] + 1) / (counts[b] + 1)), rtol=1e-5)
+    # A strided sample of a big store keeps the estimate.
+    sampled = pipeline.unigram_log_prior(max_tokens=len(pipeline.store.tokens) // 4)
+    assert np.argmax(sampled) == top and np.corrcoef(sampled[normal], prior[normal])[0, 1] > 0.95
+
+
+def test_new_model_starts_at_the_unigram_loss_on_a_tensor_parallel_mesh(setup):
+    config, pipeline = setup
+    config = config.copy_and_resolve_references()
+    config.mesh.tensor = 2  # the bias is split over the vocabulary: 4 x 2 devices
+    mesh = sharding.make_mesh(config.mesh)
+    model_cfg = trainer.model_config(config, pipeline.tokenizer)
+    state = step_lib.init_train_state(config, model_cfg, mesh, jax.random.key(0))
+    prior = pipeline.unigram_log_prior()
+    before = state.params["mlm_head"]["bias"].sharding
+    state = trainer.init_mlm_bias(state, prior)
+    bias = state.params["mlm_head"]["bias"]
+    assert bias.sharding == before and len(bias.sharding.device_set) == 8
+    np.testing.assert_array_equal(np.asarray(bias), prior)
+
+    steps = step_lib.jit_steps(state, mesh)
+    batch = pipeline.batch(0)
+    loss = float(steps.eval(state, sharding.global_batch(batch, mesh, 8))["mlm_loss"])
+    targets = batch["masked_ids"][batch["masked_weights"] > 0]
+    unigram_loss = float(-np.mean(prior[targets]))
+    assert abs(loss - unigram_loss) < 0.05, (loss, unigram_loss)  # the random encoder adds ~nothing
+    assert unigram_loss < np.log(pipeline.tokenizer.vocab_size) - 0.5
+
+
+def test_unknown_bias_init_is_rejected(setup):
+    config, _ = setup
+    config = config.copy_and_resolve_references()
+    config.mlm_bias_init = "frequency"
+    with pytest.raises(ValueError, match="config.mlm_bias_init"):
+        trainer.validate_run_config(config)
