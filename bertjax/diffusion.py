@@ -99,10 +99,7 @@ class MaskedDiffusion(Objective):
                 "examples": jnp.float32(batch["input_ids"].shape[0])}
 
     def total_loss(self, sums, norms):
-        loss = sums["diffusion_loss"] / norms["loss_norm"]
-        if "moe_aux_loss" in sums:  # already weighted by the BertConfig router-loss fields
-            loss = loss + sums["moe_aux_loss"] / norms["examples"]
-        return loss
+        return sums["diffusion_loss"] / norms["loss_norm"] + moe.total_loss_term(sums, norms)
 
     def metrics(self, sums, norms):
         weight = jnp.maximum(sums["mlm_weight"], 1.0)

@@ -245,9 +245,7 @@ class DistillObjective(Objective):
         loss = (self.alpha_ce * self.temperature ** 2 * sums["distill_kl"] / norms["mlm_weight"]
                 + self.alpha_mlm * sums["mlm_loss"] / norms["mlm_weight"]
                 + self.alpha_cos * sums["cosine_loss"] / norms["tokens"])
-        if "moe_aux_loss" in sums:
-            loss = loss + sums["moe_aux_loss"] / norms["examples"]
-        return loss
+        return loss + moe.total_loss_term(sums, norms)
 
     def metrics(self, sums, norms):
         return {"loss": self.total_loss(sums, norms),

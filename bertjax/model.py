@@ -109,12 +109,11 @@ class Embeddings(nn.Module):
         self.word_embeddings = self.param(
             "word_embeddings", _init(cfg, ("vocab", self.width_axis)), (cfg.vocab_size, width),
             cfg.params_dtype)
-        position_init = (nn.with_logical_partitioning(sinusoidal_init(cfg.initializer_range),
-                                                      ("position", self.width_axis))
-                         if cfg.position_embedding_init == "sinusoidal"
-                         else _init(cfg, ("position", self.width_axis)))
+        position_init = (sinusoidal_init if cfg.position_embedding_init == "sinusoidal"
+                         else nn.initializers.normal)(cfg.initializer_range)
         self.position_embeddings = self.param(
-            "position_embeddings", position_init,
+            "position_embeddings",
+            nn.with_logical_partitioning(position_init, ("position", self.width_axis)),
             (cfg.max_position_embeddings, width), cfg.params_dtype)
         self.token_type_embeddings = self.param(
             "token_type_embeddings", _init(cfg, ("types", self.width_axis)),

@@ -187,6 +187,11 @@ def loss_sums(outputs: dict, batch: dict) -> dict:
     return {f"moe_{name}": value * examples for name, value in outputs["moe"].items()}
 
 
+def total_loss_term(sums: dict, norms: dict):
+    """The MoE part of an objective's total loss: the weighted router losses per example (0 if dense)."""
+    return sums["moe_aux_loss"] / norms["examples"] if "moe_aux_loss" in sums else 0.0
+
+
 def metrics(sums: dict, norms: dict) -> dict:
     """moe_aux_loss, moe_z_loss, moe_balance_loss, moe_dropped_fraction, moe_load_<i>."""
     if "moe_aux_loss" not in sums:

@@ -82,9 +82,7 @@ def total_loss(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> Ar
     loss = config.mlm_weight * sums["mlm_loss"] / norms["mlm_weight"]
     if "nsp_loss" in sums:
         loss = loss + config.nsp_weight * sums["nsp_loss"] / norms["examples"]
-    if "moe_aux_loss" in sums:  # MoE router losses, already weighted by BertConfig fields
-        loss = loss + sums["moe_aux_loss"] / norms["examples"]
-    return loss
+    return loss + moe.total_loss_term(sums, norms)  # router losses, weighted by BertConfig fields
 
 
 def loss_metrics(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> dict:

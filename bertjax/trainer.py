@@ -94,8 +94,8 @@ def init_mlm_bias(state, log_prior: np.ndarray):
     """Sets the MLM decoder bias of a new model to the corpus' log unigram frequencies (a model
     then starts at the unigram loss; a zero bias spends hundreds of Adam steps of ~lr each getting
     there). Works on any mesh and process count; a state without an MLM head is returned as is."""
-    head = state.params.get("mlm_head") if hasattr(state.params, "get") else None
-    if head is None or "bias" not in head:
+    head = state.params.get("mlm_head", {})
+    if "bias" not in head:
         return state
     bias = head["bias"]
     if bias.shape != log_prior.shape:
@@ -103,10 +103,7 @@ def init_mlm_bias(state, log_prior: np.ndarray):
                          f"{bias.shape}: tokenizer and model disagree on the vocabulary size")
     values = np.asarray(log_prior, bias.dtype)
     new_bias = jax.make_array_from_callback(bias.shape, bias.sharding, lambda index: values[index])
-    params = dict(state.params)
-    params["mlm_head"] = {**head, "bias": new_bias}
-    return state.replace(params=type(state.params)(params) if not isinstance(state.params, dict)
-                         else params)
+    return state.replace(params={**state.params, "mlm_head": {**head, "bias": new_bias}})
 
 
 def _prepare_workdir(workdir: str) -> str:
