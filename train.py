@@ -3,6 +3,8 @@
 With no arguments it runs the embedded default (configs/bert_tiny.py): BERT-tiny,
 SentencePiece trained on the built-in corpus, MLM + NSP, on whatever devices JAX sees.
 Override any config key on the command line: --config.optim.learning_rate=5e-4.
+On Linux it first restarts itself with glibc malloc on transparent huge pages
+(bertjax/runtime.py; ~1.3-1.5x faster steps on CPU; BERTJAX_HUGEPAGE_MALLOC=0 turns it off).
 """
 import importlib.util
 import json
@@ -41,6 +43,9 @@ def check_overrides(argv) -> None:
 
 
 if __name__ == "__main__":
+    from bertjax.runtime import reexec_with_hugepage_malloc
+
+    reexec_with_hugepage_malloc()
     check_overrides(sys.argv)  # must run before DEFINE_config_file applies the overrides
 
 _CONFIG = config_flags.DEFINE_config_file(

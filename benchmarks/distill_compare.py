@@ -115,4 +115,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from bertjax.runtime import reexec_with_hugepage_malloc
+
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
     main()

@@ -162,7 +162,8 @@ def main():
         torch.set_num_threads(os.cpu_count() or 1)
     peak = measured_peak()
     header = [f"### {datetime.date.today()} — {platform.node()} — {jax.devices()[0].device_kind} "
-              f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s",
+              f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s — "
+              f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} (both frameworks)",
               "", "| model | T | B | min ms | median ms | tokens/s | MFU | peak GiB | bertjax vs HF |",
               "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
@@ -211,4 +212,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from bertjax.runtime import reexec_with_hugepage_malloc
+
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
     main()

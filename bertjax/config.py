@@ -37,9 +37,18 @@ class BertConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     initializer_range: float = 0.02
-    # Position-table init: "normal" (BERT) or "sinusoidal" (Vaswani et al. sin/cos rows scaled to
-    # std initializer_range; still learned). Only the initial values differ, so HF conversion is unchanged.
+    # Position-table init: "normal" (BERT), "sinusoidal" (Vaswani et al. sin/cos rows scaled to
+    # std initializer_range) or "fourier" (cos/sin pairs at the head_dim/2 frequencies
+    # pi*(i+1/2)/(head_dim/2) in the first head_dim columns, zeros elsewhere, rows as long as normal
+    # rows: rows of positions less than head_dim apart are orthogonal; positions 2*head_dim apart
+    # share a row). All are learned; only initial values differ, so HF conversion is unchanged.
     position_embedding_init: str = "normal"
+    # Relative offsets the first layer's heads attend to at init (head h -> offsets[h], e.g. (-1, 1):
+    # the left and right neighbour); needs position_embedding_init="fourier". The query/key kernel
+    # rows of the position columns are set so that a head's logit is about local_attention_logit at
+    # its offset and about 0 elsewhere. (): BERT's random init.
+    local_attention_offsets: tuple = ()
+    local_attention_logit: float = 6.0
     layer_norm_eps: float = 1e-12
     pre_layer_norm: bool = False  # False: BERT's post-LN; True: pre-LN with a final LayerNorm
     position_offset: int = 0  # RoBERTa: position ids start at padding_idx + 1 = 2
@@ -85,9 +94,14 @@ class BertConfig:
             raise ValueError(f"BertConfig.classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"BertConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        if self.position_embedding_init not in ("normal", "sinusoidal"):
-            raise ValueError("BertConfig.position_embedding_init must be 'normal' or 'sinusoidal', got "
-                             f"{self.position_embedding_init!r}")
+        if self.position_embedding_init not in ("normal", "sinusoidal", "fourier"):
+            raise ValueError("BertConfig.position_embedding_init must be 'normal', 'sinusoidal' or "
+                             f"'fourier', got {self.position_embedding_init!r}")
+        if self.position_embedding_init == "fourier" and (self.head_dim % 2
+                                                          or self.head_dim > self.embedding_dim):
+            raise ValueError(f"BertConfig.position_embedding_init='fourier' needs an even head_dim "
+                             f"({self.head_dim}) no wider than the embeddings ({self.embedding_dim})")
+        self._validate_local_attention()
         if self.initializer_range <= 0:
             raise ValueError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
         if self.position_offset < 0:
@@ -111,6 +125,27 @@ class BertConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"BertConfig.{name} ({value}) is outside the vocabulary [0, {self.vocab_size})")
+
+    def _validate_local_attention(self):
+        offsets = tuple(self.local_attention_offsets)  # JSON and ml_collections may give a list
+        object.__setattr__(self, "local_attention_offsets", offsets)
+        if not offsets:
+            return
+        if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+            raise ValueError(f"BertConfig.local_attention_offsets must be integers, got {offsets!r}")
+        problems = []
+        if len(offsets) > self.num_attention_heads:
+            problems.append(f"{len(offsets)} offsets for {self.num_attention_heads} heads")
+        if self.position_embedding_init != "fourier":
+            problems.append("it needs position_embedding_init='fourier'")
+        if self.embedding_dim != self.hidden_size or self.num_groups != self.num_hidden_layers:
+            problems.append("it needs unfactorized embeddings and unshared layers")
+        if any(abs(o) >= self.head_dim for o in offsets):
+            problems.append(f"offsets must be shorter than head_dim ({self.head_dim})")
+        if not self.local_attention_logit > 0:
+            problems.append(f"local_attention_logit must be positive, got {self.local_attention_logit!r}")
+        if problems:
+            raise ValueError(f"BertConfig.local_attention_offsets={offsets!r}: " + "; ".join(problems))
 
     def _validate_moe(self):
         """Mixture-of-experts fields (see bertjax/moe.py)."""

@@ -17,7 +17,10 @@ def get_config():
     config.num_train_steps = 1000
     # LLaDA's encoder is pre-LN without dropout; no token types.
     config.model = model_config_dict("tiny", type_vocab_size=1, pre_layer_norm=True,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                     # layer 0's heads start on the left/right neighbour (BertConfig)
+                                     position_embedding_init="fourier",
+                                     local_attention_offsets=(-1, 1))
     config.data.vocab_size = 4000
     config.data.max_seq_length = 64
     config.data.objective = "diffusion"  # FULL-SENTENCES rows, t ~ U(eps, 1) per row

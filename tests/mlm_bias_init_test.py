@@ -1,4 +1,5 @@
-"""The MLM output bias of a new model starts at the corpus' log unigram frequencies."""
+"""A new model's non-BERT initial values: the MLM output bias at the corpus' log unigram
+frequencies, and (when configured) first-layer heads pointed at relative offsets."""
 import numpy as np
 import pytest
 
@@ -76,3 +77,29 @@ def test_unknown_bias_init_is_rejected(setup):
     config.mlm_bias_init = "frequency"
     with pytest.raises(ValueError, match="config.mlm_bias_init"):
         trainer.validate_run_config(config)
+
+
+def test_train_state_gets_local_attention_heads_on_a_tensor_parallel_mesh(setup):
+    config, pipeline = setup
+    config = config.copy_and_resolve_references()
+    config.mesh.tensor = 2  # heads split over 2 devices
+    mesh = sharding.make_mesh(config.mesh)
+    model_cfg = trainer.model_config(config, pipeline.tokenizer).replace(
+        position_embedding_init="fourier", local_attention_offsets=(-1, 1))
+    state = step_lib.init_train_state(config, model_cfg, mesh, jax.random.key(0))
+    attention = state.params["bert"]["encoder"]["layer_0"]["attention"]
+    query, key = np.asarray(attention["query_kernel"]), np.asarray(attention["key_kernel"])
+    head_dim = model_cfg.head_dim
+    gain = query[0, 0, 0]
+    assert gain > 0
+    for head, offset in enumerate((-1, 1)):
+        np.testing.assert_allclose(query[:head_dim, head], gain * np.eye(head_dim), atol=1e-6)
+        # Key rows rotate each (cos, sin) pair back by w_i * offset.
+        omega = np.pi * (np.arange(head_dim // 2) + 0.5) / (head_dim // 2)
+        np.testing.assert_allclose(key[0:head_dim:2, head, 0:head_dim:2].diagonal(),
+                                   gain * np.cos(omega * offset), atol=1e-6)
+        np.testing.assert_allclose(key[1:head_dim:2, head, 0:head_dim:2].diagonal(),
+                                   gain * np.sin(omega * offset), atol=1e-6)
+    assert len(attention["query_kernel"].sharding.device_set) == 8
+    other = state.params["bert"]["encoder"]["layer_1"]["attention"]["query_kernel"]
+    assert abs(float(np.asarray(other)[:head_dim, 0].std()) - model_cfg.initializer_range) < 0.02

@@ -193,6 +193,9 @@ def test_token_classification_and_sequence_classification_shapes(bert):
     ("remat", "everything", "remat"),
     ("mask_token_id", 100, "mask_token_id"),
     ("position_embedding_init", "rotary", "position_embedding_init"),
+    ("local_attention_offsets", (-1, 1), "needs position_embedding_init='fourier'"),
+    ("local_attention_offsets", (-1, 1, 2, 3, 4), "5 offsets for 4 heads"),
+    ("local_attention_offsets", (8,), "shorter than head_dim"),
 ])
 def test_bad_config_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -213,6 +216,73 @@ def test_sinusoidal_position_init_is_sin_cos_at_the_configured_scale():
     np.testing.assert_array_equal(
         _init(bertjax.BertModel(cfg))["embeddings"]["word_embeddings"], normal["word_embeddings"])
     assert not np.allclose(normal["position_embeddings"], table, atol=1e-3)
+
+
+LOCAL = dict(hidden_size=64, num_attention_heads=2, intermediate_size=64, initializer_range=0.05,
+             position_embedding_init="fourier")
+
+
+def test_fourier_position_rows_are_orthogonal_within_head_dim():
+    cfg = _cfg(**LOCAL)
+    table = np.asarray(_init(bertjax.BertModel(cfg))["embeddings"]["position_embeddings"], np.float64)
+    head_dim = cfg.head_dim
+    assert not table[:, head_dim:].any()
+    gram = table @ table.T
+    # Rows as long as a normal(0.05) row of width 64; orthogonal for 0 < |t - s| < head_dim.
+    np.testing.assert_allclose(np.diag(gram), 0.05 ** 2 * 64, rtol=1e-5)
+    t, s = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    near = (np.abs(t - s) > 0) & (np.abs(t - s) < head_dim)
+    np.testing.assert_allclose(gram[near], 0.0, atol=1e-6)
+    with pytest.raises(ValueError, match="fourier.*even head_dim"):
+        _cfg(hidden_size=36, num_attention_heads=4, position_embedding_init="fourier")
+
+
+def _first_layer_attention(cfg, params, ids):
+    """Layer-0 attention probabilities [B, heads, T, S] computed from the parameters by hand."""
+    model = bertjax.BertModel(cfg)
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    x = model.apply({"params": params}, ids, jnp.zeros_like(ids), positions, True,
+                    method=lambda m, *a: m.embeddings(*a))
+    attention = params["encoder"]["layer_0"]["attention"]
+    q = jnp.einsum("bte,enh->btnh", x, attention["query_kernel"]) + attention["query_bias"]
+    k = jnp.einsum("bte,enh->btnh", x, attention["key_kernel"]) + attention["key_bias"]
+    return jax.nn.softmax(jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(cfg.head_dim), axis=-1)
+
+
+def test_local_attention_init_points_first_layer_heads_at_their_offsets():
+    cfg = _cfg(**LOCAL, local_attention_offsets=[-1, 2])  # a list (JSON) becomes a tuple
+    assert cfg.local_attention_offsets == (-1, 2)
+    random_init = {"bert": _init(bertjax.BertModel(cfg), length=32)}
+    params = bertjax.model.init_local_attention(random_init, cfg)["bert"]
+    ids = jax.random.randint(jax.random.key(3), (4, 32), 5, cfg.vocab_size)
+    probs = np.asarray(_first_layer_attention(cfg, params, ids))
+    t = np.arange(4, 28)
+    for head, offset in enumerate(cfg.local_attention_offsets):
+        assert probs[:, head, t, t + offset].mean() > 0.6, (head, offset)
+    before = np.asarray(_first_layer_attention(cfg, random_init["bert"], ids))
+    assert before[:, :, t, t - 1].mean() < 0.1  # BERT's init: about uniform over 32 positions
+    # Only the first layer's query/key kernels change, and only their position rows.
+    changed = jax.tree_util.tree_map(lambda a, b: not np.array_equal(a, b), random_init["bert"], params)
+    flat = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(changed)}
+    assert {k for k, v in flat.items() if v} == {
+        "['encoder']['layer_0']['attention']['query_kernel']",
+        "['encoder']['layer_0']['attention']['key_kernel']"}
+    kernel = params["encoder"]["layer_0"]["attention"]["query_kernel"]
+    np.testing.assert_array_equal(kernel[cfg.head_dim:],
+                                  random_init["bert"]["encoder"]["layer_0"]["attention"]["query_kernel"][cfg.head_dim:])
+
+
+def test_local_attention_init_on_a_scanned_stack_sets_layer_zero_only():
+    cfg = _cfg(**LOCAL, num_hidden_layers=3, local_attention_offsets=(1,))
+    scanned_cfg = cfg.replace(scan_layers=True)
+    loop = bertjax.model.init_local_attention({"bert": _init(bertjax.BertModel(cfg))}, cfg)
+    stack = bertjax.model.init_local_attention({"bert": _init(bertjax.BertModel(scanned_cfg))},
+                                               scanned_cfg)
+    for name in ("query_kernel", "key_kernel"):
+        stacked = stack["bert"]["encoder"]["layers"]["attention"][name]
+        np.testing.assert_array_equal(stacked[0, :cfg.head_dim, :1],
+                                      loop["bert"]["encoder"]["layer_0"]["attention"][name][:cfg.head_dim, :1])
+        assert not np.allclose(stacked[1, :cfg.head_dim, :1], stacked[0, :cfg.head_dim, :1])
 
 
 def test_config_rejects_unknown_keys_and_presets():
