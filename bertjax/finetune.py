@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import evaluation, tasks_data
+from bertjax import evaluation, moe, tasks_data
 from bertjax.config import BertConfig
 from bertjax.data import keys
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
@@ -60,6 +60,11 @@ def add_finetune_config(config: ml_collections.ConfigDict, objective: str, num_l
     return config
 
 
+def _logits(outputs):
+    """A head's logits, whether or not MoE stats came with them."""
+    return outputs["logits"] if isinstance(outputs, dict) else outputs
+
+
 class _Finetuning(Objective):
     """Shared pieces of the fine-tuning objectives: inputs, weighted normalizer, data, FGM."""
 
@@ -83,20 +88,28 @@ class _Finetuning(Objective):
         args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         if init:
             return model.init(rngs, *args, deterministic=deterministic)
-        return model.apply(variables, *args, deterministic=deterministic, rngs=rngs)
+        # MoE encoders: {"logits", "moe"} with the router stats (bertjax.moe).
+        return moe.apply_model(model, variables, *args, deterministic=deterministic, rngs=rngs)
 
     def normalizers(self, batch):
         weight = jnp.sum(batch["label_weights"].astype(jnp.float32))
         return {"examples": jnp.where(weight > 0, weight, 1.0)}
 
     def total_loss(self, sums, norms):
-        return sums["loss"] / norms["examples"]
+        return sums["loss"] / norms["examples"] + moe.total_loss_term(sums, norms)
 
     def metrics(self, sums, norms):
         out = {"loss": sums["loss"] / norms["examples"]}
         if "correct" in sums:
             out["accuracy" if not self.tokens else "token_accuracy"] = sums["correct"] / norms["examples"]
+        out.update(moe.metrics(sums, norms))
         return out
+
+    @staticmethod
+    def router_sums(outputs, batch) -> dict:
+        """MoE router losses weighted like the task loss (by label weight)."""
+        weight = jnp.sum(batch["label_weights"].astype(jnp.float32))
+        return moe.loss_sums(outputs, batch, examples=weight)
 
     def make_data(self, config, workdir):
         return TaskData(config, workdir, self)
@@ -113,14 +126,17 @@ class Classification(_Finetuning):
         return BertForSequenceClassification(cfg, num_labels=self.num_labels)
 
     def loss_sums(self, outputs, batch):
+        router = self.router_sums(outputs, batch)
+        outputs = _logits(outputs)
         weights = batch["label_weights"].astype(jnp.float32)
         if self.num_labels == 1:
             error = outputs[:, 0].astype(jnp.float32) - batch["labels"].astype(jnp.float32)
-            return {"loss": jnp.sum(error * error * weights)}
+            return {"loss": jnp.sum(error * error * weights), **router}
         nll, correct = cross_entropy(outputs, batch["labels"])
-        return {"loss": jnp.sum(nll * weights), "correct": jnp.sum(correct * weights)}
+        return {"loss": jnp.sum(nll * weights), "correct": jnp.sum(correct * weights), **router}
 
     def predictions(self, outputs):
+        outputs = _logits(outputs)
         if self.num_labels == 1:
             return outputs[:, 0].astype(jnp.float32)
         return jnp.argmax(outputs, axis=-1).astype(jnp.int32)
@@ -136,7 +152,7 @@ class TokenClassification(Classification):
         return BertForTokenClassification(cfg, num_labels=self.num_labels)
 
     def predictions(self, outputs):
-        return jnp.argmax(outputs, axis=-1).astype(jnp.int32)
+        return jnp.argmax(_logits(outputs), axis=-1).astype(jnp.int32)
 
 
 def _bertjax_checkpoints(path: str) -> str:

@@ -165,11 +165,14 @@ def collect_stats(intermediates) -> dict:
 
 
 def apply_model(model: nn.Module, variables: dict, *args, **kwargs):
-    """``model.apply`` that, for MoE configs, adds the collected stats as ``outputs["moe"]``."""
+    """``model.apply`` that, for MoE configs, adds the collected stats as ``outputs["moe"]``
+    (a model returning an array, like the fine-tuning heads, gives ``{"logits": ..., "moe": ...}``)."""
     if not model.cfg.num_experts:
         return model.apply(variables, *args, **kwargs)
     outputs, state = model.apply(variables, *args, mutable=["intermediates"], **kwargs)
     stats = collect_stats(state["intermediates"])
+    if not isinstance(outputs, dict):
+        outputs = {"logits": outputs}
     return {**outputs, "moe": {**stats, "aux_loss": aux_loss(model.cfg, stats)}}
 
 
@@ -179,11 +182,13 @@ def aux_loss(cfg: BertConfig, stats: dict) -> Array:
             + cfg.load_balance_loss_weight * stats["balance_loss"])
 
 
-def loss_sums(outputs: dict, batch: dict) -> dict:
-    """Additive MoE sums: each per-token mean times this (micro)batch's examples."""
-    if "moe" not in outputs:
+def loss_sums(outputs: dict, batch: dict, examples=None) -> dict:
+    """Additive MoE sums: each per-token mean times this (micro)batch's share of the objective's
+    ``norms["examples"]`` (by default its rows)."""
+    if not isinstance(outputs, dict) or "moe" not in outputs:
         return {}
-    examples = jnp.float32(batch["input_ids"].shape[0])
+    if examples is None:
+        examples = jnp.float32(batch["input_ids"].shape[0])
     return {f"moe_{name}": value * examples for name, value in outputs["moe"].items()}
 
 

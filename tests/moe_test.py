@@ -181,6 +181,35 @@ def test_diffusion_objective_adds_the_router_losses():
     assert float(objective.total_loss(sums, norms)) == pytest.approx(diffusion_only + aux, rel=1e-5)
 
 
+@pytest.mark.parametrize("tokens", [False, True])
+def test_finetuning_objectives_add_the_router_losses(tokens):
+    from bertjax.finetune import Classification, TokenClassification
+
+    cfg = _cfg(num_experts=4, experts_per_token=1)
+    rs = np.random.RandomState(2)
+    batch = {k: v for k, v in _batch().items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+    shape = (BATCH, LENGTH) if tokens else (BATCH,)
+    batch.update(labels=rs.randint(0, 3, shape).astype(np.int32),
+                 label_weights=(rs.rand(*shape) < 0.7).astype(np.float32))
+    objective = (TokenClassification if tokens else Classification)(num_labels=3)
+    model = objective.model(cfg)
+    variables = objective.apply(model, None, batch, jax.random.key(0), True, init=True)
+    outputs = objective.apply(model, variables, batch, None, True)
+    sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
+    aux = float(moe.aux_loss(cfg, outputs["moe"]))
+    metrics = objective.metrics(sums, norms)
+    assert aux > 0 and float(metrics["moe_aux_loss"]) == pytest.approx(aux, rel=1e-5)
+    task_only = float(sums["loss"] / norms["examples"])
+    assert float(objective.total_loss(sums, norms)) == pytest.approx(task_only + aux, rel=1e-5)
+    assert objective.predictions(outputs).shape == shape
+    # The dense model's outputs stay a bare array and its loss has no router term.
+    dense_model = objective.model(_cfg())
+    dense = objective.apply(dense_model, objective.apply(dense_model, None, batch, jax.random.key(0),
+                                                         True, init=True), batch, None, True)
+    dense_sums = objective.loss_sums(dense, batch)
+    assert not isinstance(dense, dict) and "moe_aux_loss" not in dense_sums
+
+
 def test_expert_axis_must_divide_the_experts():
     cfg = _cfg(num_experts=6)
     config = setup.step_config(data=2, expert=4)
