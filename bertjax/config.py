@@ -70,6 +70,10 @@ class BertConfig:
     experts_per_token: int = 1  # top-k routing: experts each token is sent to
     moe_layer_interval: int = 1  # every n-th layer (indices n-1, 2n-1, ...) is MoE; 1: all
     expert_capacity_factor: Optional[float] = 1.25  # C = ceil(f * tokens * k / E); None: dropless
+    # "token_choice": each token picks its top-k experts (Switch/GShard; overflow dropped);
+    # "expert_choice": each expert picks its top-C tokens of the sequence (Zhou et al. 2022):
+    # balanced by construction, a token gets 0..E experts, k*f experts per token on average.
+    moe_routing: str = "token_choice"
     router_z_loss_weight: float = 1e-3  # ST-MoE router z-loss weight in the total loss
     load_balance_loss_weight: float = 1e-2  # Switch load-balancing loss weight in the total loss
 
@@ -156,6 +160,12 @@ class BertConfig:
         if self.num_experts and self.experts_per_token > self.num_experts:
             raise ValueError(f"BertConfig.experts_per_token ({self.experts_per_token}) must not "
                              f"exceed num_experts ({self.num_experts})")
+        if self.moe_routing not in ("token_choice", "expert_choice"):
+            raise ValueError("BertConfig.moe_routing must be 'token_choice' or 'expert_choice', got "
+                             f"{self.moe_routing!r}")
+        if self.moe_routing == "expert_choice" and self.expert_capacity_factor is None:
+            raise ValueError("BertConfig.moe_routing='expert_choice' needs an expert_capacity_factor"
+                             " (the tokens each expert picks), got None")
         if self.expert_capacity_factor is not None and not self.expert_capacity_factor > 0:
             raise ValueError("BertConfig.expert_capacity_factor must be positive or None "
                              f"(dropless), got {self.expert_capacity_factor!r}")

@@ -92,6 +92,38 @@ def route(logits_GSE: Array, k: int, capacity: int, valid_GS: Optional[Array] = 
     return dispatch, combine, stats
 
 
+def route_expert_choice(logits_GSE: Array, capacity: int, valid_GS: Optional[Array] = None):
+    """Expert-choice routing (Zhou et al. 2022): each expert takes the ``capacity`` tokens of the
+    group with the highest router probability for it; (dispatch, combine, stats) as `route`.
+
+    Every expert is full, so load is balanced by construction (the balancing loss is 1, its
+    minimum, and has no gradient); "dropped_fraction" is the share of real tokens no expert took.
+    Which tokens an expert takes depends on the whole sequence, which suits a bidirectional encoder.
+    """
+    num_experts = logits_GSE.shape[-1]
+    probs_GSE = jax.nn.softmax(logits_GSE, axis=-1)
+    if valid_GS is None:
+        valid_GS = jnp.ones(logits_GSE.shape[:2], probs_GSE.dtype)
+    valid_GS = valid_GS.astype(probs_GSE.dtype)
+    scores_GES = jnp.swapaxes(jnp.where(valid_GS[..., None] > 0, probs_GSE, -1.0), 1, 2)
+    top_GEC, index_GEC = jax.lax.top_k(scores_GES, capacity)
+    picked_GECS = jax.nn.one_hot(index_GEC, logits_GSE.shape[1], dtype=probs_GSE.dtype)
+    picked_GECS = picked_GECS * (top_GEC >= 0)[..., None]  # a padding token is never taken
+    dispatch = jnp.transpose(picked_GECS, (0, 3, 1, 2))  # [G,S,E,C]
+    combine = dispatch * jnp.maximum(top_GEC, 0.0)[:, None, :, :]
+    tokens = jnp.maximum(jnp.sum(valid_GS), 1.0)
+    taken_GS = jnp.sum(dispatch, axis=(2, 3))
+    load_E = jnp.sum(dispatch, axis=(0, 1, 3)) / jnp.maximum(jnp.sum(dispatch), 1.0)
+    mean_probs_E = jnp.sum(probs_GSE * valid_GS[..., None], axis=(0, 1)) / tokens
+    stats = {
+        "z_loss": jnp.sum(jax.nn.logsumexp(logits_GSE, axis=-1) ** 2 * valid_GS) / tokens,
+        "balance_loss": num_experts * jnp.sum(jax.lax.stop_gradient(load_E) * mean_probs_E),
+        "dropped_fraction": jnp.sum((taken_GS == 0) * valid_GS) / tokens,
+        "expert_load": load_E,
+    }
+    return dispatch, combine, stats
+
+
 class MoeFeedForward(nn.Module):
     """E expert feed-forwards (leading ``expert`` axis) behind a top-k router."""
 
@@ -108,8 +140,11 @@ class MoeFeedForward(nn.Module):
         logits_GSE = jnp.einsum("gsm,me->gse", x_GSM.astype(jnp.float32),
                                 router.astype(jnp.float32))
         capacity = expert_capacity(cfg, x_GSM.shape[1])
-        dispatch_GSEC, combine_GSEC, stats = route(logits_GSE, cfg.experts_per_token, capacity,
-                                                     valid_GS)
+        if cfg.moe_routing == "expert_choice":
+            dispatch_GSEC, combine_GSEC, stats = route_expert_choice(logits_GSE, capacity, valid_GS)
+        else:
+            dispatch_GSEC, combine_GSEC, stats = route(logits_GSE, cfg.experts_per_token, capacity,
+                                                         valid_GS)
         self.sow("intermediates", "moe", stats)
 
         w_in = self.param("intermediate_kernel", _init(cfg, ("expert", "embed", "mlp")),

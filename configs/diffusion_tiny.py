@@ -2,10 +2,13 @@
 
 Run:     python train.py --config=configs/diffusion_tiny.py --workdir=workdir/diffusion_tiny
          python -m bertjax.diffusion --workdir=workdir/diffusion_tiny --prompt="The function returns"
-Expect:  on a 2-core CPU, about 12 minutes for 1000 steps; eval/nll_bound (nats/token) falls
-         from ~8.3 to ~6.35, below the train split's unigram entropy (6.52) but still near the unigram
-         plateau (mlm_accuracy ~ the majority baseline); samples are frequent words and punctuation.
-         Contextual learning needs longer runs (raise --config.num_train_steps).
+Expect:  on a 2-core CPU about 6 minutes (7 steps/s). Measured: eval/nll_bound (nats/token, the
+         Monte-Carlo bound on held-out NLL) 6.14 at step 500, 5.84 at 1000, 5.62 at 2000, 5.49 at
+         3000, against the train split's unigram entropy of 6.52 (1000-step schedule: 5.76). Greedy
+         low-confidence samples go from "...........,........." (untrained) to local phrases
+         ("is a list of the string the file", "return the") without global coherence. BERT's random
+         attention init stayed near the unigram plateau here (6.35 after 1000 steps): the
+         local-attention heads (BertConfig.local_attention_offsets) are what make it learn context.
 """
 from bertjax.trainer import default_run_config, model_config_dict
 
@@ -14,7 +17,7 @@ def get_config():
     config = default_run_config()
     config.seed = 0
     config.batch_size = 32
-    config.num_train_steps = 1000
+    config.num_train_steps = 3000
     # LLaDA's encoder is pre-LN without dropout; no token types.
     config.model = model_config_dict("tiny", type_vocab_size=1, pre_layer_norm=True,
                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -33,7 +36,7 @@ def get_config():
     config.optim.warmup_steps = 100
     config.optim.weight_decay = 0.01
     config.log_every = 100
-    config.eval_every = 250
+    config.eval_every = 500
     config.eval_batches = 16
-    config.checkpoint_every = 250
+    config.checkpoint_every = 500
     return config

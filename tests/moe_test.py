@@ -94,6 +94,49 @@ def test_route_respects_capacity_and_drops_overflow():
                                1.0 - np.asarray(dispatch).sum() / (3 * 10 * 2), rtol=1e-6)
 
 
+def test_expert_choice_experts_take_their_top_tokens_and_never_padding():
+    logits = jax.random.normal(jax.random.key(4), (3, 16, 4)) * 2.0
+    valid = np.ones((3, 16), np.float32)
+    valid[1, 10:] = 0.0
+    valid[2, 3:] = 0.0  # 3 real tokens, fewer than the capacity
+    capacity = 5
+    dispatch, combine, stats = moe.route_expert_choice(logits, capacity, jnp.asarray(valid))
+    dispatch, combine = np.asarray(dispatch), np.asarray(combine)
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+    assert set(np.unique(dispatch)) <= {0.0, 1.0}
+    for g in range(3):
+        real = np.flatnonzero(valid[g])
+        for e in range(4):
+            taken = np.flatnonzero(dispatch[g, :, e, :].sum(-1))
+            # The expert's C most probable real tokens (all of them when fewer), each in one slot.
+            want = real[np.argsort(-probs[g, real, e], kind="stable")[:capacity]]
+            assert sorted(taken) == sorted(want), (g, e)
+            np.testing.assert_allclose(combine[g, taken, e, :].sum(-1), probs[g, taken, e], rtol=1e-6)
+    assert dispatch[1, 10:].sum() == 0 and dispatch[2, 3:].sum() == 0
+    np.testing.assert_allclose(np.asarray(stats["expert_load"]), 0.25, rtol=1e-6)  # balanced
+    np.testing.assert_allclose(stats["balance_loss"], 1.0, rtol=1e-6)
+    untaken = ((dispatch.sum(axis=(2, 3)) == 0) * valid).sum() / valid.sum()
+    np.testing.assert_allclose(stats["dropped_fraction"], untaken, rtol=1e-6)
+    # In the layer: a token's output is the probability-weighted sum of the experts that took it.
+    cfg = _cfg(num_experts=4, moe_routing="expert_choice", expert_capacity_factor=1.0)
+    layer = moe.MoeFeedForward(cfg)
+    x = jax.random.normal(jax.random.key(0), (2, LENGTH, 32))
+    params = nn.unbox(layer.init(jax.random.key(1), x))["params"]
+    y = np.asarray(layer.apply({"params": params}, x))
+    route_logits = jnp.einsum("gsm,me->gse", x, params["router_kernel"])
+    dispatch, _, _ = moe.route_expert_choice(route_logits, moe.expert_capacity(cfg, LENGTH))
+    p = np.asarray(jax.nn.softmax(route_logits, -1))
+    gelu = lambda h: np.asarray(jax.nn.gelu(h, approximate=False))
+    for g, s in [(0, 0), (1, 7), (1, 15)]:
+        want = np.zeros(32)
+        for e in np.flatnonzero(np.asarray(dispatch)[g, s].sum(-1)):
+            h = gelu(np.asarray(x[g, s]) @ params["intermediate_kernel"][e] + params["intermediate_bias"][e])
+            want += p[g, s, e] * (h @ params["output_kernel"][e] + params["output_bias"][e])
+        np.testing.assert_allclose(y[g, s], want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="moe_routing"):
+        _cfg(num_experts=4, moe_routing="random")
+
+
 def test_dropped_tokens_get_zero_output():
     cfg = _cfg(num_experts=4, experts_per_token=1, expert_capacity_factor=0.25)
     layer = moe.MoeFeedForward(cfg)
@@ -139,8 +182,9 @@ def _train_one_step(mesh_axes, devices, model_cfg):
     return state, jax.device_get(metrics)
 
 
-def test_expert_parallel_step_equals_one_device():
-    cfg = _cfg(num_experts=4, experts_per_token=2, expert_capacity_factor=1.0)
+@pytest.mark.parametrize("routing", ["token_choice", "expert_choice"])
+def test_expert_parallel_step_equals_one_device(routing):
+    cfg = _cfg(num_experts=4, experts_per_token=2, expert_capacity_factor=1.0, moe_routing=routing)
     ref_state, ref = _train_one_step({}, jax.devices()[:1], cfg)
     state, got = _train_one_step(dict(data=2, expert=4), jax.devices()[:8], cfg)
     # Auxiliary losses reach the total: loss = MLM + NSP + weighted router losses.
