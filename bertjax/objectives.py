@@ -50,12 +50,21 @@ def validate_loss_config(config: ml_collections.ConfigDict) -> None:
 
 
 def cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
-    """Per-example fp32 cross-entropy and correctness of the argmax: [..., C] x [...] -> [...]."""
+    """Per-example fp32 cross-entropy and correctness of the argmax: [..., C] x [...] -> [...].
+
+    Written as logsumexp minus the label's logit, and the argmax as the first position holding
+    the maximum (jnp.argmax's tie rule): on XLA:CPU, log_softmax + take + jnp.argmax (a two-value
+    reduction) cost ~50 ms more per BERT-mini step, at 640 masked positions x 30522 classes.
+    """
     logits = logits.astype(jnp.float32)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    return nll, correct
+    labels = labels.astype(jnp.int32)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    shift = jax.lax.stop_gradient(top)
+    log_sum_exp = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1)) + shift[..., 0]
+    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    first_max = jnp.min(jnp.where(logits >= top, index, logits.shape[-1]), axis=-1)
+    return log_sum_exp - label_logit, (first_max == labels).astype(jnp.float32)
 
 
 def loss_sums(outputs: dict, batch: dict, next_sentence: bool) -> dict:

@@ -56,6 +56,28 @@ def test_losses_match_a_numpy_reference():
     np.testing.assert_allclose(metrics["mlm_accuracy"], accuracy, rtol=1e-6)
 
 
+def test_cross_entropy_matches_float64_log_softmax_and_argmax_ties():
+    rs = np.random.RandomState(3)
+    logits = (rs.randn(4, 7, 50) * 8).astype(np.float32)
+    logits[0, 0] = 1.5  # all tied: jnp.argmax's rule, the first index, is the prediction
+    logits[1, 2, [3, 9]] = 40.0  # two-way tie at the top
+    labels = rs.randint(0, 50, (4, 7))
+    labels[0, 0], labels[0, 1] = 0, 1
+    labels[1, 2] = 9
+    nll, correct = jax.jit(objectives.cross_entropy)(logits, labels)
+    x = logits.astype(np.float64)
+    log_probs = x - x.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    want = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(nll, want, rtol=1e-5, atol=1e-5)  # fp32 vs fp64
+    np.testing.assert_array_equal(correct, (np.argmax(logits, -1) == labels).astype(np.float32))
+    assert correct[0, 0] == 1 and correct[1, 2] == 0  # the tie went to index 3, not the label 9
+    # Gradient: softmax minus the one-hot label.
+    grad = jax.grad(lambda z: objectives.cross_entropy(z, labels)[0].sum())(logits)
+    probs = np.exp(log_probs)
+    np.testing.assert_allclose(grad, probs - np.eye(50)[labels], atol=1e-5)
+
+
 def test_train_step_compiles_once_and_eval_agrees(single):
     mesh, state, steps = single
     eval_metrics = steps.eval(state, _batch(mesh, 0))
