@@ -1,7 +1,7 @@
 """Mixture-of-experts vs dense at equal active parameters: held-out MLM loss and steps/s.
 
   python benchmarks/moe_compare.py                           # configs/moe_tiny.py vs num_experts=0
-  python benchmarks/moe_compare.py --steps 500 --prepared /tmp/default_run
+  python benchmarks/moe_compare.py --steps 3000 --prepared /tmp/default_run   # the measured one
 
 Both runs use configs/moe_tiny.py (BERT-tiny, built-in corpus, same seed, data and
 optimizer); the dense run only sets ``model.num_experts = 0``. ``--prepared DIR`` copies

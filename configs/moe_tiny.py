@@ -5,8 +5,13 @@ heads) plus the MoE fields; each token still runs one 128 -> 512 -> 128 feed-for
 parameters per token match the dense model.
 
 Run:     python train.py --config=configs/moe_tiny.py --workdir=workdir/moe_tiny
-         python benchmarks/moe_compare.py --steps 1000      # beside the dense model
-Expect:  see benchmarks/results.md ("MoE vs dense") for the measured loss, speed and drop rate.
+         python benchmarks/moe_compare.py --steps 3000      # beside the dense model
+Expect:  on a 2-core CPU about 6.5 minutes (0.82x the dense steps/s). Measured (moe_compare, 3000
+         steps, same seed and data): held-out MLM loss 4.007 vs 4.034 dense, accuracy 0.357 vs
+         0.350 (MoE ahead from step 2000; behind at 1000: 4.601 vs 4.588); ~6% of token-choices
+         dropped at capacity 1.25; balance loss 1.02 (1 = uniform). At 1000 steps
+         (1000-step schedule) dense 4.763, this config 4.809, moe_routing="expert_choice" with
+         capacity 1.0 4.781 at 0.97x the dense steps/s (token choice: 0.76x).
 """
 from bertjax.trainer import default_run_config
 
@@ -15,7 +20,7 @@ def get_config():
     config = default_run_config()
     config.seed = 0
     config.batch_size = 16
-    config.num_train_steps = 1000
+    config.num_train_steps = 3000
     config.model.hidden_dropout_prob = 0.0
     config.model.attention_probs_dropout_prob = 0.0
     config.model.initializer_range = 0.05
