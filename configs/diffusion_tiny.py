@@ -2,8 +2,8 @@
 
 Run:     python train.py --config=configs/diffusion_tiny.py --workdir=workdir/diffusion_tiny
          python -m bertjax.diffusion --workdir=workdir/diffusion_tiny --prompt="The function returns"
-Expect:  on a 2-core CPU about 6 minutes (7 steps/s). Measured: eval/nll_bound (nats/token, the
-         Monte-Carlo bound on held-out NLL) 6.14 at step 500, 5.84 at 1000, 5.62 at 2000, 5.49 at
+Expect:  on a 2-core CPU about 7 minutes (7.5 min measured, other work running). Measured:
+         eval/nll_bound (nats/token, the Monte-Carlo bound on held-out NLL) 6.14 at step 500, 5.84 at 1000, 5.62 at 2000, 5.49 at
          3000, against the train split's unigram entropy of 6.52 (1000-step schedule: 5.76). Greedy
          low-confidence samples go from "...........,........." (untrained) to local phrases
          ("is a list of the string the file", "return the") without global coherence. BERT's random
