@@ -81,7 +81,7 @@ def init_local_attention(params: dict, cfg: BertConfig) -> dict:
     Untrained BERT attends almost uniformly and learns positional heads late (on the built-in corpus
     its layer-0 heads were still uniform after 3000 steps): this gives it n-gram context from step 0.
     """
-    offsets = tuple(cfg.local_attention_offsets)
+    offsets = cfg.local_attention_offsets  # a tuple: BertConfig normalises it
     if not offsets:
         return params
     head_dim = cfg.head_dim

@@ -42,16 +42,34 @@ def expert_capacity(cfg: BertConfig, group_size: int) -> int:
     return max(1, min(group_size, wanted))
 
 
+def _router_probs(logits_GSE: Array, valid_GS: Optional[Array]) -> tuple[Array, Array]:
+    """Router probabilities and the 0/1 real-token mask (all ones when none is given)."""
+    probs_GSE = jax.nn.softmax(logits_GSE, axis=-1)
+    if valid_GS is None:
+        valid_GS = jnp.ones(logits_GSE.shape[:2], probs_GSE.dtype)
+    return probs_GSE, valid_GS.astype(probs_GSE.dtype)
+
+
+def _router_stats(logits_GSE, probs_GSE, valid_GS, load_E, dropped_fraction) -> dict:
+    """STATS of one routing: z-loss and the Switch balancing loss E * sum_i f_i * P_i, with f_i =
+    ``load_E`` (share of routed choices per expert) and P_i the mean router probability."""
+    tokens = jnp.maximum(jnp.sum(valid_GS), 1.0)
+    mean_probs_E = jnp.sum(probs_GSE * valid_GS[..., None], axis=(0, 1)) / tokens
+    return {
+        "z_loss": jnp.sum(jax.nn.logsumexp(logits_GSE, axis=-1) ** 2 * valid_GS) / tokens,
+        "balance_loss": logits_GSE.shape[-1] * jnp.sum(load_E * mean_probs_E),
+        "dropped_fraction": dropped_fraction,
+        "expert_load": load_E,
+    }
+
+
 def route(logits_GSE: Array, k: int, capacity: int, valid_GS: Optional[Array] = None):
     """Top-k routing with capacity: (dispatch [G,S,E,C] 0/1, combine [G,S,E,C], stats).
 
     Tokens where ``valid_GS`` is 0 (padding) choose no expert and are left out of the stats.
     """
     num_experts = logits_GSE.shape[-1]
-    probs_GSE = jax.nn.softmax(logits_GSE, axis=-1)
-    if valid_GS is None:
-        valid_GS = jnp.ones(logits_GSE.shape[:2], probs_GSE.dtype)
-    valid_GS = valid_GS.astype(probs_GSE.dtype)
+    probs_GSE, valid_GS = _router_probs(logits_GSE, valid_GS)
     remaining = probs_GSE
     choices, gates = [], []
     for _ in range(k):
@@ -79,17 +97,9 @@ def route(logits_GSE: Array, k: int, capacity: int, valid_GS: Optional[Array] = 
         combine = combine + gate_GS[..., None, None] * routed
         kept = kept + jnp.sum(keep_GSE)
     assignments = sum(choices)  # [G,S,E], k ones per valid token
-    tokens = jnp.maximum(jnp.sum(valid_GS), 1.0)
-    # Switch: f_i = share of routed choices sent to expert i, P_i = mean router probability.
-    load_E = jnp.sum(assignments, axis=(0, 1)) / (k * tokens)
-    mean_probs_E = jnp.sum(probs_GSE * valid_GS[..., None], axis=(0, 1)) / tokens
-    stats = {
-        "z_loss": jnp.sum(jax.nn.logsumexp(logits_GSE, axis=-1) ** 2 * valid_GS) / tokens,
-        "balance_loss": num_experts * jnp.sum(load_E * mean_probs_E),
-        "dropped_fraction": 1.0 - kept / jnp.maximum(jnp.sum(assignments), 1.0),
-        "expert_load": load_E,
-    }
-    return dispatch, combine, stats
+    load_E = jnp.sum(assignments, axis=(0, 1)) / (k * jnp.maximum(jnp.sum(valid_GS), 1.0))
+    dropped = 1.0 - kept / jnp.maximum(jnp.sum(assignments), 1.0)
+    return dispatch, combine, _router_stats(logits_GSE, probs_GSE, valid_GS, load_E, dropped)
 
 
 def route_expert_choice(logits_GSE: Array, capacity: int, valid_GS: Optional[Array] = None):
@@ -100,28 +110,17 @@ def route_expert_choice(logits_GSE: Array, capacity: int, valid_GS: Optional[Arr
     minimum, and has no gradient); "dropped_fraction" is the share of real tokens no expert took.
     Which tokens an expert takes depends on the whole sequence, which suits a bidirectional encoder.
     """
-    num_experts = logits_GSE.shape[-1]
-    probs_GSE = jax.nn.softmax(logits_GSE, axis=-1)
-    if valid_GS is None:
-        valid_GS = jnp.ones(logits_GSE.shape[:2], probs_GSE.dtype)
-    valid_GS = valid_GS.astype(probs_GSE.dtype)
+    probs_GSE, valid_GS = _router_probs(logits_GSE, valid_GS)
     scores_GES = jnp.swapaxes(jnp.where(valid_GS[..., None] > 0, probs_GSE, -1.0), 1, 2)
     top_GEC, index_GEC = jax.lax.top_k(scores_GES, capacity)
     picked_GECS = jax.nn.one_hot(index_GEC, logits_GSE.shape[1], dtype=probs_GSE.dtype)
     picked_GECS = picked_GECS * (top_GEC >= 0)[..., None]  # a padding token is never taken
     dispatch = jnp.transpose(picked_GECS, (0, 3, 1, 2))  # [G,S,E,C]
     combine = dispatch * jnp.maximum(top_GEC, 0.0)[:, None, :, :]
-    tokens = jnp.maximum(jnp.sum(valid_GS), 1.0)
-    taken_GS = jnp.sum(dispatch, axis=(2, 3))
     load_E = jnp.sum(dispatch, axis=(0, 1, 3)) / jnp.maximum(jnp.sum(dispatch), 1.0)
-    mean_probs_E = jnp.sum(probs_GSE * valid_GS[..., None], axis=(0, 1)) / tokens
-    stats = {
-        "z_loss": jnp.sum(jax.nn.logsumexp(logits_GSE, axis=-1) ** 2 * valid_GS) / tokens,
-        "balance_loss": num_experts * jnp.sum(jax.lax.stop_gradient(load_E) * mean_probs_E),
-        "dropped_fraction": jnp.sum((taken_GS == 0) * valid_GS) / tokens,
-        "expert_load": load_E,
-    }
-    return dispatch, combine, stats
+    untaken = jnp.sum((jnp.sum(dispatch, axis=(2, 3)) == 0) * valid_GS)
+    dropped = untaken / jnp.maximum(jnp.sum(valid_GS), 1.0)
+    return dispatch, combine, _router_stats(logits_GSE, probs_GSE, valid_GS, load_E, dropped)
 
 
 class MoeFeedForward(nn.Module):
