@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
-# One prepared accelerator run (<= 8 minutes on one H100/H200-class GPU): BERT-base train step
-# at T=128 and 512 in bf16, batch sized to fill the chip, cuDNN vs XLA attention, remat on/off,
-# printing tokens/s, MFU and peak memory; the table is appended to benchmarks/results.md.
+# One prepared accelerator run (about 8 minutes on one H100/H200-class GPU):
+#  1. numerics: loss and gradients of bf16 cuDNN and XLA attention against float32 XLA at the
+#     highest matmul precision, padded rows (benchmarks/gpu_checks.py);
+#  2. BERT-base train step at T=128 (B=256) and T=512 (B=64, the same tokens per step) in bf16:
+#     HF transformers' BertForPreTraining (bf16 autocast, SDPA, fused AdamW) beside bertjax with
+#     cuDNN vs XLA attention, the dropout key's bit generator (rbg vs threefry), scan + full remat;
+#     tokens/s, MFU (datasheet peak; the measured bf16 matmul peak is in the header), peak memory;
+#  3. if time is left, T=128 at B=512.
+# The tables are appended to benchmarks/results.md (on the GPU machine: bring that file back).
 #   bash benchmarks/gpu_suite.sh                  (on the GPU machine, from the repository root)
 #   BERTJAX_DRY_RUN=1 bash benchmarks/gpu_suite.sh (tiny sizes on CPU: what the tests run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${BERTJAX_DRY_RUN:-0}" = "1" ]; then
+  python3 benchmarks/gpu_checks.py --impls xla --lengths 32 --batch 2 --layers 1 --hidden 32 \
+    --heads 2 --intermediate 64 --vocab 256
   exec python3 benchmarks/step_throughput.py --sizes tiny --lengths 32,64 --batch 4 \
-    --dtype bfloat16 --attention-variants xla --no-hf --steps 1 --warmup 1 --no-record
+    --dtype bfloat16 --attention-variants xla --prng rbg --no-hf --steps 1 --warmup 1 --no-record
 fi
-export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
-python3 -c "import jax; print(jax.devices())"
-# 256 x 128 tokens per step at T=128; the same tokens per step (64 x 512) at T=512.
-timeout 420 python3 benchmarks/step_throughput.py --sizes base --lengths 128,512 --batch 256 \
-  --dtype bfloat16 --attention-variants cudnn,xla --no-hf --steps 10 --warmup 3
+# JAX takes this share of the GPU up front; HF's PyTorch step runs in the rest, same process.
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
+python3 -c "import jax, flax, optax; print(jax.devices(), jax.__version__, flax.__version__, optax.__version__)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv || true
+timeout 120 python3 benchmarks/gpu_checks.py || echo "gpu_checks: failed or timed out (rc $?)"
+timeout 360 python3 benchmarks/step_throughput.py --sizes base --lengths 128,512 --batch 256 \
+  --dtype bfloat16 --attention-variants cudnn,xla --prng rbg --steps 10 --warmup 3 \
+  --time-budget 270 || echo "step_throughput: failed or timed out (rc $?)"
+timeout 75 python3 benchmarks/step_throughput.py --sizes base --lengths 128 --batch 512 \
+  --dtype bfloat16 --attention-variants cudnn --prng rbg --no-hf --steps 10 --warmup 3 \
+  --time-budget 20 || echo "B=512: failed or timed out (rc $?)"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true

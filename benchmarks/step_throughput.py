@@ -59,7 +59,8 @@ def time_steps(run, warmup: int, steps: int) -> list[float]:
     return times
 
 
-def bertjax_times(cfg, batch: dict, warmup: int, steps: int) -> list[float]:
+def bertjax_times(cfg, batch: dict, warmup: int, steps: int,
+                  prng: str = "threefry2x32") -> list[float]:
     config = step.default_step_config()
     config.batch_size = batch["input_ids"].shape[0]
     config.mesh.update(data=1)
@@ -68,7 +69,7 @@ def bertjax_times(cfg, batch: dict, warmup: int, steps: int) -> list[float]:
     state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
     train, _ = step.jit_steps(state, mesh)
     device_batch = sharding.global_batch(batch, mesh, config.batch_size)
-    rng = jax.random.key(1)
+    rng = jax.random.key(1, impl=prng)  # the dropout key; its impl picks the bit generator
     holder = [state]
 
     def run():
@@ -78,19 +79,23 @@ def bertjax_times(cfg, batch: dict, warmup: int, steps: int) -> list[float]:
     return time_steps(run, warmup, steps)
 
 
-def hf_times(cfg, batch: dict, warmup: int, steps: int) -> list[float]:
+def hf_times(cfg, batch: dict, warmup: int, steps: int, dtype: str = "float32") -> list[float]:
+    """HF's BertForPreTraining step; on a CUDA device with bf16 autocast, SDPA and fused AdamW."""
     import torch
     import transformers
 
     torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     hf_cfg = transformers.BertConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
         hidden_dropout_prob=cfg.hidden_dropout_prob,
-        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob)
-    model = transformers.BertForPreTraining(hf_cfg).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob, attn_implementation="sdpa")
+    model = transformers.BertForPreTraining(hf_cfg).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
+                                  fused=device == "cuda")
+    autocast = torch.autocast(device, dtype=getattr(torch, dtype), enabled=dtype != "float32")
     ids = torch.tensor(batch["input_ids"], dtype=torch.long)
     labels = torch.full_like(ids, -100)
     rows = torch.arange(ids.shape[0])[:, None]
@@ -99,27 +104,33 @@ def hf_times(cfg, batch: dict, warmup: int, steps: int) -> list[float]:
     inputs = dict(input_ids=ids, token_type_ids=torch.tensor(batch["token_type_ids"]).long(),
                   attention_mask=torch.tensor(batch["attention_mask"]).long(), labels=labels,
                   next_sentence_label=torch.tensor(batch["next_sentence_label"]).long())
+    inputs = {k: v.to(device) for k, v in inputs.items()}
 
     def run():
         optimizer.zero_grad(set_to_none=True)
-        loss = model(**inputs).loss
+        with autocast:
+            loss = model(**inputs).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     return time_steps(run, warmup, steps)
 
 
-def measured_peak() -> float:
-    kind = jax.devices()[0].device_kind
-    peak = metrics_lib.device_peak_flops(kind)
-    if peak:
-        return peak
+def matmul_peak(dtype: str = "float32") -> float:
+    """FLOP/s of the best of five square matmuls (2048 on CPU, 8192 on an accelerator), random data."""
     n = 2048 if jax.default_backend() == "cpu" else 8192
-    x = jnp.ones((n, n), jnp.float32)
+    x = jax.random.normal(jax.random.key(0), (n, n), dtype)
     f = jax.jit(lambda a: a @ a)
     times = time_steps(lambda: f(x).block_until_ready(), 2, 5)
     return 2 * n ** 3 / min(times)
+
+
+def measured_peak() -> float:
+    """The MFU denominator: the datasheet peak of a known accelerator, else the measured fp32 peak."""
+    return metrics_lib.device_peak_flops(jax.devices()[0].device_kind) or matmul_peak()
 
 
 def peak_memory() -> str:
@@ -152,18 +163,26 @@ def main():
     parser.add_argument("--scan", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
     parser.add_argument("--attention-variants", default="",
-                        help="e.g. cudnn,xla: each implementation, with and without scan+remat")
+                        help="e.g. cudnn,xla: each implementation, and the first with scan+remat")
     parser.add_argument("--variants", action="store_true",
                         help="fast paths on/off for the first size and length")
+    parser.add_argument("--prng", default="threefry2x32",
+                        help="bit generator of the dropout key, e.g. rbg (a variant row with "
+                             "--attention-variants)")
+    parser.add_argument("--time-budget", type=float, default=0,
+                        help="seconds: start no new row after this (0: no limit)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
-    if jax.default_backend() == "cpu":
+    if jax.default_backend() == "cpu" and not args.no_hf:
         import torch
         torch.set_num_threads(os.cpu_count() or 1)
+    start = time.perf_counter()
     peak = measured_peak()
+    measured = "" if jax.default_backend() == "cpu" else (
+        f" (measured {args.dtype} matmul {matmul_peak(args.dtype) / 1e12:,.0f} TFLOP/s)")
     header = [f"### {datetime.date.today()} — {platform.node()} — {jax.devices()[0].device_kind} "
-              f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s — "
-              f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} (both frameworks)",
+              f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s"
+              f"{measured} — GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} (both frameworks)",
               "", "| model | T | B | min ms | median ms | tokens/s | MFU | peak GiB | bertjax vs HF |",
               "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
@@ -180,26 +199,42 @@ def main():
                                             hidden_dropout_prob=0.1,
                                             attention_probs_dropout_prob=0.0)
             batch = synthetic_batch(batch_size, length, max(1, round(0.15 * length)))
-            variants = [("bertjax", cfg)]
+            variants = [("bertjax", cfg, args.prng)]
             if args.attention_variants:
-                variants = [(f"bertjax attention={impl}", cfg.replace(attention_implementation=impl))
-                            for impl in args.attention_variants.split(",")]
-                variants += [(f"bertjax attention={impl} remat=full",
-                              cfg.replace(attention_implementation=impl, remat="full", scan_layers=True))
-                             for impl in args.attention_variants.split(",")]
+                impls = args.attention_variants.split(",")
+                variants = [(f"bertjax attention={impl}", cfg.replace(attention_implementation=impl),
+                             args.prng) for impl in impls]
+                if args.prng != "threefry2x32":
+                    variants += [(f"bertjax attention={impls[0]} dropout threefry2x32",
+                                  cfg.replace(attention_implementation=impls[0]), "threefry2x32")]
+                variants += [(f"bertjax attention={impls[0]} remat=full",
+                              cfg.replace(attention_implementation=impls[0], remat="full",
+                                          scan_layers=True), args.prng)]
             if args.variants:
-                variants += [("+ attention dropout (exact path)", cfg.replace(attention_probs_dropout_prob=0.1)),
-                             ("+ scan", cfg.replace(scan_layers=True)),
-                             ("+ scan + remat full", cfg.replace(scan_layers=True, remat="full")),
-                             ("+ bf16 compute", cfg.replace(dtype="bfloat16"))]
+                variants += [("+ attention dropout (exact path)",
+                              cfg.replace(attention_probs_dropout_prob=0.1), args.prng),
+                             ("+ scan", cfg.replace(scan_layers=True), args.prng),
+                             ("+ scan + remat full", cfg.replace(scan_layers=True, remat="full"),
+                              args.prng),
+                             ("+ bf16 compute", cfg.replace(dtype="bfloat16"), args.prng)]
             hf_median = None
             if not args.no_hf:
-                hf = hf_times(cfg, batch, args.warmup, args.steps)
+                hf = hf_times(cfg, batch, args.warmup, args.steps, args.dtype)
                 hf_median = statistics.median(hf)
                 lines.append(row(f"HF {size}", cfg, batch, hf, peak, None))
                 print(lines[-1], flush=True)
-            for name, variant in variants:
-                times = bertjax_times(variant, batch, args.warmup, args.steps)
+            for name, variant, prng in variants:
+                if args.time_budget and time.perf_counter() - start > args.time_budget:
+                    print(f"skipped (time budget): {name} {size} T={length}", flush=True)
+                    continue
+                try:
+                    times = bertjax_times(variant, batch, args.warmup, args.steps, prng)
+                except Exception as error:  # one failing variant must not lose the other rows
+                    if not args.attention_variants:
+                        raise
+                    print(f"failed: {name} {size} T={length}: {type(error).__name__}: "
+                          f"{str(error)[:400]}", flush=True)
+                    continue
                 lines.append(row(f"{name} {size}", variant, batch, times, peak, hf_median,
                                  peak_memory()))
                 print(lines[-1], flush=True)

@@ -11,7 +11,7 @@ def test_gpu_suite_dry_run_prints_the_table():
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| bertjax")]
-    assert len(rows) == 4  # T=32 and 64, each with and without scan + remat
+    assert len(rows) == 6  # T=32 and 64: rbg dropout key, threefry, scan + remat
     for row in rows:
         tokens_per_second = float(row.split("|")[6].replace(",", ""))
         assert tokens_per_second > 0

@@ -1,0 +1,100 @@
+"""Do the fast paths compute the same step? Loss and gradients of each attention implementation
+in bf16, against float32 XLA at the highest matmul precision, on padded rows.
+
+  python benchmarks/gpu_checks.py                       # on an accelerator: xla and cudnn
+  python benchmarks/gpu_checks.py --impls xla --hidden 64 --heads 2 --intermediate 128 --vocab 512
+
+Prints one line per case with the relative errors ||x - ref|| / ||ref|| and exits non-zero when
+one is over its bound (bf16 operands: loss 1e-2, gradients 3e-2). Dropout is off so every case
+computes the same function; the rows have random real lengths (padding at the end), so the
+attention mask matters.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bertjax  # noqa: E402
+from bertjax import sharding, step  # noqa: E402
+
+LOSS_BOUND, GRAD_BOUND = 1e-2, 3e-2
+
+
+def padded_batch(batch: int, length: int, vocab: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(length // 2, length + 1, batch)
+    real = np.arange(length)[None] < lengths[:, None]
+    ids = np.where(real, rng.integers(5, vocab, (batch, length)), 0).astype(np.int32)
+    predictions = max(1, round(0.15 * length // 2))
+    positions = np.sort(np.stack([rng.choice(np.arange(1, n), predictions, replace=False)
+                                  for n in lengths]), axis=1).astype(np.int32)
+    return {"input_ids": ids, "attention_mask": real.astype(np.int32),
+            "token_type_ids": ((np.arange(length)[None] >= lengths[:, None] // 2) & real)
+            .astype(np.int32),
+            "masked_positions": positions, "masked_ids": np.take_along_axis(ids, positions, 1),
+            "masked_weights": np.ones(positions.shape, np.float32),
+            "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32)}
+
+
+def loss_and_grads(cfg, batch: dict, precision: str):
+    config = step.default_step_config()
+    config.batch_size = batch["input_ids"].shape[0]
+    config.mesh.update(data=1)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    with jax.default_matmul_precision(precision):
+        state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
+        device_batch = sharding.global_batch(batch, mesh, config.batch_size)
+
+        @jax.jit
+        def run(state, batch):
+            grads, sums, norms = step._gradients(state, batch, jax.random.key(1))
+            return state.spec.objective.total_loss(sums, norms), grads
+
+        loss, grads = run(state, device_batch)
+    flat = np.concatenate([np.asarray(g, np.float64).ravel() for g in jax.tree.leaves(grads)])
+    return float(loss), flat
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impls", default="xla,cudnn")
+    parser.add_argument("--lengths", default="128,512")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--vocab", type=int, default=30522)
+    args = parser.parse_args()
+    failures = 0
+    for length in (int(x) for x in args.lengths.split(",")):
+        cfg = bertjax.BertConfig(vocab_size=args.vocab, hidden_size=args.hidden,
+                                 num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                                 intermediate_size=args.intermediate,
+                                 max_position_embeddings=max(512, length),
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        batch = padded_batch(args.batch, length, args.vocab, seed=length)
+        ref_loss, ref_grads = loss_and_grads(cfg.replace(attention_implementation="xla"), batch,
+                                             "highest")
+        for impl in args.impls.split(","):
+            loss, grads = loss_and_grads(cfg.replace(dtype="bfloat16", attention_implementation=impl),
+                                         batch, "default")
+            loss_error = abs(loss - ref_loss) / abs(ref_loss)
+            grad_error = np.linalg.norm(grads - ref_grads) / np.linalg.norm(ref_grads)
+            ok = np.isfinite(loss) and loss_error < LOSS_BOUND and grad_error < GRAD_BOUND
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} T={length} attention={impl} bf16 vs float32 xla: "
+                  f"loss {loss:.5f} vs {ref_loss:.5f} (rel {loss_error:.2e} < {LOSS_BOUND}), "
+                  f"grads rel {grad_error:.2e} < {GRAD_BOUND}", flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
