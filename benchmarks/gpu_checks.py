@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +74,7 @@ def main():
     parser.add_argument("--intermediate", type=int, default=3072)
     parser.add_argument("--vocab", type=int, default=30522)
     args = parser.parse_args()
-    failures = 0
+    failures, start = 0, time.perf_counter()
     for length in (int(x) for x in args.lengths.split(",")):
         cfg = bertjax.BertConfig(vocab_size=args.vocab, hidden_size=args.hidden,
                                  num_hidden_layers=args.layers, num_attention_heads=args.heads,
@@ -92,7 +93,8 @@ def main():
             failures += not ok
             print(f"{'ok  ' if ok else 'FAIL'} T={length} attention={impl} bf16 vs float32 xla: "
                   f"loss {loss:.5f} vs {ref_loss:.5f} (rel {loss_error:.2e} < {LOSS_BOUND}), "
-                  f"grads rel {grad_error:.2e} < {GRAD_BOUND}", flush=True)
+                  f"grads rel {grad_error:.2e} < {GRAD_BOUND} "
+                  f"[{time.perf_counter() - start:.0f} s]", flush=True)
     sys.exit(1 if failures else 0)
 
 

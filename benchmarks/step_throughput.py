@@ -19,6 +19,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -60,7 +61,7 @@ def time_steps(run, warmup: int, steps: int) -> list[float]:
 
 
 def bertjax_times(cfg, batch: dict, warmup: int, steps: int,
-                  prng: str = "threefry2x32") -> list[float]:
+                  prng: str = "threefry2x32", profile_dir: str = "") -> list[float]:
     config = step.default_step_config()
     config.batch_size = batch["input_ids"].shape[0]
     config.mesh.update(data=1)
@@ -76,7 +77,12 @@ def bertjax_times(cfg, batch: dict, warmup: int, steps: int,
         holder[0], metrics = train(holder[0], device_batch, rng)
         metrics["loss"].block_until_ready()
 
-    return time_steps(run, warmup, steps)
+    times = time_steps(run, warmup, steps)
+    if profile_dir:  # three more steps under the profiler (benchmarks/profile_summary.py)
+        with jax.profiler.trace(profile_dir):
+            for _ in range(3):
+                run()
+    return times
 
 
 def hf_times(cfg, batch: dict, warmup: int, steps: int, dtype: str = "float32") -> list[float]:
@@ -171,6 +177,8 @@ def main():
                              "--attention-variants)")
     parser.add_argument("--time-budget", type=float, default=0,
                         help="seconds: start no new row after this (0: no limit)")
+    parser.add_argument("--profile", default="",
+                        help="folder: trace 3 more steps of each bertjax row into a subfolder")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     if jax.default_backend() == "cpu" and not args.no_hf:
@@ -227,8 +235,10 @@ def main():
                 if args.time_budget and time.perf_counter() - start > args.time_budget:
                     print(f"skipped (time budget): {name} {size} T={length}", flush=True)
                     continue
+                trace = os.path.join(args.profile, re.sub(r"\W+", "_", f"{name}_{size}_{length}"))
                 try:
-                    times = bertjax_times(variant, batch, args.warmup, args.steps, prng)
+                    times = bertjax_times(variant, batch, args.warmup, args.steps, prng,
+                                          trace if args.profile else "")
                 except Exception as error:  # one failing variant must not lose the other rows
                     if not args.attention_variants:
                         raise
@@ -238,6 +248,7 @@ def main():
                 lines.append(row(f"{name} {size}", variant, batch, times, peak, hf_median,
                                  peak_memory()))
                 print(lines[-1], flush=True)
+                print(f"# {time.perf_counter() - start:.0f} s since start", flush=True)
         if args.variants:
             break
     if not args.no_record:

@@ -34,7 +34,7 @@ class MaskedLMHead(nn.Module):
         h = dense(cfg, cfg.embedding_dim, ("embed", width_axis), "transform")(x_BPH)
         h = layer_norm(cfg, width_axis, "layer_norm")(activation(cfg.hidden_act)(h))
         bias = self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
-        logits_BPV = bert.attend(h) + bias.astype(cfg.compute_dtype)
+        logits_BPV = bert.attend(h, bias)
         return constrain(logits_BPV, ("act_batch", "act_len", "act_vocab"))
 
 

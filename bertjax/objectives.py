@@ -49,6 +49,26 @@ def validate_loss_config(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"config.loss.{key}={config[key]!r}: must be >= 0")
 
 
+@jax.custom_vjp
+def _label_logit(logits: Array, labels: Array) -> Array:
+    """logits[..., label]: a gather forward; backward a one-hot product, not a scatter-add."""
+    return jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+
+
+def _label_logit_fwd(logits, labels):
+    return _label_logit(logits, labels), (labels, logits.shape[-1])
+
+
+def _label_logit_bwd(residuals, g):
+    labels, classes = residuals
+    index = jax.lax.broadcasted_iota(jnp.int32, labels.shape + (classes,), labels.ndim)
+    one_hot = (index == labels[..., None]).astype(g.dtype)
+    return g[..., None] * one_hot, None
+
+
+_label_logit.defvjp(_label_logit_fwd, _label_logit_bwd)
+
+
 def cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
     """Per-example fp32 cross-entropy and correctness of the argmax: [..., C] x [...] -> [...].
 
@@ -61,7 +81,7 @@ def cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
     top = jnp.max(logits, axis=-1, keepdims=True)
     shift = jax.lax.stop_gradient(top)
     log_sum_exp = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1)) + shift[..., 0]
-    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    label_logit = _label_logit(logits, labels)
     index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
     first_max = jnp.min(jnp.where(logits >= top, index, logits.shape[-1]), axis=-1)
     return log_sum_exp - label_logit, (first_max == labels).astype(jnp.float32)

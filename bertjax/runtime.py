@@ -1,15 +1,22 @@
-"""Process settings that only take effect when the process starts: glibc malloc on huge pages.
+"""Process settings that only take effect when the process starts: glibc malloc that keeps its
+memory, on huge pages.
 
-XLA:CPU (and PyTorch on CPU) allocate each step's large temporaries with malloc; glibc serves
-allocations above its mmap threshold with fresh mmap'd pages and unmaps them on free, so every
-step page-faults its working set in again, 4 KiB at a time. Measured on a 2-core VM (glibc 2.36,
-transparent huge pages in "madvise" mode): BERT-tiny's train step spent ~28% of its CPU time in
-the kernel (112M minor faults in a 3000-step run); with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
-(malloc madvises its mmap'd chunks for 2 MiB transparent huge pages) the step went from 445 to
-295 ms (tiny) and 1223 to 963 ms (mini), see benchmarks/results.md.
+XLA:CPU allocates each executable run's temporaries as one block (~1 GB for a BERT-mini train
+step at B=32, T=128) from a worker thread; glibc serves it with fresh mmap'd pages and unmaps it
+on free, so every step page-faults its whole working set in again (and, with transparent huge
+pages, sometimes stalls in the kernel compacting memory). PyTorch on CPU does much the same.
+Measured on a 2-core VM (glibc 2.36, THP "madvise"), benchmarks/results.md:
+- ``glibc.malloc.hugetlb=1`` (malloc madvises its chunks for 2 MiB pages): fewer, larger faults;
+  BERT-mini's step 1223 -> ~960 ms, BERT-tiny's 445 -> ~295 ms;
+- plus ``arena_max=1`` (one arena, so worker threads' big blocks come from the main heap, which
+  can grow to any size), ``mmap_max=0`` (large blocks from the heap, not mmap) and a 32 GiB
+  ``trim_threshold`` (freed memory stays mapped): no page faults after the first step and no
+  kernel time; BERT-mini's step ~1010 -> ~860 ms with the step-to-step spread gone
+  (0 vs ~660 minor faults and 0.1-0.4 s of system time per step).
+The price: the process keeps its peak heap (what a training process reaches every step anyway).
 
 glibc reads tunables once, at start-up, so `reexec_with_hugepage_malloc` restarts the
-interpreter (same pid, same command line) with the tunable added. train.py and the benchmarks
+interpreter (same pid, same command line) with the tunables added. train.py and the benchmarks
 call it first thing. ``BERTJAX_HUGEPAGE_MALLOC=0`` turns it off; a GLIBC_TUNABLES that already
 names glibc.malloc.hugetlb is left as the user set it.
 """
@@ -20,6 +27,9 @@ import platform
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb"
+# Added together; a user who set any of them keeps their own GLIBC_TUNABLES.
+TUNABLES = (f"{TUNABLE}=1", "glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+            f"glibc.malloc.trim_threshold={32 << 30}")
 DISABLE_ENV = "BERTJAX_HUGEPAGE_MALLOC"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -47,14 +57,15 @@ def hugepage_malloc_environment(environ: dict) -> dict | None:
     if environ.get(DISABLE_ENV, "1") == "0":
         return None
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if TUNABLE in tunables or not hugepage_malloc_supported():
+    names = [tunable.split("=")[0] for tunable in TUNABLES]
+    if any(name in tunables for name in names) or not hugepage_malloc_supported():
         return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, f"{TUNABLE}=1"]))}
+    return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, *TUNABLES]))}
 
 
 def reexec_with_hugepage_malloc() -> None:
-    """Restarts this process with glibc malloc on transparent huge pages (no-op when set,
-    disabled or unsupported). Call before anything else happens: nothing survives the exec."""
+    """Restarts this process with glibc malloc that keeps its memory, on transparent huge pages
+    (no-op when set, disabled or unsupported). Call before anything else happens: nothing survives the exec."""
     env = hugepage_malloc_environment(dict(os.environ))
     if env is None:
         return

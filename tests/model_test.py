@@ -10,7 +10,7 @@ from flax import linen as nn
 
 import bertjax
 from bertjax import convert
-from bertjax.model import exact_attention, make_attention_mask
+from bertjax.model import exact_attention, make_attention_mask, tied_decoder
 
 SMALL = dict(vocab_size=61, hidden_size=32, num_attention_heads=4, intermediate_size=48,
              max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -143,6 +143,40 @@ def test_exact_attention_equals_fused():
     exact = exact_attention(q, k, v, mask)
     np.testing.assert_allclose(exact[:, :5], fused[:, :5], atol=1e-6)
     np.testing.assert_allclose(exact[1], fused[1], atol=1e-6)
+
+
+def test_tied_decoder_backward_equals_autodiff_of_the_plain_product():
+    """The hand-written VJP (table gradient as one product, bias gradient as ones x rows) gives
+    what autodiff of x @ table.T + bias gives, in float64 on numpy's side."""
+    rng = np.random.default_rng(3)
+    x, table, bias, cotangent = (rng.normal(size=shape) for shape in
+                                 [(2, 3, 8), (11, 8), (11,), (2, 3, 11)])
+    out, vjp = jax.vjp(tied_decoder, *(jnp.asarray(a, jnp.float32) for a in (x, table, bias)))
+    np.testing.assert_allclose(out, x @ table.T + bias, rtol=1e-5, atol=1e-5)
+    d_x, d_table, d_bias = vjp(jnp.asarray(cotangent, jnp.float32))
+    np.testing.assert_allclose(d_x, cotangent @ table, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_table, np.einsum("btv,bte->ve", cotangent, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_bias, cotangent.sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_cudnn_attention_gets_a_full_query_length_mask(bert, monkeypatch):
+    """cuDNN refuses a [B, 1, 1, S] padding mask (it becomes a bias that must cover every query);
+    the model hands it [B, 1, T, S]. Run here through XLA, which must give the same outputs."""
+    cfg, model, params = bert
+    fused, shapes = jax.nn.dot_product_attention, []
+
+    def recording(q, k, v, *, mask, implementation):
+        shapes.append((implementation, mask.shape, q.shape))
+        return fused(q, k, v, mask=mask, implementation="xla")
+
+    ids = _ids(11, (2, 9))
+    attention_mask = jnp.asarray([[1] * 9, [1] * 6 + [0] * 3], jnp.int32)
+    want = model.apply({"params": params}, ids, attention_mask=attention_mask)["mlm_logits"]
+    monkeypatch.setattr(jax.nn, "dot_product_attention", recording)
+    cudnn = bertjax.BertForPreTraining(dataclasses.replace(cfg, attention_implementation="cudnn"))
+    got = cudnn.apply({"params": params}, ids, attention_mask=attention_mask)["mlm_logits"]
+    assert shapes and all(impl == "cudnn" and mask == (2, 1, 9, 9) for impl, mask, _ in shapes)
+    np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_dropout_is_active_only_when_asked(bert):

@@ -11,12 +11,15 @@ PROBE = ("import os, sys; from bertjax.runtime import reexec_with_hugepage_mallo
 
 def test_environment_adds_the_tunable_once_and_respects_the_user(monkeypatch):
     monkeypatch.setattr(runtime, "hugepage_malloc_supported", lambda: True)
-    assert runtime.hugepage_malloc_environment({"A": "1"}) == {
-        "A": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-    # Other tunables are kept; a user's own hugetlb setting (even 0) and the opt-out win.
-    env = runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    ours = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+            "glibc.malloc.trim_threshold=34359738368")
+    assert runtime.hugepage_malloc_environment({"A": "1"}) == {"A": "1", "GLIBC_TUNABLES": ours}
+    # Other tunables are kept; a user's own setting of any of ours (even hugetlb=0) and the
+    # opt-out win.
+    env = runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=9"})
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=9:" + ours
     assert runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    assert runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}) is None
     assert runtime.hugepage_malloc_environment({"BERTJAX_HUGEPAGE_MALLOC": "0"}) is None
     monkeypatch.setattr(runtime, "hugepage_malloc_supported", lambda: False)
     assert runtime.hugepage_malloc_environment({}) is None
@@ -28,9 +31,44 @@ def test_process_restarts_once_with_the_same_arguments():
     out = subprocess.run([sys.executable, "-c", PROBE, "--flag=x"], env=env, capture_output=True,
                          text=True, check=True, timeout=120).stdout.splitlines()
     if runtime.hugepage_malloc_supported():  # this machine: glibc 2.36, THP "madvise"
-        assert out == ["start", "start", "glibc.malloc.hugetlb=1 ['--flag=x']"]
+        assert out == ["start", "start", ":".join(runtime.TUNABLES) + " ['--flag=x']"]
     else:
         assert out == ["start", " ['--flag=x']"]
     off = subprocess.run([sys.executable, "-c", PROBE], env={**env, "BERTJAX_HUGEPAGE_MALLOC": "0"},
                          capture_output=True, text=True, check=True, timeout=120).stdout.splitlines()
     assert off == ["start", " []"]
+
+
+FAULTS = """
+import resource, threading
+import numpy as np
+
+def touch():  # a 256 MiB temporary, written and freed, from a worker thread (as XLA:CPU does)
+    np.ones(1 << 25)
+
+touch_twice = [threading.Thread(target=touch) for _ in range(2)]
+for thread in touch_twice:
+    thread.start(); thread.join()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    thread = threading.Thread(target=touch); thread.start(); thread.join()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_tunables_keep_freed_memory_mapped():
+    """Under our tunables a big freed block is reused without page faults; glibc's defaults
+    unmap it on free and fault it in again (the per-step cost the restart removes)."""
+    if not runtime.hugepage_malloc_supported():
+        return  # not glibc >= 2.35 with THP: nothing is restarted, nothing to check
+    env = {k: v for k, v in __import__("os").environ.items() if k != "GLIBC_TUNABLES"}
+
+    def faults(tunables):
+        run_env = dict(env, **({"GLIBC_TUNABLES": tunables} if tunables else {}))
+        return int(subprocess.run([sys.executable, "-c", FAULTS], env=run_env, capture_output=True,
+                                  text=True, check=True, timeout=120).stdout)
+
+    assert faults(":".join(runtime.TUNABLES)) < 50
+    # 3 x 256 MiB faulted in again: 3 x 128 faults in 2 MiB pages (numpy madvises big arrays
+    # for huge pages), ~196k in 4 KiB pages.
+    assert faults("") > 3 * 100
