@@ -34,3 +34,10 @@ timeout 400 python3 benchmarks/step_throughput.py --sizes base --lengths 128,512
   --time-budget 320 ${BERTJAX_PROFILE_DIR:+--profile "$BERTJAX_PROFILE_DIR"} \
   || echo "step_throughput: failed or timed out (rc $?)"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
+if [ -n "${BERTJAX_PROFILE_DIR:-}" ]; then  # one ROW.xplane.pb per row, no subfolders
+  for trace in $(find "$BERTJAX_PROFILE_DIR" -mindepth 2 -name "*.xplane.pb"); do
+    row=${trace#"$BERTJAX_PROFILE_DIR"/}
+    mv "$trace" "$BERTJAX_PROFILE_DIR/${row%%/*}.xplane.pb"
+  done
+  find "$BERTJAX_PROFILE_DIR" -mindepth 1 -type d -exec rm -rf {} +
+fi
