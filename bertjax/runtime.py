@@ -13,7 +13,10 @@ Measured on a 2-core VM (glibc 2.36, THP "madvise"), benchmarks/results.md:
   ``trim_threshold`` (freed memory stays mapped): no page faults after the first step and no
   kernel time; BERT-mini's step ~1010 -> ~860 ms with the step-to-step spread gone
   (0 vs ~660 minor faults and 0.1-0.4 s of system time per step).
-The price: the process keeps its peak heap (what a training process reaches every step anyway).
+The price: the process keeps its peak heap (what a training process reaches every step anyway),
+and one arena serialises malloc across threads. So the last three are added only on hosts with
+no GPU or TPU device files: there XLA's temporaries live on the accelerator, and a host's
+input-pipeline threads should keep their own arenas.
 
 glibc reads tunables once, at start-up, so `reexec_with_hugepage_malloc` restarts the
 interpreter (same pid, same command line) with the tunables added. train.py and the benchmarks
@@ -22,14 +25,22 @@ names glibc.malloc.hugetlb is left as the user set it.
 """
 from __future__ import annotations
 
+import glob
 import os
 import platform
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb"
-# Added together; a user who set any of them keeps their own GLIBC_TUNABLES.
+# Added together (the last three on CPU-only hosts); a user who set any of them keeps their own
+# GLIBC_TUNABLES.
 TUNABLES = (f"{TUNABLE}=1", "glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
             f"glibc.malloc.trim_threshold={32 << 30}")
+_ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+
+
+def accelerator_present() -> bool:
+    """A GPU (/dev/nvidiaN) or TPU (/dev/accelN, /dev/vfio/N) device file exists on this host."""
+    return any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
 DISABLE_ENV = "BERTJAX_HUGEPAGE_MALLOC"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -60,7 +71,8 @@ def hugepage_malloc_environment(environ: dict) -> dict | None:
     names = [tunable.split("=")[0] for tunable in TUNABLES]
     if any(name in tunables for name in names) or not hugepage_malloc_supported():
         return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, *TUNABLES]))}
+    ours = TUNABLES[:1] if accelerator_present() else TUNABLES
+    return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, *ours]))}
 
 
 def reexec_with_hugepage_malloc() -> None:

@@ -11,6 +11,7 @@ PROBE = ("import os, sys; from bertjax.runtime import reexec_with_hugepage_mallo
 
 def test_environment_adds_the_tunable_once_and_respects_the_user(monkeypatch):
     monkeypatch.setattr(runtime, "hugepage_malloc_supported", lambda: True)
+    monkeypatch.setattr(runtime, "accelerator_present", lambda: False)
     ours = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
             "glibc.malloc.trim_threshold=34359738368")
     assert runtime.hugepage_malloc_environment({"A": "1"}) == {"A": "1", "GLIBC_TUNABLES": ours}
@@ -21,6 +22,9 @@ def test_environment_adds_the_tunable_once_and_respects_the_user(monkeypatch):
     assert runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
     assert runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}) is None
     assert runtime.hugepage_malloc_environment({"BERTJAX_HUGEPAGE_MALLOC": "0"}) is None
+    # A GPU/TPU host keeps glibc's arenas and trimming: only the huge pages.
+    monkeypatch.setattr(runtime, "accelerator_present", lambda: True)
+    assert runtime.hugepage_malloc_environment({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
     monkeypatch.setattr(runtime, "hugepage_malloc_supported", lambda: False)
     assert runtime.hugepage_malloc_environment({}) is None
 
@@ -31,7 +35,8 @@ def test_process_restarts_once_with_the_same_arguments():
     out = subprocess.run([sys.executable, "-c", PROBE, "--flag=x"], env=env, capture_output=True,
                          text=True, check=True, timeout=120).stdout.splitlines()
     if runtime.hugepage_malloc_supported():  # this machine: glibc 2.36, THP "madvise"
-        assert out == ["start", "start", ":".join(runtime.TUNABLES) + " ['--flag=x']"]
+        ours = runtime.TUNABLES[:1] if runtime.accelerator_present() else runtime.TUNABLES
+        assert out == ["start", "start", ":".join(ours) + " ['--flag=x']"]
     else:
         assert out == ["start", " ['--flag=x']"]
     off = subprocess.run([sys.executable, "-c", PROBE], env={**env, "BERTJAX_HUGEPAGE_MALLOC": "0"},
