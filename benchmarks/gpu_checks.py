@@ -23,7 +23,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bertjax  # noqa: E402
-from bertjax import sharding, step  # noqa: E402
+from bertjax import step  # noqa: E402
+from step_throughput import single_device_state  # noqa: E402  (benchmarks/ is on sys.path)
 
 LOSS_BOUND, GRAD_BOUND = 1e-2, 3e-2
 
@@ -45,13 +46,8 @@ def padded_batch(batch: int, length: int, vocab: int, seed: int) -> dict:
 
 
 def loss_and_grads(cfg, batch: dict, precision: str):
-    config = step.default_step_config()
-    config.batch_size = batch["input_ids"].shape[0]
-    config.mesh.update(data=1)
-    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     with jax.default_matmul_precision(precision):
-        state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
-        device_batch = sharding.global_batch(batch, mesh, config.batch_size)
+        state, _, device_batch = single_device_state(cfg, batch)
 
         @jax.jit
         def run(state, batch):

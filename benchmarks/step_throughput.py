@@ -60,16 +60,21 @@ def time_steps(run, warmup: int, steps: int) -> list[float]:
     return times
 
 
-def bertjax_times(cfg, batch: dict, warmup: int, steps: int,
-                  prng: str = "threefry2x32", profile_dir: str = "") -> list[float]:
+def single_device_state(cfg, batch: dict):
+    """(train state, mesh, device batch) for ``cfg`` on the first device: AdamW at 1e-4."""
     config = step.default_step_config()
     config.batch_size = batch["input_ids"].shape[0]
     config.mesh.update(data=1)
     config.optim.update(learning_rate=1e-4, warmup_steps=10, total_steps=1000)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
+    return state, mesh, sharding.global_batch(batch, mesh, config.batch_size)
+
+
+def bertjax_times(cfg, batch: dict, warmup: int, steps: int,
+                  prng: str = "threefry2x32", profile_dir: str = "") -> list[float]:
+    state, mesh, device_batch = single_device_state(cfg, batch)
     train, _ = step.jit_steps(state, mesh)
-    device_batch = sharding.global_batch(batch, mesh, config.batch_size)
     rng = jax.random.key(1, impl=prng)  # the dropout key; its impl picks the bit generator
     holder = [state]
 

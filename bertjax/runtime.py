@@ -21,7 +21,7 @@ input-pipeline threads should keep their own arenas.
 glibc reads tunables once, at start-up, so `reexec_with_hugepage_malloc` restarts the
 interpreter (same pid, same command line) with the tunables added. train.py and the benchmarks
 call it first thing. ``BERTJAX_HUGEPAGE_MALLOC=0`` turns it off; a GLIBC_TUNABLES that already
-names glibc.malloc.hugetlb is left as the user set it.
+names any of these tunables is left as the user set it.
 """
 from __future__ import annotations
 
@@ -35,14 +35,14 @@ TUNABLE = "glibc.malloc.hugetlb"
 # GLIBC_TUNABLES.
 TUNABLES = (f"{TUNABLE}=1", "glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
             f"glibc.malloc.trim_threshold={32 << 30}")
+DISABLE_ENV = "BERTJAX_HUGEPAGE_MALLOC"
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 
 
 def accelerator_present() -> bool:
     """A GPU (/dev/nvidiaN) or TPU (/dev/accelN, /dev/vfio/N) device file exists on this host."""
     return any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
-DISABLE_ENV = "BERTJAX_HUGEPAGE_MALLOC"
-_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def hugepage_malloc_supported() -> bool:
@@ -77,7 +77,8 @@ def hugepage_malloc_environment(environ: dict) -> dict | None:
 
 def reexec_with_hugepage_malloc() -> None:
     """Restarts this process with glibc malloc that keeps its memory, on transparent huge pages
-    (no-op when set, disabled or unsupported). Call before anything else happens: nothing survives the exec."""
+    (no-op when set, disabled or unsupported). Call before anything else happens: nothing
+    survives the exec."""
     env = hugepage_malloc_environment(dict(os.environ))
     if env is None:
         return
