@@ -10,7 +10,7 @@ from flax import linen as nn
 
 import bertjax
 from bertjax import convert
-from bertjax.model import exact_attention, make_attention_mask, tied_decoder
+from bertjax.model import exact_attention, make_attention_mask, project, tied_decoder
 
 SMALL = dict(vocab_size=61, hidden_size=32, num_attention_heads=4, intermediate_size=48,
              max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -157,6 +157,45 @@ def test_tied_decoder_backward_equals_autodiff_of_the_plain_product():
     np.testing.assert_allclose(d_x, cotangent @ table, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(d_table, np.einsum("btv,bte->ve", cotangent, x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(d_bias, cotangent.sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_project_backward_equals_autodiff_of_the_plain_products():
+    """`project`'s hand-written VJP (one shared transpose of x for kernels at least as wide as x,
+    the gradient's transpose for narrower ones) gives the float64 products' gradients; so does a
+    bf16 call within bf16's rounding."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 5, 8))
+    kernels = [rng.normal(size=(8, n)) for n in (8, 12, 3)]  # equal, wider, narrower than x
+    cotangents = [rng.normal(size=(2, 5, k.shape[1])) for k in kernels]
+    want_x = sum(c @ k.T for c, k in zip(cotangents, kernels))
+    want_kernels = [np.einsum("btk,btn->kn", x, c) for c in cotangents]
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)):
+        outs, vjp = jax.vjp(project, *(jnp.asarray(a, dtype) for a in [x, *kernels]))
+        for out, kernel in zip(outs, kernels):
+            assert out.dtype == dtype
+            np.testing.assert_allclose(np.float64(out), x @ kernel, rtol=tol, atol=tol * 8)
+        d_x, *d_kernels = vjp(tuple(jnp.asarray(c, dtype) for c in cotangents))
+        assert d_x.dtype == dtype and all(d.dtype == dtype for d in d_kernels)
+        np.testing.assert_allclose(np.float64(d_x), want_x, rtol=tol, atol=tol * 8)
+        for got, want in zip(d_kernels, want_kernels):
+            np.testing.assert_allclose(np.float64(got), want, rtol=tol, atol=tol * 8)
+
+
+def test_dense_layers_and_attention_go_through_project(bert, monkeypatch):
+    """Every Dense product and the Q/K/V and output projections of a layer use `project` (Q, K and V
+    in one call sharing x's transpose), and the model's outputs equal plain products'."""
+    from bertjax import model as model_lib
+    cfg, model, params = bert
+    ids = _ids(12, (2, 7))
+    fast = model.apply({"params": params}, ids)["mlm_logits"]
+    calls = []
+    monkeypatch.setattr(model_lib, "project", lambda x, *kernels: calls.append(len(kernels)) or
+                        tuple(jnp.einsum("...k,kn->...n", x, k) for k in kernels))
+    plain = model.apply({"params": params}, ids)["mlm_logits"]
+    layers = cfg.num_hidden_layers
+    # per layer: Q/K/V (3 kernels), attention output, intermediate, output; then the MLM transform
+    assert calls.count(3) == layers and calls.count(1) >= 3 * layers + 1
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
 
 
 def test_cudnn_attention_gets_a_full_query_length_mask(bert, monkeypatch):
