@@ -9,6 +9,7 @@ matmul peak measured in this run (or the datasheet peak of a known accelerator).
   python benchmarks/step_throughput.py                       # tiny, mini, small at T=128 and 512
   python benchmarks/step_throughput.py --sizes base --lengths 128 --batch 8
   python benchmarks/step_throughput.py --variants            # fast paths on/off for one size
+  python benchmarks/step_throughput.py --sizes mini --bf16-matmuls   # + bf16-product rows (CPU)
   python benchmarks/step_throughput.py --no-hf --dtype bfloat16 --attention cudnn   # accelerators
 
 Appends the table to benchmarks/results.md unless --no-record.
@@ -132,9 +133,12 @@ def hf_times(cfg, batch: dict, warmup: int, steps: int, dtype: str = "float32") 
 
 def matmul_peak(dtype: str = "float32") -> float:
     """FLOP/s of the best of five square matmuls (2048 on CPU, 8192 on an accelerator), random data."""
-    n = 2048 if jax.default_backend() == "cpu" else 8192
+    cpu = jax.default_backend() == "cpu"
+    n = 2048 if cpu else 8192
     x = jax.random.normal(jax.random.key(0), (n, n), dtype)
-    f = jax.jit(lambda a: a @ a)
+    # On the CPU a low-precision product accumulates and returns fp32, as BertConfig.matmul_dtype's do.
+    out = jnp.float32 if cpu and jnp.dtype(dtype).itemsize < 4 else None
+    f = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=out))
     times = time_steps(lambda: f(x).block_until_ready(), 2, 5)
     return 2 * n ** 3 / min(times)
 
@@ -161,6 +165,25 @@ def row(name, cfg, batch, times, peak, reference=None, memory="-"):
     return line + (ratio if reference is not None else " |")
 
 
+def bf16_rows(cfg, batch: dict, size: str, args) -> list[str]:
+    """HF under bf16 autocast beside bertjax with matmul_dtype=bfloat16, MFU against the bf16
+    (fp32-accumulating) matmul peak measured now."""
+    peak = matmul_peak("bfloat16")
+    tag = f"(MFU vs bf16 peak {peak / 1e9:,.0f} GFLOP/s)"
+    lines, reference = [], None
+    if not args.no_hf:
+        hf = hf_times(cfg, batch, args.warmup, args.steps, "bfloat16")
+        reference = statistics.median(hf)
+        lines.append(row(f"HF {size} bf16 autocast {tag}", cfg, batch, hf, peak))
+        print(lines[-1], flush=True)
+    variant = cfg.replace(matmul_dtype="bfloat16")
+    times = bertjax_times(variant, batch, args.warmup, args.steps, args.prng)
+    lines.append(row(f"bertjax {size} matmul_dtype=bfloat16 {tag}", variant, batch, times, peak,
+                     reference, peak_memory()))
+    print(lines[-1], flush=True)
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="tiny,mini,small")
@@ -180,6 +203,10 @@ def main():
     parser.add_argument("--prng", default="threefry2x32",
                         help="bit generator of the dropout key, e.g. rbg (a variant row with "
                              "--attention-variants)")
+    parser.add_argument("--bf16-matmuls", action="store_true",
+                        help="two more rows per size: HF under bf16 autocast, and bertjax with "
+                             "matmul_dtype=bfloat16 (ratio between them; MFU vs the measured "
+                             "bf16 matmul peak)")
     parser.add_argument("--time-budget", type=float, default=0,
                         help="seconds: start no new row after this (0: no limit)")
     parser.add_argument("--profile", default="",
@@ -254,6 +281,8 @@ def main():
                                  peak_memory()))
                 print(lines[-1], flush=True)
                 print(f"# {time.perf_counter() - start:.0f} s since start", flush=True)
+            if args.bf16_matmuls:
+                lines += bf16_rows(cfg, batch, size, args)
         if args.variants:
             break
     if not args.no_record:

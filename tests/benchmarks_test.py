@@ -15,3 +15,19 @@ def test_gpu_suite_dry_run_prints_the_table():
     for row in rows:
         tokens_per_second = float(row.split("|")[6].replace(",", ""))
         assert tokens_per_second > 0
+
+
+def test_step_throughput_bf16_rows_run_beside_hf():
+    """--bf16-matmuls adds HF under bf16 autocast and bertjax with matmul_dtype=bfloat16, with a
+    ratio between them, at a tiny shape."""
+    result = subprocess.run(
+        ["python", os.path.join(ROOT, "benchmarks", "step_throughput.py"), "--sizes", "tiny",
+         "--lengths", "32", "--batch", "4", "--steps", "2", "--warmup", "1", "--bf16-matmuls",
+         "--no-record"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    names = [row.split("|")[1].strip() for row in rows]
+    assert names[1:] == ["HF tiny", "bertjax tiny", next(n for n in names if "autocast" in n),
+                         next(n for n in names if "matmul_dtype=bfloat16" in n)], names
+    ratio = rows[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
+    assert ratio.endswith("x") and float(ratio[:-1]) > 0

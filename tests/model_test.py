@@ -181,6 +181,42 @@ def test_project_backward_equals_autodiff_of_the_plain_products():
             np.testing.assert_allclose(np.float64(got), want, rtol=tol, atol=tol * 8)
 
 
+def test_bf16_matmuls_read_bf16_and_accumulate_in_float32():
+    """project with operand_dtype=bfloat16 on float32 arrays: float32 outputs and gradients equal
+    to the products of the bf16-rounded operands (float64 reference), not to bf16-rounded
+    results; and far from them would be a float32 product (the rounding is really applied)."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 4, 16))
+    kernels = [rng.normal(size=(16, n)) for n in (32, 8)]
+    cotangents = [rng.normal(size=(3, 4, k.shape[1])) for k in kernels]
+    r = lambda a: np.float64(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16))  # bf16 rounding
+    outs, vjp = jax.vjp(lambda *a: project(*a, operand_dtype="bfloat16"),
+                        *(jnp.asarray(a, jnp.float32) for a in [x, *kernels]))
+    d_x, *d_kernels = vjp(tuple(jnp.asarray(c, jnp.float32) for c in cotangents))
+    for out, kernel in zip(outs, kernels):
+        assert out.dtype == jnp.float32
+        np.testing.assert_allclose(out, r(x) @ r(kernel), rtol=1e-5, atol=1e-4)
+        assert np.abs(np.float64(out) - x @ kernel).max() > 1e-3  # rounded operands, not fp32
+    assert d_x.dtype == jnp.float32 and all(d.dtype == jnp.float32 for d in d_kernels)
+    np.testing.assert_allclose(d_x, sum(r(c) @ r(k).T for c, k in zip(cotangents, kernels)),
+                               rtol=1e-5, atol=1e-4)
+    for got, c in zip(d_kernels, cotangents):
+        np.testing.assert_allclose(got, np.einsum("btk,btn->kn", r(x), r(c)), rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_dtype_bfloat16_model_stays_within_bf16_error_of_float32(bert):
+    """BertConfig.matmul_dtype='bfloat16' (fp32 activations, bf16 products): same parameters,
+    MLM logits within bf16's error of the fp32 model's, and float32 outputs."""
+    cfg, model, params = bert
+    ids = _ids(13, (2, 9))
+    want = model.apply({"params": params}, ids)["mlm_logits"]
+    fast = bertjax.BertForPreTraining(cfg.replace(matmul_dtype="bfloat16"))
+    got = fast.apply({"params": params}, ids)["mlm_logits"]
+    assert got.dtype == jnp.float32
+    error = float(jnp.abs(got - want).max() / jnp.abs(want).max())
+    assert 1e-5 < error < 3e-2, error  # rounded (not the fp32 path), within bf16's ~3 digits
+
+
 def test_dense_layers_and_attention_go_through_project(bert, monkeypatch):
     """Every Dense product and the Q/K/V and output projections of a layer use `project` (Q, K and V
     in one call sharing x's transpose), and the model's outputs equal plain products'."""
@@ -189,8 +225,8 @@ def test_dense_layers_and_attention_go_through_project(bert, monkeypatch):
     ids = _ids(12, (2, 7))
     fast = model.apply({"params": params}, ids)["mlm_logits"]
     calls = []
-    monkeypatch.setattr(model_lib, "project", lambda x, *kernels: calls.append(len(kernels)) or
-                        tuple(jnp.einsum("...k,kn->...n", x, k) for k in kernels))
+    monkeypatch.setattr(model_lib, "project", lambda x, *kernels, operand_dtype: calls.append(
+        len(kernels)) or tuple(jnp.einsum("...k,kn->...n", x, k) for k in kernels))
     plain = model.apply({"params": params}, ids)["mlm_logits"]
     layers = cfg.num_hidden_layers
     # per layer: Q/K/V (3 kernels), attention output, intermediate, output; then the MLM transform
@@ -263,6 +299,7 @@ def test_token_classification_and_sequence_classification_shapes(bert):
     ("hidden_dropout_prob", 1.5, "hidden_dropout_prob"),
     ("num_hidden_groups", 5, "num_hidden_groups"),
     ("dtype", "float8", "dtype"),
+    ("matmul_dtype", "int8", "matmul_dtype"),
     ("remat", "everything", "remat"),
     ("mask_token_id", 100, "mask_token_id"),
     ("position_embedding_init", "rotary", "position_embedding_init"),
