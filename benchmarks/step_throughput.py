@@ -132,15 +132,7 @@ def hf_times(cfg, batch: dict, warmup: int, steps: int, dtype: str = "float32") 
 
 
 def matmul_peak(dtype: str = "float32") -> float:
-    """FLOP/s of the best of five square matmuls (2048 on CPU, 8192 on an accelerator), random data."""
-    cpu = jax.default_backend() == "cpu"
-    n = 2048 if cpu else 8192
-    x = jax.random.normal(jax.random.key(0), (n, n), dtype)
-    # On the CPU a low-precision product accumulates and returns fp32, as BertConfig.matmul_dtype's do.
-    out = jnp.float32 if cpu and jnp.dtype(dtype).itemsize < 4 else None
-    f = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=out))
-    times = time_steps(lambda: f(x).block_until_ready(), 2, 5)
-    return 2 * n ** 3 / min(times)
+    return metrics_lib.measured_matmul_peak(dtype)
 
 
 def measured_peak() -> float:

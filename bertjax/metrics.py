@@ -146,6 +146,29 @@ _PEAK_FLOPS = {
 }
 
 
+def measured_matmul_peak(dtype: str = "float32") -> float:
+    """FLOP/s of one device's best of five square matmuls after two warm-up calls (2048 on a
+    CPU, 8192 on an accelerator), random data. On a CPU a narrower dtype's product accumulates
+    and returns float32, as BertConfig.matmul_dtype's products do. The MFU denominator where no
+    datasheet peak applies."""
+    import jax
+    import jax.numpy as jnp
+
+    cpu = jax.default_backend() == "cpu"
+    n = 2048 if cpu else 8192
+    x = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    out = jnp.float32 if cpu and jnp.dtype(dtype).itemsize < 4 else None
+    f = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=out))
+    for _ in range(2):
+        f(x).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        f(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
 def device_peak_flops(device_kind: str, override: float = 0.0) -> float:
     """Peak FLOP/s of one device: the override if set, else a table by kind, else 0 (unknown)."""
     if override > 0:

@@ -15,7 +15,6 @@ import time
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -139,22 +138,10 @@ class _StopSignal:
             signal.signal(sig, handler)
 
 
-def _measured_cpu_peak() -> float:
-    """fp32 matmul FLOP/s of one device, measured once (for MFU where no datasheet applies)."""
-    n = 1024
-    x = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda a: a @ a)
-    f(x).block_until_ready()
-    start = time.perf_counter()
-    for _ in range(5):
-        f(x).block_until_ready()
-    return 5 * 2 * n ** 3 / (time.perf_counter() - start)
-
-
 def peak_flops(config: ml_collections.ConfigDict) -> float:
     kind = jax.devices()[0].device_kind
     peak = metrics_lib.device_peak_flops(kind, float(config.peak_flops_per_device))
-    return peak if peak > 0 else _measured_cpu_peak()
+    return peak if peak > 0 else metrics_lib.measured_matmul_peak()
 
 
 def evaluate(steps, state, pipeline, mesh, config) -> dict:
