@@ -136,7 +136,8 @@ def project(x: Array, *kernels: Array, operand_dtype=None) -> tuple:
     (its transposes run at ~1 GB/s: 16 ms for a [4096, 1024] fp32 gradient). Here the narrower
     operand is transposed, once for all kernels that share x, and the product is a plain
     row-major one; the optimization barrier keeps XLA from folding the transpose back into the
-    product. BERT-mini's step: Q/K/V share one transpose of x.
+    product. BERT-mini's step: Q/K/V share one transpose of x. On GPU/TPU the kernel gradient
+    is the plain transposed-operand product, as autodiff writes it.
 
     ``operand_dtype`` (BertConfig.matmul_dtype), when given, is the dtype the products read
     (x, kernels and, in the backward, the output gradients are cast to it) while they accumulate
@@ -179,7 +180,9 @@ def _project_bwd(operand, residuals, grads):
         g_RN = g.reshape(-1, g.shape[-1])
         d = _dot(g, kernel, ((g.ndim - 1,), (1,)), x_dtype, None)
         d_x = d if d_x is None else d_x + d
-        if width <= kernel.shape[1]:  # transpose x (shared): [K, R] @ [R, N]
+        if not _transpose_explicitly():  # GPU/TPU: their GEMMs read a transposed operand
+            d_kernel = _dot(x_RK, g_RN, ((0,), (0,)), kernel_dtype, None)
+        elif width <= kernel.shape[1]:  # transpose x (shared): [K, R] @ [R, N]
             if x_KR is None:
                 x_KR = jax.lax.optimization_barrier(x_RK.T)
             d_kernel = _dot(x_KR, g_RN, ((1,), (0,)), kernel_dtype, None)
@@ -192,6 +195,13 @@ def _project_bwd(operand, residuals, grads):
 
 
 _project.defvjp(_project_fwd, _project_bwd)
+
+
+def _transpose_explicitly() -> bool:
+    """Whether project's backward transposes an operand itself: on XLA:CPU (see project);
+    accelerators' matmuls take either operand transposed, and a barrier would only cost them a
+    materialised copy."""
+    return jax.default_backend() == "cpu"
 
 
 def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,

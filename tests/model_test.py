@@ -159,10 +159,14 @@ def test_tied_decoder_backward_equals_autodiff_of_the_plain_product():
     np.testing.assert_allclose(d_bias, cotangent.sum((0, 1)), rtol=1e-5, atol=1e-5)
 
 
-def test_project_backward_equals_autodiff_of_the_plain_products():
-    """`project`'s hand-written VJP (one shared transpose of x for kernels at least as wide as x,
-    the gradient's transpose for narrower ones) gives the float64 products' gradients; so does a
-    bf16 call within bf16's rounding."""
+@pytest.mark.parametrize("explicit", [True, False], ids=["cpu-transposes", "accelerator-form"])
+def test_project_backward_equals_autodiff_of_the_plain_products(explicit, monkeypatch):
+    """`project`'s hand-written VJP (on the CPU one shared transpose of x for kernels at least as
+    wide as x, the gradient's transpose for narrower ones; on accelerators the plain transposed-
+    operand product) gives the float64 products' gradients; so does a bf16 call within bf16's
+    rounding."""
+    from bertjax import model as model_lib
+    monkeypatch.setattr(model_lib, "_transpose_explicitly", lambda: explicit)
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 5, 8))
     kernels = [rng.normal(size=(8, n)) for n in (8, 12, 3)]  # equal, wider, narrower than x
