@@ -131,15 +131,6 @@ def hf_times(cfg, batch: dict, warmup: int, steps: int, dtype: str = "float32") 
     return time_steps(run, warmup, steps)
 
 
-def matmul_peak(dtype: str = "float32") -> float:
-    return metrics_lib.measured_matmul_peak(dtype)
-
-
-def measured_peak() -> float:
-    """The MFU denominator: the datasheet peak of a known accelerator, else the measured fp32 peak."""
-    return metrics_lib.device_peak_flops(jax.devices()[0].device_kind) or matmul_peak()
-
-
 def peak_memory() -> str:
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
@@ -157,10 +148,9 @@ def row(name, cfg, batch, times, peak, reference=None, memory="-"):
     return line + (ratio if reference is not None else " |")
 
 
-def bf16_rows(cfg, batch: dict, size: str, args) -> list[str]:
-    """HF under bf16 autocast beside bertjax with matmul_dtype=bfloat16, MFU against the bf16
-    (fp32-accumulating) matmul peak measured now."""
-    peak = matmul_peak("bfloat16")
+def bf16_rows(cfg, batch: dict, size: str, args, peak: float) -> list[str]:
+    """HF under bf16 autocast beside bertjax with matmul_dtype=bfloat16, MFU against ``peak``,
+    the bf16 (fp32-accumulating) matmul peak."""
     tag = f"(MFU vs bf16 peak {peak / 1e9:,.0f} GFLOP/s)"
     lines, reference = [], None
     if not args.no_hf:
@@ -209,9 +199,10 @@ def main():
         import torch
         torch.set_num_threads(os.cpu_count() or 1)
     start = time.perf_counter()
-    peak = measured_peak()
+    peak = metrics_lib.peak_flops()
+    bf16_peak = metrics_lib.measured_matmul_peak("bfloat16") if args.bf16_matmuls else 0.0
     measured = "" if jax.default_backend() == "cpu" else (
-        f" (measured {args.dtype} matmul {matmul_peak(args.dtype) / 1e12:,.0f} TFLOP/s)")
+        f" (measured {args.dtype} matmul {metrics_lib.measured_matmul_peak(args.dtype) / 1e12:,.0f} TFLOP/s)")
     header = [f"### {datetime.date.today()} — {platform.node()} — {jax.devices()[0].device_kind} "
               f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s"
               f"{measured} — GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} (both frameworks)",
@@ -274,7 +265,7 @@ def main():
                 print(lines[-1], flush=True)
                 print(f"# {time.perf_counter() - start:.0f} s since start", flush=True)
             if args.bf16_matmuls:
-                lines += bf16_rows(cfg, batch, size, args)
+                lines += bf16_rows(cfg, batch, size, args, bf16_peak)
         if args.variants:
             break
     if not args.no_record:

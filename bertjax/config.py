@@ -124,11 +124,10 @@ class BertConfig:
                     f"divide num_hidden_layers ({self.num_hidden_layers})")
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"BertConfig.model_type {self.model_type!r} is not one of {MODEL_TYPES}")
-        for name in ("dtype", "param_dtype", "matmul_dtype"):
-            if name == "matmul_dtype" and self.matmul_dtype is None:
-                continue
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(f"BertConfig.{name} {getattr(self, name)!r} is not one of {DTYPES}")
+        for name, allowed in (("dtype", DTYPES), ("param_dtype", DTYPES),
+                              ("matmul_dtype", (None, *DTYPES))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"BertConfig.{name} {getattr(self, name)!r} is not one of {allowed}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"BertConfig.remat {self.remat!r} is not one of {REMAT_POLICIES}")
         self._validate_moe()

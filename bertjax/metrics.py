@@ -169,6 +169,14 @@ def measured_matmul_peak(dtype: str = "float32") -> float:
     return 2 * n ** 3 / best
 
 
+def peak_flops(override: float = 0.0) -> float:
+    """The MFU denominator for this process's devices: ``override`` if set, else the datasheet
+    peak of a known accelerator, else the measured fp32 matmul peak."""
+    import jax
+
+    return device_peak_flops(jax.devices()[0].device_kind, override) or measured_matmul_peak()
+
+
 def device_peak_flops(device_kind: str, override: float = 0.0) -> float:
     """Peak FLOP/s of one device: the override if set, else a table by kind, else 0 (unknown)."""
     if override > 0:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import products
 from bertjax.config import BertConfig
 
 Array = jax.Array
@@ -128,97 +129,11 @@ def _ones(axes):
     return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
 
 
-def project(x: Array, *kernels: Array, operand_dtype=None) -> tuple:
-    """``x @ kernel`` for each 2-D kernel, [..., K] -> [..., N_i], with a hand-written backward.
-
-    The kernels' gradients contract over all rows of x (tokens): XLA:CPU hands such products
-    to Eigen after a transpose of whichever operand autodiff put first, often the wider one
-    (its transposes run at ~1 GB/s: 16 ms for a [4096, 1024] fp32 gradient). Here the narrower
-    operand is transposed, once for all kernels that share x, and the product is a plain
-    row-major one; the optimization barrier keeps XLA from folding the transpose back into the
-    product. BERT-mini's step: Q/K/V share one transpose of x. On GPU/TPU the kernel gradient
-    is the plain transposed-operand product, as autodiff writes it.
-
-    ``operand_dtype`` (BertConfig.matmul_dtype), when given, is the dtype the products read
-    (x, kernels and, in the backward, the output gradients are cast to it) while they accumulate
-    and return in x's dtype (the kernels' gradients in the kernels' dtype): bfloat16 products
-    with float32 activations, as a TPU computes float32 matmuls at default precision.
-    """
-    operand = None if operand_dtype is None else jnp.dtype(operand_dtype)
-    return _project(operand, x, *kernels)
-
-
-def _dot(a: Array, b: Array, contract: tuple, out_dtype, operand) -> Array:
-    """A 2-operand product over ((a's axes), (b's axes)), read in ``operand`` dtype if given."""
-    if operand is not None:
-        a, b = a.astype(operand), b.astype(operand)
-    return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=out_dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _project(operand, x, *kernels):
-    return tuple(_dot(x, kernel, ((x.ndim - 1,), (0,)), x.dtype, operand) for kernel in kernels)
-
-
-def _project_fwd(operand, x, *kernels):
-    saved = [a if operand is None else a.astype(operand) for a in (x, *kernels)]
-    # the dtypes to return in, carried as empty arrays (residuals must be arrays)
-    dtypes = [jnp.zeros((0,), a.dtype) for a in (x, *kernels)]
-    return _project(operand, x, *kernels), (saved[0], tuple(saved[1:]), dtypes)
-
-
-def _project_bwd(operand, residuals, grads):
-    x, kernels, dtypes = residuals
-    x_dtype, kernel_dtypes = dtypes[0].dtype, [d.dtype for d in dtypes[1:]]
-    width = x.shape[-1]
-    x_RK = x.reshape(-1, width)
-    x_KR = None
-    d_x, d_kernels = None, []
-    for kernel, kernel_dtype, g in zip(kernels, kernel_dtypes, grads):
-        if operand is not None:
-            g = g.astype(operand)
-        g_RN = g.reshape(-1, g.shape[-1])
-        d = _dot(g, kernel, ((g.ndim - 1,), (1,)), x_dtype, None)
-        d_x = d if d_x is None else d_x + d
-        if not _transpose_explicitly():  # GPU/TPU: their GEMMs read a transposed operand
-            d_kernel = _dot(x_RK, g_RN, ((0,), (0,)), kernel_dtype, None)
-        elif width <= kernel.shape[1]:  # transpose x (shared): [K, R] @ [R, N]
-            if x_KR is None:
-                x_KR = jax.lax.optimization_barrier(x_RK.T)
-            d_kernel = _dot(x_KR, g_RN, ((1,), (0,)), kernel_dtype, None)
-        else:  # transpose the narrower gradient: ([N, R] @ [R, K]).T
-            g_NR = jax.lax.optimization_barrier(g_RN.T)
-            d_kernel = jax.lax.optimization_barrier(
-                _dot(g_NR, x_RK, ((1,), (0,)), kernel_dtype, None)).T
-        d_kernels.append(d_kernel)
-    return (d_x, *d_kernels)
-
-
-_project.defvjp(_project_fwd, _project_bwd)
-
-
-def _transpose_explicitly() -> bool:
-    """Whether project's backward transposes an operand itself: on XLA:CPU (see project);
-    accelerators' matmuls take either operand transposed, and a barrier would only cost them a
-    materialised copy."""
-    return jax.default_backend() == "cpu"
-
-
-def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                       operand_dtype=None):
-    """nn.Dense's product through `project` (its one case: lhs's last axis with rhs's first)."""
-    if (precision is None and preferred_element_type is None and rhs.ndim == 2
-            and dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))):
-        return project(lhs, rhs, operand_dtype=operand_dtype)[0]
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
-
-
 def dense(cfg: BertConfig, features: int, axes: tuple, name: str) -> nn.Dense:
     """A Dense layer with logical names on kernel (in, out) and bias (out,)."""
     return nn.Dense(features, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                     kernel_init=_init(cfg, axes), bias_init=_zeros(axes[-1:]), name=name,
-                    dot_general=functools.partial(_dense_dot_general,
+                    dot_general=functools.partial(products.dense_dot_general,
                                                   operand_dtype=cfg.matmul_dtype))
 
 
@@ -302,46 +217,8 @@ class Embeddings(nn.Module):
         table = self.word_embeddings.astype(self.cfg.compute_dtype)
         if bias is None:
             bias = jnp.zeros((table.shape[0],), table.dtype)
-        return tied_decoder(x, table, bias.astype(table.dtype),
+        return products.tied_decoder(x, table, bias.astype(table.dtype),
                             operand_dtype=self.cfg.matmul_dtype)
-
-
-def tied_decoder(x: Array, table_VE: Array, bias_V: Array, operand_dtype=None) -> Array:
-    """``x @ table.T + bias`` over the vocabulary, [..., E] -> [..., V], with a hand-written
-    backward: the table's gradient as one [V, R] x [R, E] product and the bias's as ones x
-    [R, V] (R = rows of x). XLA:CPU's own transpose of the einsum reduced the bias gradient over
-    rows and re-laid the logits gradient out, ~100 ms of a 950 ms BERT-mini step.
-
-    ``operand_dtype`` (BertConfig.matmul_dtype): the logits and x's gradient are products read
-    in that dtype, accumulated in x's; the table's gradient stays a product in x's dtype (in
-    bfloat16 XLA:CPU runs that [V, R] x [R, E] shape slower than in float32).
-    """
-    operand = None if operand_dtype is None else jnp.dtype(operand_dtype)
-    return _tied_decoder(operand, x, table_VE, bias_V)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _tied_decoder(operand, x, table_VE, bias_V):
-    return _dot(x, table_VE, ((x.ndim - 1,), (1,)), x.dtype, operand) + bias_V
-
-
-def _tied_decoder_fwd(operand, x, table_VE, bias_V):
-    table = table_VE if operand is None else table_VE.astype(operand)
-    return _tied_decoder(operand, x, table_VE, bias_V), (x, table, jnp.zeros((0,), table_VE.dtype))
-
-
-def _tied_decoder_bwd(operand, residuals, g):
-    x, table_VE, table_dtype = residuals
-    table_dtype = table_dtype.dtype
-    g_RV = g.reshape(-1, g.shape[-1])
-    x_RE = x.reshape(-1, x.shape[-1])
-    d_x = _dot(g, table_VE, ((g.ndim - 1,), (0,)), x.dtype, operand)
-    d_table = (g_RV.T @ x_RE).astype(table_dtype)
-    d_bias = jnp.ones((g_RV.shape[0],), g.dtype) @ g_RV
-    return d_x, d_table, d_bias
-
-
-_tied_decoder.defvjp(_tied_decoder_fwd, _tied_decoder_bwd)
 
 
 def exact_attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
@@ -369,7 +246,7 @@ class SelfAttention(nn.Module):
                               (width, heads, head_dim), cfg.params_dtype) for name in names]
         biases = [self.param(f"{name}_bias", _zeros(("heads", "kv")), (heads, head_dim),
                              cfg.params_dtype) for name in names]
-        projected = project(x_BTE.astype(dtype),
+        projected = products.project(x_BTE.astype(dtype),
                             *[kernel.astype(dtype).reshape(width, heads * head_dim)
                               for kernel in kernels], operand_dtype=cfg.matmul_dtype)
         q_BTNH, k_BSNH, v_BSNH = [
@@ -394,7 +271,7 @@ class SelfAttention(nn.Module):
                                 (heads, head_dim, width), cfg.params_dtype)
         out_bias = self.param("output_bias", _zeros(("embed",)), (width,), cfg.params_dtype)
         ctx_BTD = ctx_BTNH.reshape(*ctx_BTNH.shape[:-2], heads * head_dim)
-        y = project(ctx_BTD, out_kernel.astype(dtype).reshape(heads * head_dim, width),
+        y = products.project(ctx_BTD, out_kernel.astype(dtype).reshape(heads * head_dim, width),
                     operand_dtype=cfg.matmul_dtype)[0]
         y = y + out_bias.astype(dtype)
         return constrain(y, ("act_batch", "act_len", "act_embed"))

@@ -138,12 +138,6 @@ class _StopSignal:
             signal.signal(sig, handler)
 
 
-def peak_flops(config: ml_collections.ConfigDict) -> float:
-    kind = jax.devices()[0].device_kind
-    peak = metrics_lib.device_peak_flops(kind, float(config.peak_flops_per_device))
-    return peak if peak > 0 else metrics_lib.measured_matmul_peak()
-
-
 def evaluate(steps, state, pipeline, mesh, config) -> dict:
     """Held-out metrics over fixed eval batches: the objective's metrics of the summed loss
     sums and normalizers (exact averages), MLM perplexity, and the majority baseline."""
@@ -212,7 +206,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
     stop = _StopSignal()
     dropout_rng = jax.random.key(config.seed + 1)
-    peak = peak_flops(config)
+    peak = metrics_lib.peak_flops(float(config.peak_flops_per_device))
     num_devices = jax.device_count()
     total = int(config.num_train_steps)
     start = int(jax.device_get(state.step))

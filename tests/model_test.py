@@ -10,7 +10,8 @@ from flax import linen as nn
 
 import bertjax
 from bertjax import convert
-from bertjax.model import exact_attention, make_attention_mask, project, tied_decoder
+from bertjax.model import exact_attention, make_attention_mask
+from bertjax.products import project, tied_decoder
 
 SMALL = dict(vocab_size=61, hidden_size=32, num_attention_heads=4, intermediate_size=48,
              max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -165,8 +166,8 @@ def test_project_backward_equals_autodiff_of_the_plain_products(explicit, monkey
     wide as x, the gradient's transpose for narrower ones; on accelerators the plain transposed-
     operand product) gives the float64 products' gradients; so does a bf16 call within bf16's
     rounding."""
-    from bertjax import model as model_lib
-    monkeypatch.setattr(model_lib, "_transpose_explicitly", lambda: explicit)
+    from bertjax import products
+    monkeypatch.setattr(products, "_transpose_explicitly", lambda: explicit)
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 5, 8))
     kernels = [rng.normal(size=(8, n)) for n in (8, 12, 3)]  # equal, wider, narrower than x
@@ -224,12 +225,12 @@ def test_matmul_dtype_bfloat16_model_stays_within_bf16_error_of_float32(bert):
 def test_dense_layers_and_attention_go_through_project(bert, monkeypatch):
     """Every Dense product and the Q/K/V and output projections of a layer use `project` (Q, K and V
     in one call sharing x's transpose), and the model's outputs equal plain products'."""
-    from bertjax import model as model_lib
+    from bertjax import products
     cfg, model, params = bert
     ids = _ids(12, (2, 7))
     fast = model.apply({"params": params}, ids)["mlm_logits"]
     calls = []
-    monkeypatch.setattr(model_lib, "project", lambda x, *kernels, operand_dtype: calls.append(
+    monkeypatch.setattr(products, "project", lambda x, *kernels, operand_dtype: calls.append(
         len(kernels)) or tuple(jnp.einsum("...k,kn->...n", x, k) for k in kernels))
     plain = model.apply({"params": params}, ids)["mlm_logits"]
     layers = cfg.num_hidden_layers
