@@ -7,6 +7,7 @@ Every parameter carries logical axis names (``vocab``, ``embed``, ``factor``, ``
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import flax.linen as nn
@@ -20,10 +21,32 @@ from bertjax.config import BertConfig
 Array = jax.Array
 
 
+@jax.custom_vjp
+def erf_gelu(x: Array) -> Array:
+    """BERT's exact GELU, x * Phi(x), with a hand-written backward: the forward keeps Phi(x)
+    for the derivative Phi(x) + x phi(x), where autodiff of jax.nn.gelu evaluates erf again
+    (BERT-mini's feed-forward forward + backward: 74.5 -> 71 ms per layer on 2 cores)."""
+    return _erf_gelu_fwd(x)[0]
+
+
+def _erf_gelu_fwd(x):
+    cdf = 0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(2 ** -0.5, x.dtype))
+    return x * cdf, (x, cdf)
+
+
+def _erf_gelu_bwd(residuals, g):
+    x, cdf = residuals
+    density = jnp.asarray((2 * np.pi) ** -0.5, x.dtype) * jnp.exp(-0.5 * x * x)
+    return (g * (cdf + x * density),)
+
+
+erf_gelu.defvjp(_erf_gelu_fwd, _erf_gelu_bwd)
+
+
 def activation(name: str):
     """The feed-forward non-linearity named by BertConfig.hidden_act."""
     if name == "gelu":
-        return functools.partial(jax.nn.gelu, approximate=False)
+        return erf_gelu
     if name in ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh"):
         return functools.partial(jax.nn.gelu, approximate=True)
     return {"relu": jax.nn.relu, "silu": jax.nn.silu, "swish": jax.nn.silu, "tanh": jnp.tanh}[name]
@@ -198,7 +221,7 @@ class Embeddings(nn.Module):
             "token_type_embeddings", _init(cfg, ("types", self.width_axis)),
             (cfg.type_vocab_size, width), cfg.params_dtype)
         self.layer_norm = layer_norm(cfg, self.width_axis, "layer_norm")
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
         if width != cfg.hidden_size:
             self.projection = dense(cfg, cfg.hidden_size, ("factor", "embed"), "projection")
 
@@ -230,6 +253,42 @@ def exact_attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
     return jnp.einsum("bnts,bsnh->btnh", dropout(probs).astype(v_BSNH.dtype), v_BSNH)
 
 
+def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
+    """Boolean dropout mask, True with probability ``keep_prob`` (to 2^-16), from ``key``.
+
+    Each 32-bit word of `jax.random.bits` decides two elements (its 16-bit halves against
+    round(keep_prob * 2^16)), where `jax.random.bernoulli` spends a word, and a float
+    conversion, per element: half the threefry work, which on XLA:CPU is a 5-trip loop over
+    the whole array (BERT-mini's nine [32, 128, 256] hidden dropouts: 57 -> 27 ms).
+    """
+    size = int(np.prod(shape))
+    words = jax.random.bits(key, ((size + 1) // 2,), jnp.uint32)
+    halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1)[:size]
+    return halves.reshape(shape) < jnp.uint32(round(keep_prob * 65536))
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (as nn.Dropout) on `keep_mask`'s bits; rng collection "dropout"."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate >= 1.0:
+            return jnp.zeros_like(x)
+        keep = keep_mask(self.make_rng("dropout"), x.shape, 1.0 - self.rate)
+        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def cpu_chains(batch: int) -> int:
+    """How many independent row groups `products.attention` splits a batch into on the CPU:
+    the largest divisor of ``batch`` up to the core count (at most 8)."""
+    cores = min(os.cpu_count() or 1, 8, batch)
+    return max(d for d in range(1, cores + 1) if batch % d == 0)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention; fused `jax.nn.dot_product_attention` unless dropout is active."""
 
@@ -253,9 +312,19 @@ class SelfAttention(nn.Module):
             constrain(y.reshape(*y.shape[:-1], heads, head_dim) + bias.astype(dtype),
                       ("act_batch", "act_len", "act_heads", "act_kv"))
             for y, bias in zip(projected, biases)]
-        if cfg.attention_probs_dropout_prob > 0 and not deterministic:
+        dropout = cfg.attention_probs_dropout_prob > 0 and not deterministic
+        if cfg.attention_implementation is None and jax.default_backend() == "cpu":
+            keep = None
+            if dropout:
+                keep = keep_mask(self.make_rng("dropout"),
+                                 (q_BTNH.shape[0], heads, q_BTNH.shape[1], k_BSNH.shape[1]),
+                                 1.0 - cfg.attention_probs_dropout_prob)
+            ctx_BTNH = products.attention(q_BTNH, k_BSNH, v_BSNH, mask, keep,
+                                          cfg.attention_probs_dropout_prob,
+                                          cpu_chains(q_BTNH.shape[0]))
+        elif dropout:
             # dot_product_attention has no dropout: use the exact path.
-            dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
+            dropout = Dropout(cfg.attention_probs_dropout_prob)
             ctx_BTNH = exact_attention(q_BTNH, k_BSNH, v_BSNH, mask,
                                        lambda p: dropout(p, deterministic=False))
         else:
@@ -297,7 +366,7 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, mask: Array, deterministic: bool):
         cfg = self.cfg
-        drop = nn.Dropout(cfg.hidden_dropout_prob)
+        drop = Dropout(cfg.hidden_dropout_prob)
         attention = SelfAttention(cfg, name="attention")
         mlp = self.feed_forward(cfg, mask)
         attention_norm = layer_norm(cfg, "embed", "attention_norm")
