@@ -417,3 +417,117 @@ def test_sequence_longer_than_positions_is_refused(bert):
     cfg, model, params = bert
     with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
         model.apply({"params": params}, jnp.ones((1, 40), jnp.int32))
+
+
+def _np_attention(q, k, v, mask, keep=None, rate=0.0):
+    """float64 numpy softmax attention: [B,T,N,H] x3, boolean mask [B|1,1|N,T|1,S]."""
+    logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    logits = np.where(mask, logits, -1e300)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    if keep is not None:
+        probs = np.where(keep, probs / (1 - rate), 0.0)
+    return np.einsum("bnts,bsnh->btnh", probs, v)
+
+
+@pytest.mark.parametrize("chains", [1, 2, 4])
+@pytest.mark.parametrize("dropout", [False, True])
+def test_products_attention_equals_float64_attention_and_its_gradient(chains, dropout):
+    """products.attention (hand-written backward, rows split into chains) against a float64
+    numpy forward and central differences of it: packed rows (block-diagonal masks, a fully
+    masked padding row), with and without a dropout keep mask."""
+    from bertjax import products
+
+    rng = np.random.default_rng(7)
+    b, t, n, h = 4, 6, 3, 4
+    q, k, v, cot = (rng.normal(size=(b, t, n, h)) for _ in range(4))
+    seg = np.asarray([[1, 1, 2, 2, 2, 0], [1] * 6, [1, 1, 1, 0, 0, 0], [3, 3, 3, 3, 1, 1]])
+    mask = np.asarray(make_attention_mask(None, jnp.asarray(seg), b, t))
+    keep, rate = (rng.random((b, n, t, t)) > 0.3, 0.3) if dropout else (None, 0.0)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    fn = lambda q_, k_, v_: products.attention(  # noqa: E731
+        q_, k_, v_, jnp.asarray(mask), None if keep is None else jnp.asarray(keep), rate, chains)
+    out, vjp = jax.vjp(fn, f32(q), f32(k), f32(v))
+    np.testing.assert_allclose(out, _np_attention(q, k, v, mask, keep, rate), atol=2e-5)
+    grads = vjp(f32(cot))
+    eps = 1e-6
+    for i, (arg, grad) in enumerate(zip((q, k, v), grads)):
+        for _ in range(3):  # directional derivatives of <out, cot>
+            direction = rng.normal(size=arg.shape)
+            moved = lambda s: [a + s * eps * direction if j == i else a  # noqa: E731
+                               for j, a in enumerate((q, k, v))]
+            numeric = ((_np_attention(*moved(1), mask, keep, rate) * cot).sum()
+                       - (_np_attention(*moved(-1), mask, keep, rate) * cot).sum()) / (2 * eps)
+            np.testing.assert_allclose(float(jnp.sum(grad * f32(direction))), numeric,
+                                       rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_attention_path_equals_dot_product_attention(bert):
+    """On the CPU the model's attention is products.attention; attention_implementation="xla"
+    takes jax.nn.dot_product_attention: same outputs and gradients on padded rows."""
+    cfg, model, params = bert
+    assert jax.default_backend() == "cpu"
+    ids = _ids(12, (4, 9))
+    attention_mask = jnp.asarray([[1] * 9, [1] * 6 + [0] * 3, [1] * 9, [1] * 2 + [0] * 7])
+    fused = bertjax.BertForPreTraining(dataclasses.replace(cfg, attention_implementation="xla"))
+
+    def loss(m, p):
+        return jnp.sum(m.apply({"params": p}, ids, attention_mask=attention_mask)["mlm_logits"] ** 2)
+
+    np.testing.assert_allclose(loss(model, params), loss(fused, params), rtol=1e-5)
+    ours, theirs = jax.grad(lambda p: loss(model, p))(params), jax.grad(lambda p: loss(fused, p))(params)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_chains_divide_the_batch():
+    from bertjax.model import cpu_chains
+
+    for batch in (1, 2, 3, 7, 12, 32):
+        chains = cpu_chains(batch)
+        assert batch % chains == 0 and 1 <= chains <= min(batch, 8)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_keep_mask_rate_independence_and_determinism(rate):
+    """16-bit decisions: the kept fraction is 1 - rate (to sampling error), neighbours (the two
+    halves of one random word) are uncorrelated, the same key gives the same mask."""
+    from bertjax.model import keep_mask
+
+    shape = (64, 3, 257)  # odd last axis: the final word's upper half is unused
+    keep = np.asarray(keep_mask(jax.random.key(3), shape, 1 - rate))
+    assert keep.shape == shape and keep.dtype == bool
+    n = keep.size
+    assert abs(keep.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / n)
+    flat = keep.reshape(-1).astype(np.float64)
+    pairs = np.corrcoef(flat[0:-1:2], flat[1::2])[0, 1]  # the two halves of each word
+    assert abs(pairs) < 5 / np.sqrt(n / 2)
+    np.testing.assert_array_equal(keep, keep_mask(jax.random.key(3), shape, 1 - rate))
+    assert (keep != np.asarray(keep_mask(jax.random.key(4), shape, 1 - rate))).mean() > 0.05
+
+
+def test_dropout_module_scales_kept_values_and_is_identity_when_deterministic():
+    from bertjax.model import Dropout
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 130)), jnp.float32)
+    layer = Dropout(0.25)
+    np.testing.assert_array_equal(layer.apply({}, x, True), x)
+    y = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.key(1)}))
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
+    assert 0.6 < kept.mean() < 0.9
+    np.testing.assert_array_equal(Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(1)}), 0)
+
+
+def test_erf_gelu_and_its_derivative_equal_float64():
+    from math import erf, exp, pi, sqrt
+
+    from bertjax.model import erf_gelu
+
+    xs = np.linspace(-9, 9, 2001)
+    want = np.asarray([x * 0.5 * (1 + erf(x / sqrt(2))) for x in xs])
+    slope = np.asarray([0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x * x / 2) / sqrt(2 * pi) for x in xs])
+    x32 = jnp.asarray(xs, jnp.float32)
+    np.testing.assert_allclose(erf_gelu(x32), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(erf_gelu(x)))(x32), slope, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(erf_gelu(x32), jax.nn.gelu(x32, approximate=False), atol=2e-6)
