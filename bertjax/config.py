@@ -70,7 +70,9 @@ class BertConfig:
     matmul_dtype: Optional[str] = None
     scan_layers: bool = False  # nn.scan over layers: one compiled layer, stacked params
     remat: str = "none"  # rematerialisation policy per layer: none | full | dots | dots_no_batch
-    attention_implementation: Optional[str] = None  # passed to jax.nn.dot_product_attention
+    # None: products.attention on the CPU (hand-written backward, row chains), else
+    # jax.nn.dot_product_attention's own choice; "xla" | "cudnn": dot_product_attention with it
+    attention_implementation: Optional[str] = None
     num_experts: int = 0  # mixture-of-experts feed-forward experts per MoE layer (0: dense)
     experts_per_token: int = 1  # top-k routing: experts each token is sent to
     moe_layer_interval: int = 1  # every n-th layer (indices n-1, 2n-1, ...) is MoE; 1: all

@@ -290,7 +290,9 @@ def cpu_chains(batch: int) -> int:
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention; fused `jax.nn.dot_product_attention` unless dropout is active."""
+    """Multi-head self-attention: on the CPU (attention_implementation None) `products.attention`,
+    with or without dropout; elsewhere the fused `jax.nn.dot_product_attention`, or
+    `exact_attention` when dropout is active (the fused op has none)."""
 
     cfg: BertConfig
 

@@ -3,7 +3,7 @@
 `project` serves every Dense layer (through nn.Dense's ``dot_general`` hook), the Q/K/V and
 attention-output projections; `tied_decoder` the MLM decoder against the word-embedding table.
 Both take an optional operand dtype (BertConfig.matmul_dtype): bf16 products that accumulate in
-the activations' dtype.
+the activations' dtype. `attention` is the softmax attention the model runs on the CPU.
 """
 from __future__ import annotations
 
