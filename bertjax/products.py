@@ -141,7 +141,6 @@ def _tied_decoder_bwd(operand, residuals, g):
 _tied_decoder.defvjp(_tied_decoder_fwd, _tied_decoder_bwd)
 
 
-
 def attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
               keep: Optional[Array] = None, rate: float = 0.0, chains: int = 1) -> Array:
     """Softmax attention with a hand-written backward: ``softmax(q k^T / sqrt(H) | mask) v``,
@@ -209,8 +208,13 @@ def _attention_bwd(rate, residuals, g_BTNH):
     d_logits = jnp.where(mask, d_logits, 0.0).astype(dtype)  # fully masked rows: no gradient
     d_q = _batched(d_logits, k_BNSH, 3, 2) * (q_BNTH.shape[-1] ** -0.5)
     d_k = _batched(d_logits, q_BNTH, 2, 2)
-    float0 = lambda a: None if a is None else np.zeros(a.shape, jax.dtypes.float0)
-    return (*(_heads_major(d.astype(dtype)) for d in (d_q, d_k, d_v)), float0(mask), float0(keep))
+    return (*(_heads_major(d.astype(dtype)) for d in (d_q, d_k, d_v)), _no_gradient(mask),
+            _no_gradient(keep))
+
+
+def _no_gradient(a: Optional[Array]):
+    """The cotangent of a boolean input (float0 zeros), or None for an absent one."""
+    return None if a is None else np.zeros(a.shape, jax.dtypes.float0)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
