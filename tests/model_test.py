@@ -490,8 +490,9 @@ def test_cpu_chains_divide_the_batch():
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_keep_mask_rate_independence_and_determinism(rate):
-    """16-bit decisions: the kept fraction is 1 - rate (to sampling error), neighbours (the two
-    halves of one random word) are uncorrelated, the same key gives the same mask."""
+    """16-bit decisions: the kept fraction is 1 - rate (to sampling error); neighbours (the two
+    halves of one random word) and elements half the array apart (words from one threefry hash)
+    are uncorrelated; the same key gives the same mask, another key another."""
     from bertjax.model import keep_mask
 
     shape = (64, 3, 257)  # odd last axis: the final word's upper half is unused
@@ -502,6 +503,10 @@ def test_keep_mask_rate_independence_and_determinism(rate):
     flat = keep.reshape(-1).astype(np.float64)
     pairs = np.corrcoef(flat[0:-1:2], flat[1::2])[0, 1]  # the two halves of each word
     assert abs(pairs) < 5 / np.sqrt(n / 2)
+    half = n // 2  # n/2 words (even): word w and word w + n/4 come from one hash
+    same_hash = np.corrcoef(flat[:half], flat[half:])[0, 1]
+    assert abs(same_hash) < 5 / np.sqrt(half)
+    assert keep_mask(jax.random.key(3), (5,), 1.0).all()
     np.testing.assert_array_equal(keep, keep_mask(jax.random.key(3), shape, 1 - rate))
     assert (keep != np.asarray(keep_mask(jax.random.key(4), shape, 1 - rate))).mean() > 0.05
 
