@@ -2,8 +2,9 @@
 
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny
 Expect:  on a 2-core CPU about 4 minutes (3 min 54 s and 4 min 10 s measured, fresh workdir,
-         tokenizer training included); held-out MLM accuracy (BERT's 15% masking) about 0.35: 0.227 at step 500, 0.280
-         at 1000, 0.334 at 2000, 0.351 at 3000, against a most-frequent-token baseline of 0.045;
+         tokenizer training included); held-out MLM accuracy (BERT's 15% masking) about 0.35:
+         0.227 at step 500, 0.280 at 1000, 0.334 at 2000, 0.351 at 3000, against a
+         most-frequent-token baseline of 0.045;
          NSP accuracy 0.5-0.6 (256 held-out pairs). (transformers' PyTorch BERT-tiny reached 0.13
          in 8 minutes here. This recipe with BERT's random attention init reached 0.153 in 3500
          steps: its layer-0 heads were still uniform, a bag-of-words model; starting them on the
