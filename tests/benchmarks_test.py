@@ -31,3 +31,15 @@ def test_step_throughput_bf16_rows_run_beside_hf():
                          next(n for n in names if "matmul_dtype=bfloat16" in n)], names
     ratio = rows[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
     assert ratio.endswith("x") and float(ratio[:-1]) > 0
+
+
+def test_attention_cpu_benchmark_prints_every_variant():
+    result = subprocess.run(
+        ["python", os.path.join(ROOT, "benchmarks", "attention_cpu.py"), "--batch", "4",
+         "--length", "16", "--heads", "2", "--head-dim", "8", "--layers", "1", "--repeats", "1"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
+    names = [row.split("|")[1].strip() for row in rows]
+    assert len(names) == 6 and sum("products.attention" in n for n in names) == 3, names
+    assert all(float(row.split("|")[2]) > 0 for row in rows)
