@@ -2,7 +2,7 @@
 
 Times ``--layers`` layers of self-attention (gradients of a loss of the outputs with respect to
 q, k and v; B, T, N, H as given) for: autodiff of `jax.nn.dot_product_attention` (XLA), autodiff
-of `bertjax.model.exact_attention`, and `bertjax.products.attention` (hand-written backward) with
+of `bertjax.products.exact_attention`, and `bertjax.products.attention` (hand-written backward) with
 1, 2 and 4 row chains; and one batched [B, N, T, H] x [B, N, H, T] product alone, to show the
 rate XLA:CPU gets from such small matrices. Medians after one warm-up call.
 
@@ -15,7 +15,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,17 +27,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bertjax import products  # noqa: E402
-from bertjax.model import exact_attention  # noqa: E402
+from bertjax.products import exact_attention  # noqa: E402
+from step_throughput import time_steps  # noqa: E402  (benchmarks/, this script's folder)
 
 
 def median_ms(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    """Median ms of ``fn(*args)`` over ``repeats`` calls after one warm-up call."""
+    return 1e3 * statistics.median(
+        time_steps(lambda: jax.block_until_ready(fn(*args)), 1, repeats))
 
 
 def main():

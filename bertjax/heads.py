@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.config import BertConfig
+from bertjax.layers import Dropout
 from bertjax.model import BertModel, _zeros, activation, constrain, dense, layer_norm
 
 Array = jax.Array
@@ -77,7 +78,7 @@ class BertForSequenceClassification(nn.Module):
         _, pooled = BertModel(cfg, name="bert")(input_ids, token_type_ids, attention_mask,
                                                 segment_ids, deterministic=deterministic)
         rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
-        pooled = nn.Dropout(rate)(pooled, deterministic=deterministic)
+        pooled = Dropout(rate)(pooled, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(pooled)
 
 
@@ -95,5 +96,5 @@ class BertForTokenClassification(nn.Module):
         x, _ = BertModel(cfg, add_pooler=False, name="bert")(
             input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic)
         rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
-        x = nn.Dropout(rate)(x, deterministic=deterministic)
+        x = Dropout(rate)(x, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(x)

@@ -7,41 +7,18 @@ Every parameter carries logical axis names (``vocab``, ``embed``, ``factor``, ``
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.random import threefry_2x32
 
 from bertjax import products
 from bertjax.config import BertConfig
+from bertjax.layers import Dropout, erf_gelu, keep_mask
 
 Array = jax.Array
-
-
-@jax.custom_vjp
-def erf_gelu(x: Array) -> Array:
-    """BERT's exact GELU, x * Phi(x), with a hand-written backward: the forward keeps Phi(x)
-    for the derivative Phi(x) + x phi(x), where autodiff of jax.nn.gelu evaluates erf again
-    (BERT-mini's feed-forward forward + backward: 74.5 -> 71 ms per layer on 2 cores)."""
-    return _erf_gelu_fwd(x)[0]
-
-
-def _erf_gelu_fwd(x):
-    cdf = 0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(2 ** -0.5, x.dtype))
-    return x * cdf, (x, cdf)
-
-
-def _erf_gelu_bwd(residuals, g):
-    x, cdf = residuals
-    density = jnp.asarray((2 * np.pi) ** -0.5, x.dtype) * jnp.exp(-0.5 * x * x)
-    return (g * (cdf + x * density),)
-
-
-erf_gelu.defvjp(_erf_gelu_fwd, _erf_gelu_bwd)
 
 
 def activation(name: str):
@@ -245,60 +222,6 @@ class Embeddings(nn.Module):
                             operand_dtype=self.cfg.matmul_dtype)
 
 
-def exact_attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
-                    dropout=lambda probs: probs) -> Array:
-    """Softmax attention in fp32 with an optional dropout on the probabilities."""
-    logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH).astype(jnp.float32)
-    logits = logits / jnp.sqrt(jnp.float32(q_BTNH.shape[-1]))
-    probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
-    return jnp.einsum("bnts,bsnh->btnh", dropout(probs).astype(v_BSNH.dtype), v_BSNH)
-
-
-def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
-    """Boolean dropout mask, True with probability ``keep_prob`` (to 2^-16), from ``key``.
-
-    Threefry-2x32 (`jax.extend.random.threefry_2x32`, keyed by two words drawn from ``key``)
-    hashes a counter per pair of 32-bit words and each word decides two elements (its 16-bit
-    halves against round(keep_prob * 2^16)): four elements per hash, where
-    `jax.random.bernoulli` spends a hash (both its words XOR-ed into one) and a float
-    conversion per element. On XLA:CPU, whose threefry is a 5-trip loop over the whole array,
-    BERT-mini's nine [32, 128, 256] hidden dropouts: 62 ms (bernoulli) -> 10 ms.
-    """
-    size = int(np.prod(shape))
-    threshold = round(keep_prob * 65536)
-    if threshold >= 65536:
-        return jnp.ones(shape, bool)
-    words = (size + 1) // 2
-    pair = jax.random.bits(key, (2,), jnp.uint32)
-    hashed = threefry_2x32(pair, jax.lax.iota(jnp.uint32, words + words % 2))
-    halves = jax.lax.bitcast_convert_type(hashed, jnp.uint16).reshape(-1)[:size]
-    return halves.reshape(shape) < jnp.uint16(threshold)
-
-
-class Dropout(nn.Module):
-    """Inverted dropout (as nn.Dropout) on `keep_mask`'s bits; rng collection "dropout"."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        if self.rate >= 1.0:
-            return jnp.zeros_like(x)
-        keep = keep_mask(self.make_rng("dropout"), x.shape, 1.0 - self.rate)
-        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
-
-
-def cpu_chains(batch: int) -> int:
-    """How many independent row groups `products.attention` splits a batch into on the CPU:
-    the largest divisor of ``batch`` up to the cores this process may run on (at most 8;
-    measured on 2 cores only)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = min(usable or 1, 8, batch)
-    return max(d for d in range(1, cores + 1) if batch % d == 0)
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention: on the CPU (attention_implementation None) `products.attention`,
     with or without dropout; elsewhere the fused `jax.nn.dot_product_attention`, or
@@ -324,21 +247,16 @@ class SelfAttention(nn.Module):
             constrain(y.reshape(*y.shape[:-1], heads, head_dim) + bias.astype(dtype),
                       ("act_batch", "act_len", "act_heads", "act_kv"))
             for y, bias in zip(projected, biases)]
-        dropout = cfg.attention_probs_dropout_prob > 0 and not deterministic
+        rate = cfg.attention_probs_dropout_prob
+        keep = None
+        if rate > 0 and not deterministic:
+            keep = keep_mask(self.make_rng("dropout"),
+                             (q_BTNH.shape[0], heads, q_BTNH.shape[1], k_BSNH.shape[1]), 1.0 - rate)
         if cfg.attention_implementation is None and jax.default_backend() == "cpu":
-            keep = None
-            if dropout:
-                keep = keep_mask(self.make_rng("dropout"),
-                                 (q_BTNH.shape[0], heads, q_BTNH.shape[1], k_BSNH.shape[1]),
-                                 1.0 - cfg.attention_probs_dropout_prob)
-            ctx_BTNH = products.attention(q_BTNH, k_BSNH, v_BSNH, mask, keep,
-                                          cfg.attention_probs_dropout_prob,
-                                          cpu_chains(q_BTNH.shape[0]))
-        elif dropout:
-            # dot_product_attention has no dropout: use the exact path.
-            dropout = Dropout(cfg.attention_probs_dropout_prob)
-            ctx_BTNH = exact_attention(q_BTNH, k_BSNH, v_BSNH, mask,
-                                       lambda p: dropout(p, deterministic=False))
+            ctx_BTNH = products.attention(q_BTNH, k_BSNH, v_BSNH, mask, keep, rate,
+                                          products.cpu_chains(q_BTNH.shape[0]))
+        elif keep is not None:  # dot_product_attention has no dropout: the exact path
+            ctx_BTNH = products.exact_attention(q_BTNH, k_BSNH, v_BSNH, mask, keep, rate)
         else:
             # cuDNN takes the mask as a bias of the full [B, 1, T, S] shape; XLA broadcasts a
             # padding mask's query axis itself.

@@ -3,11 +3,13 @@
 `project` serves every Dense layer (through nn.Dense's ``dot_general`` hook), the Q/K/V and
 attention-output projections; `tied_decoder` the MLM decoder against the word-embedding table.
 Both take an optional operand dtype (BertConfig.matmul_dtype): bf16 products that accumulate in
-the activations' dtype. `attention` is the softmax attention the model runs on the CPU.
+the activations' dtype. `attention` is the softmax attention the model runs on the CPU, with a
+hand-written backward; `exact_attention` the same maths under autodiff.
 """
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import jax
@@ -167,6 +169,26 @@ def attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
     outs = [_attention(rate, *(part(a, c) for a in (q_BTNH, k_BSNH, v_BSNH, mask, keep)))
             for c in range(chains)]
     return jnp.stack(outs, axis=1).reshape(q_BTNH.shape)
+
+
+def cpu_chains(batch: int) -> int:
+    """How many independent row groups `attention` splits a batch into on the CPU:
+    the largest divisor of ``batch`` up to the cores this process may run on (at most 8;
+    measured on 2 cores only)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = min(usable or 1, 8, batch)
+    return max(d for d in range(1, cores + 1) if batch % d == 0)
+
+
+def exact_attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
+                    keep: Optional[Array] = None, rate: float = 0.0) -> Array:
+    """Softmax attention in fp32, autodiff's backward: what `attention` computes (``keep`` and
+    ``rate`` the same optional dropout on the probabilities); the model's path off the CPU
+    when dropout is active (jax.nn.dot_product_attention has none)."""
+    logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH).astype(jnp.float32)
+    logits = logits / jnp.sqrt(jnp.float32(q_BTNH.shape[-1]))
+    probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", _dropped(probs, keep, rate).astype(v_BSNH.dtype), v_BSNH)
 
 
 def _heads_major(a: Array) -> Array:

@@ -10,8 +10,8 @@ from flax import linen as nn
 
 import bertjax
 from bertjax import convert
-from bertjax.model import exact_attention, make_attention_mask
-from bertjax.products import project, tied_decoder
+from bertjax.model import make_attention_mask
+from bertjax.products import exact_attention, project, tied_decoder
 
 SMALL = dict(vocab_size=61, hidden_size=32, num_attention_heads=4, intermediate_size=48,
              max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -481,7 +481,7 @@ def test_cpu_attention_path_equals_dot_product_attention(bert):
 
 
 def test_cpu_chains_divide_the_batch():
-    from bertjax.model import cpu_chains
+    from bertjax.products import cpu_chains
 
     for batch in (1, 2, 3, 7, 12, 32):
         chains = cpu_chains(batch)
@@ -493,7 +493,7 @@ def test_keep_mask_rate_independence_and_determinism(rate):
     """16-bit decisions: the kept fraction is 1 - rate (to sampling error); neighbours (the two
     halves of one random word) and elements half the array apart (words from one threefry hash)
     are uncorrelated; the same key gives the same mask, another key another."""
-    from bertjax.model import keep_mask
+    from bertjax.layers import keep_mask
 
     shape = (64, 3, 257)  # odd last axis: the final word's upper half is unused
     keep = np.asarray(keep_mask(jax.random.key(3), shape, 1 - rate))
@@ -512,7 +512,7 @@ def test_keep_mask_rate_independence_and_determinism(rate):
 
 
 def test_dropout_module_scales_kept_values_and_is_identity_when_deterministic():
-    from bertjax.model import Dropout
+    from bertjax.layers import Dropout
 
     x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 130)), jnp.float32)
     layer = Dropout(0.25)
@@ -527,7 +527,7 @@ def test_dropout_module_scales_kept_values_and_is_identity_when_deterministic():
 def test_erf_gelu_and_its_derivative_equal_float64():
     from math import erf, exp, pi, sqrt
 
-    from bertjax.model import erf_gelu
+    from bertjax.layers import erf_gelu
 
     xs = np.linspace(-9, 9, 2001)
     want = np.asarray([x * 0.5 * (1 + erf(x / sqrt(2))) for x in xs])
