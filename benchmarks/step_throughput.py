@@ -24,6 +24,7 @@ import re
 import statistics
 import sys
 import time
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,7 @@ from bertjax import metrics as metrics_lib  # noqa: E402
 from bertjax import sharding, step  # noqa: E402
 
 VOCAB = 30522
+FULL = {"sparse_last_layer": False}  # config.loss of a step whose last layer computes every row
 
 
 def synthetic_batch(batch: int, length: int, predictions: int, seed: int = 0) -> dict:
@@ -61,9 +63,16 @@ def time_steps(run, warmup: int, steps: int) -> list[float]:
     return times
 
 
-def single_device_state(cfg, batch: dict):
-    """(train state, mesh, device batch) for ``cfg`` on the first device: AdamW at 1e-4."""
+def step_config(loss: Optional[dict] = None):
+    """The step config the rows run: the defaults, plus ``loss`` overrides of config.loss."""
     config = step.default_step_config()
+    config.loss.update(loss or {})
+    return config
+
+
+def single_device_state(cfg, batch: dict, loss: Optional[dict] = None):
+    """(train state, mesh, device batch) for ``cfg`` on the first device: AdamW at 1e-4."""
+    config = step_config(loss)
     config.batch_size = batch["input_ids"].shape[0]
     config.mesh.update(data=1)
     config.optim.update(learning_rate=1e-4, warmup_steps=10, total_steps=1000)
@@ -72,9 +81,9 @@ def single_device_state(cfg, batch: dict):
     return state, mesh, sharding.global_batch(batch, mesh, config.batch_size)
 
 
-def bertjax_times(cfg, batch: dict, warmup: int, steps: int,
-                  prng: str = "threefry2x32", profile_dir: str = "") -> list[float]:
-    state, mesh, device_batch = single_device_state(cfg, batch)
+def bertjax_times(cfg, batch: dict, warmup: int, steps: int, prng: str = "threefry2x32",
+                  profile_dir: str = "", loss: Optional[dict] = None) -> list[float]:
+    state, mesh, device_batch = single_device_state(cfg, batch, loss)
     train, _ = step.jit_steps(state, mesh)
     rng = jax.random.key(1, impl=prng)  # the dropout key; its impl picks the bit generator
     holder = [state]
@@ -137,10 +146,14 @@ def peak_memory() -> str:
     return "-" if peak is None else f"{peak / 2**30:.1f}"
 
 
-def row(name, cfg, batch, times, peak, reference=None, memory="-"):
+def row(name, cfg, batch, times, peak, reference=None, memory="-", loss=None):
+    """A table row. MFU counts the FLOPs bertjax's step computes under that config.loss (a
+    sparse last layer's fewer); HF's rows pass {"sparse_last_layer": False}: a full last layer
+    (HF's MLM head also runs at every position, which no row counts)."""
     b, t = batch["input_ids"].shape
     p = batch["masked_positions"].shape[1]
-    flops = b * metrics_lib.train_flops_per_sequence(cfg, t, p)
+    rows = step.StepSpec.from_config(step_config(loss), cfg).model().last_layer_rows(p)
+    flops = b * metrics_lib.train_flops_per_sequence(cfg, t, p, rows)
     best, median = min(times), statistics.median(times)
     line = (f"| {name} | {t} | {b} | {best * 1e3:.0f} | {median * 1e3:.0f} | "
             f"{b * t / median:,.0f} | {flops / median / peak:.1%} | {memory} |")
@@ -156,7 +169,7 @@ def bf16_rows(cfg, batch: dict, size: str, args, peak: float) -> list[str]:
     if not args.no_hf:
         hf = hf_times(cfg, batch, args.warmup, args.steps, "bfloat16")
         reference = statistics.median(hf)
-        lines.append(row(f"HF {size} bf16 autocast {tag}", cfg, batch, hf, peak))
+        lines.append(row(f"HF {size} bf16 autocast {tag}", cfg, batch, hf, peak, loss=FULL))
         print(lines[-1], flush=True)
     variant = cfg.replace(matmul_dtype="bfloat16")
     times = bertjax_times(variant, batch, args.warmup, args.steps, args.prng)
@@ -222,38 +235,40 @@ def main():
                                             hidden_dropout_prob=0.1,
                                             attention_probs_dropout_prob=0.0)
             batch = synthetic_batch(batch_size, length, max(1, round(0.15 * length)))
-            variants = [("bertjax", cfg, args.prng)]
+            variants = [("bertjax", cfg, args.prng, None)]
             if args.attention_variants:
                 impls = args.attention_variants.split(",")
                 variants = [(f"bertjax attention={impl}", cfg.replace(attention_implementation=impl),
-                             args.prng) for impl in impls]
+                             args.prng, None) for impl in impls]
                 if args.prng != "threefry2x32":
                     variants += [(f"bertjax attention={impls[0]} dropout threefry2x32",
-                                  cfg.replace(attention_implementation=impls[0]), "threefry2x32")]
+                                  cfg.replace(attention_implementation=impls[0]), "threefry2x32",
+                                  None)]
                 variants += [(f"bertjax attention={impls[0]} remat=full",
                               cfg.replace(attention_implementation=impls[0], remat="full",
-                                          scan_layers=True), args.prng)]
+                                          scan_layers=True), args.prng, None)]
             if args.variants:
-                variants += [("+ attention dropout (exact path)",
-                              cfg.replace(attention_probs_dropout_prob=0.1), args.prng),
-                             ("+ scan", cfg.replace(scan_layers=True), args.prng),
+                variants += [("- sparse last layer (every row)", cfg, args.prng, FULL),
+                             ("+ attention dropout", cfg.replace(attention_probs_dropout_prob=0.1),
+                              args.prng, None),
+                             ("+ scan", cfg.replace(scan_layers=True), args.prng, None),
                              ("+ scan + remat full", cfg.replace(scan_layers=True, remat="full"),
-                              args.prng),
-                             ("+ bf16 compute", cfg.replace(dtype="bfloat16"), args.prng)]
+                              args.prng, None),
+                             ("+ bf16 compute", cfg.replace(dtype="bfloat16"), args.prng, None)]
             hf_median = None
             if not args.no_hf:
                 hf = hf_times(cfg, batch, args.warmup, args.steps, args.dtype)
                 hf_median = statistics.median(hf)
-                lines.append(row(f"HF {size}", cfg, batch, hf, peak, None))
+                lines.append(row(f"HF {size}", cfg, batch, hf, peak, None, loss=FULL))
                 print(lines[-1], flush=True)
-            for name, variant, prng in variants:
+            for name, variant, prng, loss in variants:
                 if args.time_budget and time.perf_counter() - start > args.time_budget:
                     print(f"skipped (time budget): {name} {size} T={length}", flush=True)
                     continue
                 trace = os.path.join(args.profile, re.sub(r"\W+", "_", f"{name}_{size}_{length}"))
                 try:
                     times = bertjax_times(variant, batch, args.warmup, args.steps, prng,
-                                          trace if args.profile else "")
+                                          trace if args.profile else "", loss)
                 except Exception as error:  # one failing variant must not lose the other rows
                     if not args.attention_variants:
                         raise
@@ -261,7 +276,7 @@ def main():
                           f"{str(error)[:400]}", flush=True)
                     continue
                 lines.append(row(f"{name} {size}", variant, batch, times, peak, hf_median,
-                                 peak_memory()))
+                                 peak_memory(), loss))
                 print(lines[-1], flush=True)
                 print(f"# {time.perf_counter() - start:.0f} s since start", flush=True)
             if args.bf16_matmuls:

@@ -13,14 +13,10 @@ import jax.numpy as jnp
 
 from bertjax.config import BertConfig
 from bertjax.layers import Dropout
-from bertjax.model import BertModel, _zeros, activation, constrain, dense, layer_norm
+from bertjax.model import (BertModel, _zeros, activation, constrain, dense, gather_rows,
+                           last_layer_at_rows, layer_norm)
 
 Array = jax.Array
-
-
-def gather_positions(x_BTH: Array, positions_BP: Array) -> Array:
-    """Rows of ``x`` at the given per-example positions: [B,T,H] x [B,P] -> [B,P,H]."""
-    return jnp.take_along_axis(x_BTH, positions_BP[:, :, None].astype(jnp.int32), axis=1)
 
 
 class MaskedLMHead(nn.Module):
@@ -40,10 +36,17 @@ class MaskedLMHead(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-    """Encoder + MLM head (+ NSP/SOP head on the pooled [CLS] when ``next_sentence``)."""
+    """Encoder + MLM head (+ NSP/SOP head on the pooled [CLS] when ``next_sentence``).
+
+    Outputs ``mlm_logits`` ([B, P, V] at ``masked_positions``, else [B, T, V]) and the encoder's
+    ``sequence_output`` [B, T, H]; with ``sparse_last_layer`` and ``masked_positions`` the last
+    layer runs only at the masked positions and [CLS] (MosaicBERT): the same logits, about 70%
+    less of that layer's work, and no ``sequence_output``. The pretraining objective sets it.
+    """
 
     cfg: BertConfig
     next_sentence: bool = True
+    sparse_last_layer: bool = False
 
     def setup(self):
         self.bert = BertModel(self.cfg, add_pooler=self.next_sentence)
@@ -54,14 +57,27 @@ class BertForPreTraining(nn.Module):
     def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
                  attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
                  masked_positions: Optional[Array] = None, deterministic: bool = True) -> dict:
-        sequence_output, pooled = self.bert(input_ids, token_type_ids, attention_mask,
-                                            segment_ids, deterministic=deterministic)
-        x = sequence_output if masked_positions is None else gather_positions(
-            sequence_output, masked_positions)
-        outputs = {"mlm_logits": self.mlm_head(x, self.bert), "sequence_output": sequence_output}
+        if self.sparse_last_layer and masked_positions is not None:
+            x, pooled = self.bert(input_ids, token_type_ids, attention_mask, segment_ids,
+                                  deterministic=deterministic, output_positions=masked_positions)
+            outputs = {"mlm_logits": self.mlm_head(x, self.bert)}
+        else:
+            sequence_output, pooled = self.bert(input_ids, token_type_ids, attention_mask,
+                                                segment_ids, deterministic=deterministic)
+            x = sequence_output if masked_positions is None else gather_rows(
+                sequence_output, masked_positions)
+            outputs = {"mlm_logits": self.mlm_head(x, self.bert),
+                       "sequence_output": sequence_output}
         if self.next_sentence:
             outputs["nsp_logits"] = self.nsp_head(pooled)
         return outputs
+
+    def last_layer_rows(self, masked_width: int) -> Optional[int]:
+        """Rows per sequence the last layer computes for ``masked_width`` masked positions, or
+        None when it computes all (for the FLOP count)."""
+        if not (self.sparse_last_layer and last_layer_at_rows(self.cfg)):
+            return None
+        return masked_width + int(self.next_sentence)
 
 
 class BertForSequenceClassification(nn.Module):

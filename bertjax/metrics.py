@@ -12,7 +12,7 @@ import os
 import socket
 import struct
 import time
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -123,18 +123,27 @@ def matmul_params(cfg: BertConfig) -> int:
     return cfg.num_hidden_layers * per_layer + projection
 
 
-def train_flops_per_sequence(cfg: BertConfig, seq_len: int, masked_per_sequence: int) -> float:
+def train_flops_per_sequence(cfg: BertConfig, seq_len: int, masked_per_sequence: float,
+                             last_layer_rows: Optional[int] = None) -> float:
     """Training FLOPs (forward + backward = 3x forward) for one sequence.
 
     6·N per token for the encoder's matmuls (shared ALBERT layers count once per use),
     plus attention scores and context (2 matmuls of T·T·H per layer, ×6 for fwd+bwd),
     plus the MLM head only at masked positions (transform H·E and decoder E·V).
+    ``last_layer_rows`` (BertForPreTraining.last_layer_rows): the last layer's queries,
+    attention output and feed-forward at that many rows only (its keys and values at all):
+    the FLOPs the step computes, not those of a full last layer.
     """
     encoder = 6 * matmul_params(cfg) * seq_len
     attention = 6 * 2 * cfg.num_hidden_layers * seq_len * seq_len * cfg.hidden_size
     head = 6 * masked_per_sequence * (cfg.hidden_size * cfg.embedding_dim
                                       + cfg.embedding_dim * cfg.vocab_size)
-    return float(encoder + attention + head)
+    skipped = 0
+    if last_layer_rows is not None:
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        rows_left_out = seq_len - min(last_layer_rows, seq_len)
+        skipped = 6 * rows_left_out * (2 * h * h + 2 * h * i + 2 * seq_len * h)
+    return float(encoder + attention + head - skipped)
 
 
 # Peak dense bf16 FLOP/s per chip by device kind (vendor datasheets); fp32 CPU is measured.

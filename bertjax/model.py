@@ -163,6 +163,16 @@ def make_attention_mask(attention_mask: Optional[Array], segment_ids: Optional[A
     return attention_mask[:, None, None, :] > 0
 
 
+def gather_rows(x: Array, rows_BR: Array, axis: int = 1) -> Array:
+    """x's entries at per-example positions along ``axis``: [B, ..., T, ...] x [B, R] ->
+    [B, ..., R, ...] (an axis of size 1 broadcasts: returned as is)."""
+    if x.shape[axis] == 1:
+        return x
+    shape = [1] * x.ndim
+    shape[0], shape[axis] = rows_BR.shape
+    return jnp.take_along_axis(x, rows_BR.astype(jnp.int32).reshape(shape), axis=axis)
+
+
 def position_ids(segment_ids: Optional[Array], batch: int, length: int, offset: int) -> Array:
     """0, 1, 2, ... per row, restarting at each packed segment, plus RoBERTa's offset."""
     index = jnp.arange(length, dtype=jnp.int32)[None, :]
@@ -225,12 +235,14 @@ class Embeddings(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention: on the CPU (attention_implementation None) `products.attention`,
     with or without dropout; elsewhere the fused `jax.nn.dot_product_attention`, or
-    `exact_attention` when dropout is active (the fused op has none)."""
+    `exact_attention` when dropout is active (the fused op has none). ``rows`` ([B, R]): queries
+    only at those positions (keys and values at all): the output is [B, R, E]."""
 
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x_BTE: Array, mask: Array, deterministic: bool) -> Array:
+    def __call__(self, x_BTE: Array, mask: Array, deterministic: bool,
+                 rows: Optional[Array] = None) -> Array:
         cfg = self.cfg
         heads, head_dim, width = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
         dtype = cfg.compute_dtype
@@ -240,9 +252,16 @@ class SelfAttention(nn.Module):
                               (width, heads, head_dim), cfg.params_dtype) for name in names]
         biases = [self.param(f"{name}_bias", _zeros(("heads", "kv")), (heads, head_dim),
                              cfg.params_dtype) for name in names]
-        projected = products.project(x_BTE.astype(dtype),
-                            *[kernel.astype(dtype).reshape(width, heads * head_dim)
-                              for kernel in kernels], operand_dtype=cfg.matmul_dtype)
+        kernels = [kernel.astype(dtype).reshape(width, heads * head_dim) for kernel in kernels]
+        x_BTE = x_BTE.astype(dtype)
+        if rows is None:
+            projected = products.project(x_BTE, *kernels, operand_dtype=cfg.matmul_dtype)
+        else:
+            projected = (
+                *products.project(gather_rows(x_BTE, rows), kernels[0],
+                                  operand_dtype=cfg.matmul_dtype),
+                *products.project(x_BTE, *kernels[1:], operand_dtype=cfg.matmul_dtype))
+            mask = gather_rows(mask, rows, axis=2)
         q_BTNH, k_BSNH, v_BSNH = [
             constrain(y.reshape(*y.shape[:-1], heads, head_dim) + bias.astype(dtype),
                       ("act_batch", "act_len", "act_heads", "act_kv"))
@@ -289,23 +308,28 @@ class FeedForward(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """One transformer layer, post-LN (BERT) or pre-LN. Returns (x, None) so it can be scanned."""
+    """One transformer layer, post-LN (BERT) or pre-LN. Returns (x, None) so it can be scanned.
+    ``rows`` ([B, R]): the layer's output only at those positions, [B, R, H] (its queries,
+    residuals and feed-forward run on those rows alone; keys and values on all)."""
 
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool):
+    def __call__(self, x: Array, mask: Array, deterministic: bool, rows: Optional[Array] = None):
         cfg = self.cfg
         drop = Dropout(cfg.hidden_dropout_prob)
         attention = SelfAttention(cfg, name="attention")
         mlp = self.feed_forward(cfg, mask)
         attention_norm = layer_norm(cfg, "embed", "attention_norm")
         output_norm = layer_norm(cfg, "embed", "output_norm")
+        residual = x if rows is None else gather_rows(x, rows)
         if cfg.pre_layer_norm:
-            x = x + drop(attention(attention_norm(x), mask, deterministic), deterministic)
+            x = residual + drop(attention(attention_norm(x), mask, deterministic, rows),
+                                deterministic)
             x = x + drop(mlp(output_norm(x)), deterministic)
         else:
-            x = attention_norm(x + drop(attention(x, mask, deterministic), deterministic))
+            x = attention_norm(residual + drop(attention(x, mask, deterministic, rows),
+                                               deterministic))
             x = output_norm(x + drop(mlp(x), deterministic))
         return constrain(x, ("act_batch", "act_len", "act_embed")), None
 
@@ -322,13 +346,23 @@ _REMAT_POLICIES = {
 }
 
 
+def last_layer_at_rows(cfg: BertConfig) -> bool:
+    """Whether the Encoder's last layer computes only the requested output rows (see Encoder)."""
+    return not cfg.scan_layers and not cfg.num_experts
+
+
 class Encoder(nn.Module):
-    """The layer stack: a Python loop or `nn.scan`; ALBERT groups share one layer's parameters."""
+    """The layer stack: a Python loop or `nn.scan`; ALBERT groups share one layer's parameters.
+    ``rows`` ([B, R]): the output only at those positions, [B, R, H]; in the loop over dense
+    layers the last layer computes just those rows (MosaicBERT's trick for the MLM loss: no
+    position's output but those reaches it). A scanned stack repeats one layer shape and an MoE
+    layer's expert capacity depends on its token count, so those compute every row and gather."""
 
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    def __call__(self, x: Array, mask: Array, deterministic: bool,
+                 rows: Optional[Array] = None) -> Array:
         cfg = self.cfg
         groups = cfg.num_groups
         repeats = cfg.num_hidden_layers // groups
@@ -357,15 +391,25 @@ class Encoder(nn.Module):
             x, _ = stack(cfg, name="layers")(x, mask, deterministic)
         else:
             layers = [layer_type(g)(cfg, name=f"layer_{g}") for g in range(groups)]
+            sparse = rows is not None and last_layer_at_rows(cfg)
             for index in range(cfg.num_hidden_layers):
-                x, _ = layers[index // repeats](x, mask, deterministic)
+                at_rows = sparse and index == cfg.num_hidden_layers - 1
+                x, _ = layers[index // repeats](x, mask, deterministic, rows if at_rows else None)
+            if sparse:
+                rows = None  # the last layer computed only those rows
+        if rows is not None:
+            x = gather_rows(x, rows)
         if cfg.pre_layer_norm:
             x = layer_norm(cfg, "embed", "final_norm")(x)
         return x
 
 
 class BertModel(nn.Module):
-    """The bare encoder: (sequence_output [B,T,H], pooled_output [B,H] or None)."""
+    """The bare encoder: (sequence_output [B,T,H], pooled_output [B,H] or None).
+
+    ``output_positions`` ([B, P]): the sequence output only at those positions, [B, P, H], and
+    the last layer computes only those rows (plus [CLS] for the pooler): same values there,
+    less work (see Encoder)."""
 
     cfg: BertConfig
     add_pooler: bool = True
@@ -378,7 +422,8 @@ class BertModel(nn.Module):
 
     def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
                  attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
-                 positions: Optional[Array] = None, deterministic: bool = True):
+                 positions: Optional[Array] = None, deterministic: bool = True,
+                 output_positions: Optional[Array] = None):
         cfg = self.cfg
         batch, length = input_ids.shape
         if length > cfg.max_position_embeddings - cfg.position_offset:
@@ -391,10 +436,15 @@ class BertModel(nn.Module):
             positions = position_ids(segment_ids, batch, length, cfg.position_offset)
         x = self.embeddings(input_ids, token_type_ids, positions, deterministic)
         mask = make_attention_mask(attention_mask, segment_ids, batch, length)
-        x = self.encoder(x, mask, deterministic)
+        rows = output_positions
+        if rows is not None and self.add_pooler:  # [CLS] first, for the pooler
+            rows = jnp.concatenate([jnp.zeros((batch, 1), rows.dtype), rows], axis=1)
+        x = self.encoder(x, mask, deterministic, rows)
         pooled = None
         if self.add_pooler:
             pooled = jnp.tanh(self.pooler(x[:, 0]))
+            if output_positions is not None:
+                x = x[:, 1:]
         return x, pooled
 
     def attend(self, x: Array, bias: Optional[Array] = None) -> Array:

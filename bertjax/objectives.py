@@ -31,6 +31,9 @@ def default_loss_config() -> ml_collections.ConfigDict:
     c.nsp_weight = 1.0  # weight of the next-sentence (NSP/SOP) loss in the total
     c.next_sentence = True  # False when the objective has no sentence pairs: no NSP head or loss
     c.objective = "pretraining"  # what the step optimizes: a name in bertjax.objectives.OBJECTIVES
+    # pretraining: the last layer runs only at the masked positions and [CLS], the rows the loss
+    # reads (same loss and gradients, less work); False computes every row
+    c.sparse_last_layer = True
     return c
 
 
@@ -186,14 +189,16 @@ class Pretraining(Objective):
     next_sentence: bool = True
     mlm_weight: float = 1.0
     nsp_weight: float = 1.0
+    sparse_last_layer: bool = True
 
     @classmethod
     def from_config(cls, loss_config):
         return cls(bool(loss_config.next_sentence), float(loss_config.mlm_weight),
-                   float(loss_config.nsp_weight))
+                   float(loss_config.nsp_weight), bool(loss_config.get("sparse_last_layer", True)))
 
     def model(self, cfg):
-        return BertForPreTraining(cfg, next_sentence=self.next_sentence)
+        return BertForPreTraining(cfg, next_sentence=self.next_sentence,
+                                  sparse_last_layer=self.sparse_last_layer)
 
     def loss_sums(self, outputs, batch):
         return loss_sums(outputs, batch, self.next_sentence)

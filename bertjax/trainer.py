@@ -202,6 +202,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if hasattr(pipeline, "teacher_state"):  # distillation: the teacher, and the student from it
             state = pipeline.teacher_state(state)
     steps = step_lib.jit_steps(state, mesh)
+    model = state.spec.model()
+
+    def last_layer_rows(host_batch):  # for the FLOP count: rows a sparse last layer computes
+        if not hasattr(model, "last_layer_rows") or "masked_positions" not in host_batch:
+            return None
+        return model.last_layer_rows(host_batch["masked_positions"].shape[1])
+
     meta = _meta(config, model_cfg, pipeline)
     writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
     stop = _StopSignal()
@@ -240,7 +247,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             length = host_batch["input_ids"].shape[1]
             tokens += batch_tokens
             flops += config.batch_size * metrics_lib.train_flops_per_sequence(
-                model_cfg, length, masked / config.batch_size)
+                model_cfg, length, masked / config.batch_size, last_layer_rows(host_batch))
             batch = sharding.global_batch(host_batch, mesh, config.batch_size)
             state, step_metrics = steps.train(state, batch, dropout_rng)
             history.append(step_metrics)

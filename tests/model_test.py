@@ -536,3 +536,77 @@ def test_erf_gelu_and_its_derivative_equal_float64():
     np.testing.assert_allclose(erf_gelu(x32), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(erf_gelu(x)))(x32), slope, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(erf_gelu(x32), jax.nn.gelu(x32, approximate=False), atol=2e-6)
+
+
+@pytest.mark.parametrize("overrides,packed,nsp", [
+    (dict(), False, True),
+    (dict(pre_layer_norm=True), True, False),
+    (dict(num_hidden_layers=3, num_hidden_groups=1), True, True),  # ALBERT: one shared layer
+])
+def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides, packed, nsp):
+    """The last layer run only at the masked positions (and [CLS]) against the full model:
+    fp32 both, same parameters; tolerance 1e-5 of each output's / gradient's largest entry."""
+    cfg = _cfg(**overrides)
+    full = bertjax.BertForPreTraining(cfg, next_sentence=nsp)
+    sparse = full.clone(sparse_last_layer=True)
+    ids = _ids(1, (3, 16))
+    segments = jnp.asarray(np.repeat([[1] * 6 + [2] * 7 + [0] * 3], 3, 0)) if packed else None
+    mask = None if packed else jnp.asarray(np.arange(16)[None] < np.array([[16], [11], [7]]), jnp.int32)
+    positions = jnp.asarray([[1, 4, 4, 0], [2, 9, 3, 5], [6, 1, 0, 0]], jnp.int32)  # repeats, pads
+    params = nn.unbox(full.init(jax.random.key(0), ids, masked_positions=positions)["params"])
+    weights = jax.random.normal(jax.random.key(2), (3, 4, cfg.vocab_size))
+
+    def loss(model, p):
+        out = model.apply({"params": p}, ids, attention_mask=mask, segment_ids=segments,
+                          masked_positions=positions)
+        total = jnp.sum(out["mlm_logits"] * weights)
+        return total + (jnp.sum(out["nsp_logits"] ** 2) if nsp else 0.0), out
+
+    (_, want), want_grads = jax.value_and_grad(lambda p: loss(full, p), has_aux=True)(params)
+    (_, got), got_grads = jax.value_and_grad(lambda p: loss(sparse, p), has_aux=True)(params)
+    assert "sequence_output" in want and "sequence_output" not in got
+    for key in ("mlm_logits", "nsp_logits") if nsp else ("mlm_logits",):
+        scale = float(jnp.max(jnp.abs(want[key])))
+        np.testing.assert_allclose(got[key], want[key], atol=1e-5 * scale, rtol=0)
+    top = max(float(jnp.max(jnp.abs(w))) for w in jax.tree_util.tree_leaves(want_grads))
+    for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want_grads),
+                            jax.tree_util.tree_leaves(got_grads)):
+        # the key bias's gradient is zero in exact arithmetic (softmax ignores a shift per row):
+        # leaves that small are held to 1e-4 of the largest gradient instead of their own size
+        scale = max(float(jnp.max(jnp.abs(w))), 1e-4 * top)
+        np.testing.assert_allclose(g, w, atol=1e-5 * scale, rtol=0, err_msg=str(path))
+
+
+def test_sparse_last_layer_saves_the_flops_the_count_says():
+    """The compiled forward of the sparse model does fewer FLOPs than the full one, by what
+    metrics.train_flops_per_sequence subtracts for it (its fwd + bwd count / 3, products only):
+    XLA's count also has the skipped rows' LayerNorms, GELUs and softmax, so up to 20% more."""
+    from bertjax import metrics
+    cfg = _cfg()
+    batch, length, masked = 4, 32, 5
+    full = bertjax.BertForPreTraining(cfg)
+    sparse = full.clone(sparse_last_layer=True)
+    ids, positions = _ids(3, (batch, length)), jnp.tile(jnp.arange(1, masked + 1), (batch, 1))
+    params = nn.unbox(full.init(jax.random.key(0), ids, masked_positions=positions)["params"])
+
+    def flops(model):
+        fn = jax.jit(lambda p: model.apply({"params": p}, ids, masked_positions=positions))
+        return fn.lower(params).compile().cost_analysis()["flops"]
+
+    rows = sparse.last_layer_rows(masked)
+    assert rows == masked + 1 and full.last_layer_rows(masked) is None
+    assert bertjax.BertForPreTraining(cfg.replace(scan_layers=True), sparse_last_layer=True
+                                      ).last_layer_rows(masked) is None
+    counted = batch * (metrics.train_flops_per_sequence(cfg, length, masked)
+                       - metrics.train_flops_per_sequence(cfg, length, masked, rows)) / 3
+    measured = flops(full) - flops(sparse)
+    assert counted > 0
+    assert counted <= measured <= 1.2 * counted, (measured, counted)
+
+
+def test_pretraining_objective_runs_the_sparse_last_layer_unless_configured_off():
+    from bertjax import objectives
+    loss = objectives.default_loss_config()
+    assert objectives.make_objective(loss).model(_cfg()).sparse_last_layer
+    loss.sparse_last_layer = False
+    assert not objectives.make_objective(loss).model(_cfg()).sparse_last_layer
