@@ -1,9 +1,9 @@
 """BERT-tiny on the built-in corpus, MLM + NSP: the embedded default of `python train.py`.
 
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny
-Expect:  on a 2-core CPU about 4 minutes (3 min 54 s and 4 min 10 s measured, fresh workdir,
-         tokenizer training included); held-out MLM accuracy (BERT's 15% masking) about 0.35:
-         0.227 at step 500, 0.280 at 1000, 0.334 at 2000, 0.351 at 3000, against a
+Expect:  on a 2-core CPU about 3.5 minutes (3 min 22 s measured, fresh workdir, tokenizer
+         training included); held-out MLM accuracy (BERT's 15% masking) about 0.35:
+         0.227 at step 500, 0.283 at 1000, 0.336 at 2000, 0.348 at 3000, against a
          most-frequent-token baseline of 0.045;
          NSP accuracy 0.5-0.6 (256 held-out pairs). (transformers' PyTorch BERT-tiny reached 0.13
          in 8 minutes here. This recipe with BERT's random attention init reached 0.153 in 3500

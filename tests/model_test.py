@@ -542,6 +542,7 @@ def test_erf_gelu_and_its_derivative_equal_float64():
     (dict(), False, True),
     (dict(pre_layer_norm=True), True, False),
     (dict(num_hidden_layers=3, num_hidden_groups=1), True, True),  # ALBERT: one shared layer
+    (dict(remat="dots"), False, True),
 ])
 def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides, packed, nsp):
     """The last layer run only at the masked positions (and [CLS]) against the full model:
