@@ -57,17 +57,16 @@ class BertForPreTraining(nn.Module):
     def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
                  attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
                  masked_positions: Optional[Array] = None, deterministic: bool = True) -> dict:
-        if self.sparse_last_layer and masked_positions is not None:
-            x, pooled = self.bert(input_ids, token_type_ids, attention_mask, segment_ids,
-                                  deterministic=deterministic, output_positions=masked_positions)
-            outputs = {"mlm_logits": self.mlm_head(x, self.bert)}
-        else:
-            sequence_output, pooled = self.bert(input_ids, token_type_ids, attention_mask,
-                                                segment_ids, deterministic=deterministic)
-            x = sequence_output if masked_positions is None else gather_rows(
-                sequence_output, masked_positions)
-            outputs = {"mlm_logits": self.mlm_head(x, self.bert),
-                       "sequence_output": sequence_output}
+        sparse = self.sparse_last_layer and masked_positions is not None
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, segment_ids,
+                              deterministic=deterministic,
+                              output_positions=masked_positions if sparse else None)
+        outputs = {}
+        if not sparse:  # x is every row's output
+            outputs["sequence_output"] = x
+            if masked_positions is not None:
+                x = gather_rows(x, masked_positions)
+        outputs["mlm_logits"] = self.mlm_head(x, self.bert)
         if self.next_sentence:
             outputs["nsp_logits"] = self.nsp_head(pooled)
         return outputs

@@ -12,11 +12,11 @@ from typing import Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bertjax import products
 from bertjax.config import BertConfig
 from bertjax.layers import Dropout, erf_gelu, keep_mask
+from bertjax.position_init import fourier_init, sinusoidal_init
 
 Array = jax.Array
 
@@ -32,94 +32,6 @@ def activation(name: str):
 
 def _init(cfg: BertConfig, axes):
     return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), axes)
-
-
-def sinusoidal_init(std: float):
-    """Initializer of a [positions, width] table: interleaved sin/cos rows (Vaswani et al. 2017)
-    with wavelengths up to 10000, scaled to standard deviation `std`."""
-    def init(key, shape, dtype=jnp.float32):
-        del key
-        positions, width = shape
-        freqs = 1.0 / (10000.0 ** (np.arange(0, width, 2) / width))
-        angles = np.arange(positions)[:, None] * freqs[None, :]
-        table = np.zeros((positions, width))
-        table[:, 0::2] = np.sin(angles)
-        table[:, 1::2] = np.cos(angles[:, :width // 2])
-        return jnp.asarray(table * (std * np.sqrt(2.0)), dtype)
-    return init
-
-
-def fourier_frequencies(head_dim: int) -> np.ndarray:
-    """The head_dim/2 angular frequencies pi*(i+1/2)/(head_dim/2) of the "fourier" position init:
-    for integer 0 < |d| < head_dim their cosines sum to 0, so those rows are orthogonal."""
-    pairs = head_dim // 2
-    return np.pi * (np.arange(pairs) + 0.5) / pairs
-
-
-def fourier_init(std: float, head_dim: int):
-    """Initializer of a [positions, width] table: row t holds (cos w_i t, sin w_i t) pairs in its
-    first head_dim columns and zeros after, scaled so a row is as long as a normal(std) row."""
-    def init(key, shape, dtype=jnp.float32):
-        del key
-        positions, width = shape
-        angles = np.arange(positions)[:, None] * fourier_frequencies(head_dim)[None, :]
-        table = np.zeros((positions, width))
-        table[:, 0:head_dim:2] = np.cos(angles)
-        table[:, 1:head_dim:2] = np.sin(angles)
-        return jnp.asarray(table * (std * np.sqrt(width / (head_dim // 2))), dtype)
-    return init
-
-
-def init_local_attention(params: dict, cfg: BertConfig) -> dict:
-    """Sets the first layer's query/key kernels so head h attends to relative offset
-    ``cfg.local_attention_offsets[h]`` at init (a new model's params; other heads, the other rows
-    of the kernels and every other parameter keep their random init).
-
-    With "fourier" position rows p_t (cos/sin of w_i t in the first head_dim columns) the query
-    kernel maps those columns to the head by g*I and the key kernel by g*R(d), R rotating each
-    (cos, sin) pair back by w_i d; then q_t . k_s = g^2 |p|^2 [s == t + d] for |s - t - d| < head_dim.
-    The gain g makes that logit about ``cfg.local_attention_logit`` after the embedding LayerNorm
-    (where word, position and type rows of equal length each hold about a third of the width).
-    Untrained BERT attends almost uniformly and learns positional heads late (on the built-in corpus
-    its layer-0 heads were still uniform after 3000 steps): this gives it n-gram context from step 0.
-    """
-    offsets = cfg.local_attention_offsets  # a tuple: BertConfig normalises it
-    if not offsets:
-        return params
-    head_dim = cfg.head_dim
-    omega = fourier_frequencies(head_dim)
-    gain = np.sqrt(cfg.local_attention_logit * np.sqrt(head_dim) / (cfg.hidden_size / 3.0))
-    query_rows = np.zeros((head_dim, len(offsets), head_dim))
-    key_rows = np.zeros((head_dim, len(offsets), head_dim))
-    cos_col, sin_col = np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)
-    for head, offset in enumerate(offsets):
-        c, s = np.cos(omega * offset), np.sin(omega * offset)
-        query_rows[cos_col, head, cos_col] = gain
-        query_rows[sin_col, head, sin_col] = gain
-        # k = (cos w(s-d), sin w(s-d)) = R(-w d) (cos ws, sin ws)
-        key_rows[cos_col, head, cos_col], key_rows[sin_col, head, cos_col] = gain * c, gain * s
-        key_rows[cos_col, head, sin_col], key_rows[sin_col, head, sin_col] = -gain * s, gain * c
-
-    def first_layer(attention: dict, stacked: bool) -> dict:
-        def put(kernel, rows):
-            index = (0,) if stacked else ()
-            index += (slice(0, head_dim), slice(0, len(offsets)))
-            return kernel.at[index].set(jnp.asarray(rows, kernel.dtype))
-        return {**attention, "query_kernel": put(attention["query_kernel"], query_rows),
-                "key_kernel": put(attention["key_kernel"], key_rows)}
-
-    def visit(tree):
-        if not isinstance(tree, dict):
-            return tree
-        if "encoder" in tree and isinstance(tree["encoder"], dict):
-            encoder = dict(tree["encoder"])
-            name, stacked = ("layers", True) if "layers" in encoder else ("layer_0", False)
-            encoder[name] = {**encoder[name],
-                             "attention": first_layer(encoder[name]["attention"], stacked)}
-            return {**tree, "encoder": encoder}
-        return {key: visit(value) for key, value in tree.items()}
-
-    return visit(params)
 
 
 def _zeros(axes):
@@ -366,6 +278,7 @@ class Encoder(nn.Module):
         cfg = self.cfg
         groups = cfg.num_groups
         repeats = cfg.num_hidden_layers // groups
+        sparse = rows is not None and last_layer_at_rows(cfg)  # last layer at `rows` only
 
         def layer_type(group):
             layer_cls = BertLayer
@@ -391,13 +304,10 @@ class Encoder(nn.Module):
             x, _ = stack(cfg, name="layers")(x, mask, deterministic)
         else:
             layers = [layer_type(g)(cfg, name=f"layer_{g}") for g in range(groups)]
-            sparse = rows is not None and last_layer_at_rows(cfg)
             for index in range(cfg.num_hidden_layers):
                 at_rows = sparse and index == cfg.num_hidden_layers - 1
                 x, _ = layers[index // repeats](x, mask, deterministic, rows if at_rows else None)
-            if sparse:
-                rows = None  # the last layer computed only those rows
-        if rows is not None:
+        if rows is not None and not sparse:  # every row computed: keep the requested ones
             x = gather_rows(x, rows)
         if cfg.pre_layer_norm:
             x = layer_norm(cfg, "embed", "final_norm")(x)

@@ -18,7 +18,7 @@ import optax
 from flax import struct
 from jax.sharding import Mesh
 
-from bertjax import model as model_lib, objectives, optim, sharding
+from bertjax import objectives, optim, position_init, sharding
 from bertjax.config import BertConfig
 from bertjax.heads import BertForPreTraining
 
@@ -89,7 +89,7 @@ def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfi
     def init_fn(rng):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
             variables = nn.unbox(init_variables(rng))
-        params = model_lib.init_local_attention(variables["params"], model_cfg)
+        params = position_init.init_local_attention(variables["params"], model_cfg)
         return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), tx,
                           learning_rate_fn, spec, variables.get("frozen"))
 

@@ -11,6 +11,7 @@ from flax import linen as nn
 import bertjax
 from bertjax import convert
 from bertjax.model import make_attention_mask
+from bertjax.position_init import init_local_attention
 from bertjax.products import exact_attention, project, tied_decoder
 
 SMALL = dict(vocab_size=61, hidden_size=32, num_attention_heads=4, intermediate_size=48,
@@ -368,7 +369,7 @@ def test_local_attention_init_points_first_layer_heads_at_their_offsets():
     cfg = _cfg(**LOCAL, local_attention_offsets=[-1, 2])  # a list (JSON) becomes a tuple
     assert cfg.local_attention_offsets == (-1, 2)
     random_init = {"bert": _init(bertjax.BertModel(cfg), length=32)}
-    params = bertjax.model.init_local_attention(random_init, cfg)["bert"]
+    params = init_local_attention(random_init, cfg)["bert"]
     ids = jax.random.randint(jax.random.key(3), (4, 32), 5, cfg.vocab_size)
     probs = np.asarray(_first_layer_attention(cfg, params, ids))
     t = np.arange(4, 28)
@@ -390,8 +391,8 @@ def test_local_attention_init_points_first_layer_heads_at_their_offsets():
 def test_local_attention_init_on_a_scanned_stack_sets_layer_zero_only():
     cfg = _cfg(**LOCAL, num_hidden_layers=3, local_attention_offsets=(1,))
     scanned_cfg = cfg.replace(scan_layers=True)
-    loop = bertjax.model.init_local_attention({"bert": _init(bertjax.BertModel(cfg))}, cfg)
-    stack = bertjax.model.init_local_attention({"bert": _init(bertjax.BertModel(scanned_cfg))},
+    loop = init_local_attention({"bert": _init(bertjax.BertModel(cfg))}, cfg)
+    stack = init_local_attention({"bert": _init(bertjax.BertModel(scanned_cfg))},
                                                scanned_cfg)
     for name in ("query_kernel", "key_kernel"):
         stacked = stack["bert"]["encoder"]["layers"]["attention"][name]
