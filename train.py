@@ -6,6 +6,7 @@ Override any config key on the command line: --config.optim.learning_rate=5e-4.
 On Linux it first restarts itself with glibc malloc on transparent huge pages
 (bertjax/runtime.py; ~1.3-1.5x faster steps on CPU; BERTJAX_HUGEPAGE_MALLOC=0 turns it off).
 """
+
 import importlib.util
 import json
 import os
@@ -32,13 +33,15 @@ def check_overrides(argv) -> None:
     for arg in argv[1:]:
         if not arg.startswith("--config."):
             continue
-        node, parts = config, arg[len("--config."):].split("=", 1)[0].split(".")
+        node, parts = config, arg[len("--config.") :].split("=", 1)[0].split(".")
         for depth, part in enumerate(parts):
             if not hasattr(node, "keys") or part not in node.keys():
                 where = "config" + "".join(f".{p}" for p in parts[:depth])
                 known = sorted(node.keys()) if hasattr(node, "keys") else []
-                raise SystemExit(f"unknown config key {'config.' + '.'.join(parts)!r} ({path}): "
-                                 f"{where} has no {part!r}; its keys are {known}")
+                raise SystemExit(
+                    f"unknown config key {'config.' + '.'.join(parts)!r} ({path}): "
+                    f"{where} has no {part!r}; its keys are {known}"
+                )
             node = node[part]
 
 
@@ -49,11 +52,14 @@ if __name__ == "__main__":
     check_overrides(sys.argv)  # must run before DEFINE_config_file applies the overrides
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", DEFAULT_CONFIG, "Run config file (a get_config() -> ConfigDict).", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", "workdir/bert_tiny",
-                               "Directory for tokenizer, token store, checkpoints and metrics.")
-_MULTIHOST = flags.DEFINE_bool("multihost", False,
-                               "Call jax.distributed.initialize() first (TPU pods, SLURM GPU clusters).")
+    "config", DEFAULT_CONFIG, "Run config file (a get_config() -> ConfigDict).", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "workdir/bert_tiny", "Directory for tokenizer, token store, checkpoints and metrics."
+)
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "Call jax.distributed.initialize() first (TPU pods, SLURM GPU clusters)."
+)
 
 
 def main(argv):
@@ -70,9 +76,17 @@ def main(argv):
     logging.info("devices: %s", jax.devices())
     summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     if jax.process_index() == 0:
-        keys = ("step", "train/loss", "eval/mlm_accuracy", "eval/majority_baseline",
-                "eval/perplexity", "eval/nsp_accuracy", "eval/nll_bound", "perf/tokens_per_second",
-                "perf/mfu")
+        keys = (
+            "step",
+            "train/loss",
+            "eval/mlm_accuracy",
+            "eval/majority_baseline",
+            "eval/perplexity",
+            "eval/nsp_accuracy",
+            "eval/nll_bound",
+            "perf/tokens_per_second",
+            "perf/mfu",
+        )
         print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
 
 

@@ -9,6 +9,7 @@ rate XLA:CPU gets from such small matrices. Medians after one warm-up call.
   python benchmarks/attention_cpu.py                        # BERT-mini's shapes, 4 layers
   python benchmarks/attention_cpu.py --batch 8 --length 512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,16 +26,15 @@ runtime.reexec_with_hugepage_malloc()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from step_throughput import time_steps  # noqa: E402  (benchmarks/, this script's folder)
 
 from bertjax import products  # noqa: E402
 from bertjax.products import exact_attention  # noqa: E402
-from step_throughput import time_steps  # noqa: E402  (benchmarks/, this script's folder)
 
 
 def median_ms(fn, *args, repeats: int) -> float:
     """Median ms of ``fn(*args)`` over ``repeats`` calls after one warm-up call."""
-    return 1e3 * statistics.median(
-        time_steps(lambda: jax.block_until_ready(fn(*args)), 1, repeats))
+    return 1e3 * statistics.median(time_steps(lambda: jax.block_until_ready(fn(*args)), 1, repeats))
 
 
 def main():
@@ -48,32 +48,46 @@ def main():
     args = parser.parse_args()
     b, t, n, h = args.batch, args.length, args.heads, args.head_dim
     rng = np.random.default_rng(0)
-    qkv = [tuple(jnp.asarray(rng.normal(size=(b, t, n, h)) * 0.3, jnp.float32) for _ in range(3))
-           for _ in range(args.layers)]
+    qkv = [
+        tuple(jnp.asarray(rng.normal(size=(b, t, n, h)) * 0.3, jnp.float32) for _ in range(3))
+        for _ in range(args.layers)
+    ]
     mask = jnp.ones((b, 1, 1, t), bool)
 
     def fused(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, mask=jnp.broadcast_to(mask, (b, 1, t, t)),
-                                            implementation="xla")
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=jnp.broadcast_to(mask, (b, 1, t, t)), implementation="xla"
+        )
 
-    variants = [("autodiff of jax.nn.dot_product_attention (xla)", fused),
-                ("autodiff of exact_attention", lambda q, k, v: exact_attention(q, k, v, mask))]
-    variants += [(f"products.attention, {c} chain{'s' if c > 1 else ''}",
-                  lambda q, k, v, c=c: products.attention(q, k, v, mask, chains=c))
-                 for c in (1, 2, 4) if b % c == 0]
+    variants = [
+        ("autodiff of jax.nn.dot_product_attention (xla)", fused),
+        ("autodiff of exact_attention", lambda q, k, v: exact_attention(q, k, v, mask)),
+    ]
+    variants += [
+        (
+            f"products.attention, {c} chain{'s' if c > 1 else ''}",
+            lambda q, k, v, c=c: products.attention(q, k, v, mask, chains=c),
+        )
+        for c in (1, 2, 4)
+        if b % c == 0
+    ]
     flops = args.layers * 3 * 2 * (2 * b * n * t * t * h)  # 2 products forward, 4 backward
     print(f"| {args.layers} layers, B={b} T={t} N={n} H={h}, forward + backward | ms | GFLOP/s |")
     print("|---|---|---|")
     for name, attend in variants:
+
         def loss(layers, attend=attend):
             return sum(jnp.sum(attend(q, k, v) ** 2) for q, k, v in layers)
+
         ms = median_ms(jax.jit(jax.grad(loss)), qkv, repeats=args.repeats)
         print(f"| {name} | {ms:.1f} | {flops / ms / 1e6:.0f} |", flush=True)
     q, k = (jnp.transpose(a, (0, 2, 1, 3)) for a in qkv[0][:2])
     product = jax.jit(lambda x, y: jax.lax.dot_general(x, y, (((3,), (3,)), ((0, 1), (0, 1)))))
     ms = median_ms(product, q, k, repeats=args.repeats)
-    print(f"| one batched [B,N,T,H] x [B,N,S,H] product, forward only | {ms:.2f} | "
-          f"{2 * b * n * t * t * h / ms / 1e6:.0f} |")
+    print(
+        f"| one batched [B,N,T,H] x [B,N,S,H] product, forward only | {ms:.2f} | "
+        f"{2 * b * n * t * t * h / ms / 1e6:.0f} |"
+    )
 
 
 if __name__ == "__main__":

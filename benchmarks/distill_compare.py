@@ -8,6 +8,7 @@ loss), "mlm_only" (random init, plain MLM: the same student without the teacher)
 --init_only, "teacher_init" (teacher-layer init, plain MLM). Prints held-out MLM accuracy of each,
 the teacher's on the same batches, and teacher vs student forward throughput.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(args, variant: str):
-    spec = importlib.util.spec_from_file_location("distilbert", os.path.join(ROOT, "configs", "distilbert.py"))
+    spec = importlib.util.spec_from_file_location(
+        "distilbert", os.path.join(ROOT, "configs", "distilbert.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
@@ -60,8 +63,11 @@ def _summary(workdir: str, steps: int):
     speeds = [r["perf/steps_per_second"] for r in rows if "perf/steps_per_second" in r]
     if not final:
         return None
-    return {"eval_mlm_accuracy": final[-1]["eval/mlm_accuracy"], "eval_mlm_loss": final[-1]["eval/mlm_loss"],
-            "train_steps_per_s": sum(speeds) / len(speeds)}
+    return {
+        "eval_mlm_accuracy": final[-1]["eval/mlm_accuracy"],
+        "eval_mlm_loss": final[-1]["eval/mlm_loss"],
+        "train_steps_per_s": sum(speeds) / len(speeds),
+    }
 
 
 def _run(args, variant: str) -> dict:
@@ -74,7 +80,11 @@ def _run(args, variant: str) -> dict:
         with config.loss.unlocked():
             for key in distill.DistillObjective.extra_config_keys:
                 del config.loss[key]
-        config.loss.objective, config.loss.next_sentence, config.loss.nsp_weight = "pretraining", True, 0.0
+        config.loss.objective, config.loss.next_sentence, config.loss.nsp_weight = (
+            "pretraining",
+            True,
+            0.0,
+        )
     trainer.train_and_evaluate(config, workdir)
     return _summary(workdir, args.steps)
 
@@ -85,7 +95,9 @@ def _forward_speed(cfg, batch: int, length: int, preds: int, repeats: int = 20) 
     ids = jnp.ones((batch, length), jnp.int32)
     positions = jnp.zeros((batch, preds), jnp.int32)
     params = model.init(jax.random.key(0), ids, None, None, None, positions)["params"]
-    fn = jax.jit(lambda p, i: model.apply({"params": p}, i, None, None, None, positions)["mlm_logits"])
+    fn = jax.jit(
+        lambda p, i: model.apply({"params": p}, i, None, None, None, positions)["mlm_logits"]
+    )
     fn(params, ids).block_until_ready()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -95,7 +107,9 @@ def _forward_speed(cfg, batch: int, length: int, preds: int, repeats: int = 20) 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--teacher", default="/tmp/default_run", help="bertjax workdir of the teacher")
+    parser.add_argument(
+        "--teacher", default="/tmp/default_run", help="bertjax workdir of the teacher"
+    )
     parser.add_argument("--workdir", default="/tmp/distill_compare")
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--student_layers", type=int, default=1)
@@ -109,8 +123,11 @@ def main():
     length, preds = int(config.data.max_seq_length), int(config.data.max_predictions)
     teacher_fps = _forward_speed(teacher_cfg, int(config.batch_size), length, preds)
     student_fps = _forward_speed(student_cfg, int(config.batch_size), length, preds)
-    results["forward_per_s"] = {"teacher": teacher_fps, "student": student_fps,
-                                "speedup": student_fps / teacher_fps}
+    results["forward_per_s"] = {
+        "teacher": teacher_fps,
+        "student": student_fps,
+        "speedup": student_fps / teacher_fps,
+    }
     print(json.dumps(results, indent=1))
 
 

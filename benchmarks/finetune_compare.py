@@ -17,12 +17,13 @@ With the previous default encoder (3500 steps, BERT's init, MLM accuracy 0.153, 
 words) the same runs gave 0.683 / 0.786 / 0.797 against 0.448 / 0.757 / 0.759: this topic-like task
 rewards the bag-of-words encoder more than the better masked-LM one at the higher LRs.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import os
+import shutil
 import sys
 import time
 
@@ -35,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _load_config(name: str):
     import importlib.util
+
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -70,17 +72,25 @@ def _finetune(args, init_from: str, tokenizer_model: str, model: dict, workdir: 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pretrained", default="/tmp/default_run", help="bertjax pretraining workdir")
-    parser.add_argument("--pretrain-steps", type=int, default=800, help="if --pretrained has no checkpoint")
+    parser.add_argument(
+        "--pretrained", default="/tmp/default_run", help="bertjax pretraining workdir"
+    )
+    parser.add_argument(
+        "--pretrain-steps", type=int, default=800, help="if --pretrained has no checkpoint"
+    )
     parser.add_argument("--workdir", default="/tmp/finetune_compare")
     parser.add_argument("--task-config", default="finetune_glue")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--learning-rate", type=float, default=0.0, help="0 = the config's")
-    parser.add_argument("--train-examples", type=int, default=0, help="0 = all (else a seeded subset)")
+    parser.add_argument(
+        "--train-examples", type=int, default=0, help="0 = all (else a seeded subset)"
+    )
     args = parser.parse_args()
     checkpoints = os.path.join(args.pretrained, "checkpoints")
-    if not (os.path.isdir(checkpoints) and Checkpointer(checkpoints, async_save=False).latest_step()):
+    if not (
+        os.path.isdir(checkpoints) and Checkpointer(checkpoints, async_save=False).latest_step()
+    ):
         _pretrain(args.pretrained, args.pretrain_steps)
     ckpt = Checkpointer(checkpoints, async_save=False)
     meta = ckpt.read_meta()
@@ -88,22 +98,34 @@ def main():
     tokenizer_model = os.path.join(args.pretrained, "tokenizer", meta["tokenizer_file"])
     if not os.path.isfile(tokenizer_model):
         from bertjax.checkpoint import write_tokenizer
+
         tokenizer_model = write_tokenizer(meta, os.path.join(args.workdir, "tokenizer"))
-    shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-             "max_position_embeddings")
+    shape = (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+    )
     model = {k: meta["model_config"][k] for k in shape}
     results = {
-        "pretrained": _finetune(args, args.pretrained, "", model, os.path.join(args.workdir, "pretrained")),
+        "pretrained": _finetune(
+            args, args.pretrained, "", model, os.path.join(args.workdir, "pretrained")
+        ),
         "random": _finetune(args, "", tokenizer_model, model, os.path.join(args.workdir, "random")),
     }
     metric = results["pretrained"]["metric"]
-    print(f"\n{args.task_config}: best dev {metric} over {args.steps} steps (eval every "
-          f"{args.eval_every}), lr {args.learning_rate or 'from config'}, "
-          f"train examples {args.train_examples or 'all'}")
+    print(
+        f"\n{args.task_config}: best dev {metric} over {args.steps} steps (eval every "
+        f"{args.eval_every}), lr {args.learning_rate or 'from config'}, "
+        f"train examples {args.train_examples or 'all'}"
+    )
     print(f"{'init':<12}{metric:>10}{'step':>6}  other dev metrics")
     for name, best in results.items():
         others = " ".join(f"{k[5:]}={v:.3f}" for k, v in best["metrics"].items() if k[5:] != metric)
-        print(f"{name:<12}{best['value']:>10.4f}{best['step']:>6}  {others}  ({best['seconds']:.0f}s)")
+        print(
+            f"{name:<12}{best['value']:>10.4f}{best['step']:>6}  {others}  ({best['seconds']:.0f}s)"
+        )
 
 
 if __name__ == "__main__":

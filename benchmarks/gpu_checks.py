@@ -9,6 +9,7 @@ one is over its bound (bf16 operands: loss 1e-2, gradients 3e-2). Dropout is off
 computes the same function; the rows have random real lengths (padding at the end), so the
 attention mask matters.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,14 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from step_throughput import single_device_state  # noqa: E402  (benchmarks/ is on sys.path)
+
 import bertjax  # noqa: E402
 from bertjax import step  # noqa: E402
-from step_throughput import single_device_state  # noqa: E402  (benchmarks/ is on sys.path)
 
 LOSS_BOUND, GRAD_BOUND = 1e-2, 3e-2
 
@@ -35,14 +36,20 @@ def padded_batch(batch: int, length: int, vocab: int, seed: int) -> dict:
     real = np.arange(length)[None] < lengths[:, None]
     ids = np.where(real, rng.integers(5, vocab, (batch, length)), 0).astype(np.int32)
     predictions = max(1, round(0.15 * length // 2))
-    positions = np.sort(np.stack([rng.choice(np.arange(1, n), predictions, replace=False)
-                                  for n in lengths]), axis=1).astype(np.int32)
-    return {"input_ids": ids, "attention_mask": real.astype(np.int32),
-            "token_type_ids": ((np.arange(length)[None] >= lengths[:, None] // 2) & real)
-            .astype(np.int32),
-            "masked_positions": positions, "masked_ids": np.take_along_axis(ids, positions, 1),
-            "masked_weights": np.ones(positions.shape, np.float32),
-            "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32)}
+    positions = np.sort(
+        np.stack([rng.choice(np.arange(1, n), predictions, replace=False) for n in lengths]), axis=1
+    ).astype(np.int32)
+    return {
+        "input_ids": ids,
+        "attention_mask": real.astype(np.int32),
+        "token_type_ids": ((np.arange(length)[None] >= lengths[:, None] // 2) & real).astype(
+            np.int32
+        ),
+        "masked_positions": positions,
+        "masked_ids": np.take_along_axis(ids, positions, 1),
+        "masked_weights": np.ones(positions.shape, np.float32),
+        "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32),
+    }
 
 
 def loss_and_grads(cfg, batch: dict, precision: str):
@@ -72,25 +79,35 @@ def main():
     args = parser.parse_args()
     failures, start = 0, time.perf_counter()
     for length in (int(x) for x in args.lengths.split(",")):
-        cfg = bertjax.BertConfig(vocab_size=args.vocab, hidden_size=args.hidden,
-                                 num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                                 intermediate_size=args.intermediate,
-                                 max_position_embeddings=max(512, length),
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        cfg = bertjax.BertConfig(
+            vocab_size=args.vocab,
+            hidden_size=args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            intermediate_size=args.intermediate,
+            max_position_embeddings=max(512, length),
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
         batch = padded_batch(args.batch, length, args.vocab, seed=length)
-        ref_loss, ref_grads = loss_and_grads(cfg.replace(attention_implementation="xla"), batch,
-                                             "highest")
+        ref_loss, ref_grads = loss_and_grads(
+            cfg.replace(attention_implementation="xla"), batch, "highest"
+        )
         for impl in args.impls.split(","):
-            loss, grads = loss_and_grads(cfg.replace(dtype="bfloat16", attention_implementation=impl),
-                                         batch, "default")
+            loss, grads = loss_and_grads(
+                cfg.replace(dtype="bfloat16", attention_implementation=impl), batch, "default"
+            )
             loss_error = abs(loss - ref_loss) / abs(ref_loss)
             grad_error = np.linalg.norm(grads - ref_grads) / np.linalg.norm(ref_grads)
             ok = np.isfinite(loss) and loss_error < LOSS_BOUND and grad_error < GRAD_BOUND
             failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} T={length} attention={impl} bf16 vs float32 xla: "
-                  f"loss {loss:.5f} vs {ref_loss:.5f} (rel {loss_error:.2e} < {LOSS_BOUND}), "
-                  f"grads rel {grad_error:.2e} < {GRAD_BOUND} "
-                  f"[{time.perf_counter() - start:.0f} s]", flush=True)
+            print(
+                f"{'ok  ' if ok else 'FAIL'} T={length} attention={impl} bf16 vs float32 xla: "
+                f"loss {loss:.5f} vs {ref_loss:.5f} (rel {loss_error:.2e} < {LOSS_BOUND}), "
+                f"grads rel {grad_error:.2e} < {GRAD_BOUND} "
+                f"[{time.perf_counter() - start:.0f} s]",
+                flush=True,
+            )
     sys.exit(1 if failures else 0)
 
 

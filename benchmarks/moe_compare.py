@@ -8,6 +8,7 @@ optimizer); the dense run only sets ``model.num_experts = 0``. ``--prepared DIR`
 an existing ``tokenizer/`` and ``store/`` (same data config) into each workdir to skip
 preparation. Steps/s is the mean over log windows after the first (which holds compilation).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def _config():
 
 def _steps_per_second(workdir: str) -> float:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rates = [row["perf/steps_per_second"] for row in map(json.loads, f)
-                 if "perf/steps_per_second" in row]
+        rates = [
+            row["perf/steps_per_second"]
+            for row in map(json.loads, f)
+            if "perf/steps_per_second" in row
+        ]
     rates = rates[1:] or rates
     return sum(rates) / len(rates)
 
@@ -53,12 +57,15 @@ def run(name: str, num_experts: int, args) -> dict:
             shutil.copytree(os.path.join(args.prepared, part), os.path.join(workdir, part))
     start = time.perf_counter()
     summary = trainer.train_and_evaluate(config, workdir)
-    return {"run": name, "eval_mlm_loss": summary["eval/mlm_loss"],
-            "eval_mlm_accuracy": summary["eval/mlm_accuracy"],
-            "steps_per_second": _steps_per_second(workdir),
-            "wall_s": time.perf_counter() - start,
-            "dropped": summary.get("train/moe_dropped_fraction", 0.0),
-            "balance": summary.get("train/moe_balance_loss", float("nan"))}
+    return {
+        "run": name,
+        "eval_mlm_loss": summary["eval/mlm_loss"],
+        "eval_mlm_accuracy": summary["eval/mlm_accuracy"],
+        "steps_per_second": _steps_per_second(workdir),
+        "wall_s": time.perf_counter() - start,
+        "dropped": summary.get("train/moe_dropped_fraction", 0.0),
+        "balance": summary.get("train/moe_balance_loss", float("nan")),
+    }
 
 
 def main():
@@ -70,12 +77,16 @@ def main():
     args = parser.parse_args()
     runs = [("moe", 4), ("dense", 0)]
     rows = [run(name, experts, args) for name, experts in runs if args.only in (None, name)]
-    print(f"{'run':6} {'eval MLM loss':>14} {'eval MLM acc':>13} {'steps/s':>8} {'wall s':>7} "
-          f"{'dropped':>8} {'balance':>8}")
+    print(
+        f"{'run':6} {'eval MLM loss':>14} {'eval MLM acc':>13} {'steps/s':>8} {'wall s':>7} "
+        f"{'dropped':>8} {'balance':>8}"
+    )
     for r in rows:
-        print(f"{r['run']:6} {r['eval_mlm_loss']:14.4f} {r['eval_mlm_accuracy']:13.4f} "
-              f"{r['steps_per_second']:8.2f} {r['wall_s']:7.0f} {r['dropped']:8.3f} "
-              f"{r['balance']:8.3f}")
+        print(
+            f"{r['run']:6} {r['eval_mlm_loss']:14.4f} {r['eval_mlm_accuracy']:13.4f} "
+            f"{r['steps_per_second']:8.2f} {r['wall_s']:7.0f} {r['dropped']:8.3f} "
+            f"{r['balance']:8.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ On a GPU the events come from the device plane's kernel/op lines; on the CPU fro
 thread pools' op events (one event per thunk). Events with the same name are summed; --steps
 divides the totals by the number of traced steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,15 @@ def op_times(path: str) -> tuple[dict, str]:
 
     data = ProfileData.from_file(path)
     planes = {plane.name: plane for plane in data.planes}
-    device = [name for name in planes if name.startswith("/device:GPU") or
-              name.startswith("/device:TPU")]
+    device = [
+        name for name in planes if name.startswith("/device:GPU") or name.startswith("/device:TPU")
+    ]
     totals = collections.defaultdict(lambda: [0.0, 0])
     if device:
         plane = planes[sorted(device)[0]]
-        lines = [line for line in plane.lines if line.name in ("XLA Ops", "Kernels")] or \
-            [line for line in plane.lines if line.name.startswith("Stream")]
+        lines = [line for line in plane.lines if line.name in ("XLA Ops", "Kernels")] or [
+            line for line in plane.lines if line.name.startswith("Stream")
+        ]
     else:
         plane = planes["/host:CPU"]
         lines = [line for line in plane.lines if line.name.startswith("tf_XLA")]
@@ -55,12 +58,16 @@ def main():
         path = sorted(glob.glob(os.path.join(path, "**", "*.xplane.pb"), recursive=True))[-1]
     totals, plane = op_times(path)
     everything = sum(total for total, _ in totals.values())
-    print(f"{path}: plane {plane}, {len(totals)} distinct ops, "
-          f"{everything / 1e6 / args.steps:.1f} ms of op time per step")
+    print(
+        f"{path}: plane {plane}, {len(totals)} distinct ops, "
+        f"{everything / 1e6 / args.steps:.1f} ms of op time per step"
+    )
     print("| op | ms/step | calls/step | share |\n|---|---|---|---|")
-    for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:args.top]:
-        print(f"| {name[:70]} | {total / 1e6 / args.steps:.2f} | {count / args.steps:.0f} | "
-              f"{total / everything:.1%} |")
+    for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
+        print(
+            f"| {name[:70]} | {total / 1e6 / args.steps:.2f} | {count / args.steps:.0f} | "
+            f"{total / everything:.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ full jitted, donated train step (adds clipping and AdamW). Medians of 5 after on
 
   python benchmarks/step_breakdown.py [--sizes tiny,mini]
 """
+
 import argparse
 import os
 import sys
@@ -14,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bertjax import BertConfig, sharding, step as step_lib  # noqa: E402
+from bertjax import BertConfig, sharding  # noqa: E402
+from bertjax import step as step_lib
 
 BATCH, LENGTH, PREDICTIONS = 32, 128, 20
 
@@ -35,10 +37,13 @@ def _batch(cfg):
         input_ids=rs.randint(5, cfg.vocab_size, (BATCH, LENGTH)).astype(np.int32),
         token_type_ids=np.zeros((BATCH, LENGTH), np.int32),
         attention_mask=np.ones((BATCH, LENGTH), np.int32),
-        masked_positions=np.sort(rs.rand(BATCH, LENGTH).argsort(1)[:, :PREDICTIONS], 1).astype(np.int32),
+        masked_positions=np.sort(rs.rand(BATCH, LENGTH).argsort(1)[:, :PREDICTIONS], 1).astype(
+            np.int32
+        ),
         masked_ids=rs.randint(5, cfg.vocab_size, (BATCH, PREDICTIONS)).astype(np.int32),
         masked_weights=np.ones((BATCH, PREDICTIONS), np.float32),
-        next_sentence_label=np.zeros(BATCH, np.int32))
+        next_sentence_label=np.zeros(BATCH, np.int32),
+    )
 
 
 def breakdown(size: str) -> dict:
@@ -63,9 +68,11 @@ def breakdown(size: str) -> dict:
         full = model.clone(sparse_last_layer=False)  # every row's sequence output
         return jnp.sum(outputs(params, full)["sequence_output"] ** 2)
 
-    result = {"loss forward": _median_ms(jax.jit(loss), state.params),
-              "forward+backward": _median_ms(jax.jit(jax.grad(loss)), state.params),
-              "encoder only fwd+bwd": _median_ms(jax.jit(jax.grad(encoder_only)), state.params)}
+    result = {
+        "loss forward": _median_ms(jax.jit(loss), state.params),
+        "forward+backward": _median_ms(jax.jit(jax.grad(loss)), state.params),
+        "encoder only fwd+bwd": _median_ms(jax.jit(jax.grad(encoder_only)), state.params),
+    }
     steps = step_lib.jit_steps(state, mesh)
     global_batch = sharding.global_batch(host_batch, mesh, BATCH)
     rng = jax.random.key(1)
@@ -83,8 +90,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="tiny,mini")
     args = parser.parse_args()
-    print("| model | " + " | ".join(["loss forward", "forward+backward", "encoder only fwd+bwd",
-                                     "full train step"]) + " |")
+    print(
+        "| model | "
+        + " | ".join(
+            ["loss forward", "forward+backward", "encoder only fwd+bwd", "full train step"]
+        )
+        + " |"
+    )
     print("|---|---|---|---|---|")
     for size in args.sizes.split(","):
         row = breakdown(size)

@@ -14,6 +14,7 @@ matmul peak measured in this run (or the datasheet peak of a known accelerator).
 
 Appends the table to benchmarks/results.md unless --no-record.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,8 @@ import re
 import statistics
 import sys
 import time
-from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,13 +42,23 @@ FULL = {"sparse_last_layer": False}  # config.loss of a step whose last layer co
 def synthetic_batch(batch: int, length: int, predictions: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     ids = rng.integers(5, VOCAB, (batch, length)).astype(np.int32)
-    positions = np.sort(np.stack([rng.choice(np.arange(1, length), predictions, replace=False)
-                                  for _ in range(batch)]), axis=1).astype(np.int32)
-    return {"input_ids": ids, "token_type_ids": (np.arange(length) >= length // 2).astype(np.int32)
-            [None].repeat(batch, 0), "attention_mask": np.ones((batch, length), np.int32),
-            "masked_positions": positions, "masked_ids": np.take_along_axis(ids, positions, 1),
-            "masked_weights": np.ones((batch, predictions), np.float32),
-            "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32)}
+    positions = np.sort(
+        np.stack(
+            [rng.choice(np.arange(1, length), predictions, replace=False) for _ in range(batch)]
+        ),
+        axis=1,
+    ).astype(np.int32)
+    return {
+        "input_ids": ids,
+        "token_type_ids": (np.arange(length) >= length // 2)
+        .astype(np.int32)[None]
+        .repeat(batch, 0),
+        "attention_mask": np.ones((batch, length), np.int32),
+        "masked_positions": positions,
+        "masked_ids": np.take_along_axis(ids, positions, 1),
+        "masked_weights": np.ones((batch, predictions), np.float32),
+        "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32),
+    }
 
 
 def time_steps(run, warmup: int, steps: int) -> list[float]:
@@ -63,14 +72,14 @@ def time_steps(run, warmup: int, steps: int) -> list[float]:
     return times
 
 
-def step_config(loss: Optional[dict] = None):
+def step_config(loss: dict | None = None):
     """The step config the rows run: the defaults, plus ``loss`` overrides of config.loss."""
     config = step.default_step_config()
     config.loss.update(loss or {})
     return config
 
 
-def single_device_state(cfg, batch: dict, loss: Optional[dict] = None):
+def single_device_state(cfg, batch: dict, loss: dict | None = None):
     """(train state, mesh, device batch) for ``cfg`` on the first device: AdamW at 1e-4."""
     config = step_config(loss)
     config.batch_size = batch["input_ids"].shape[0]
@@ -81,8 +90,15 @@ def single_device_state(cfg, batch: dict, loss: Optional[dict] = None):
     return state, mesh, sharding.global_batch(batch, mesh, config.batch_size)
 
 
-def bertjax_times(cfg, batch: dict, warmup: int, steps: int, prng: str = "threefry2x32",
-                  profile_dir: str = "", loss: Optional[dict] = None) -> list[float]:
+def bertjax_times(
+    cfg,
+    batch: dict,
+    warmup: int,
+    steps: int,
+    prng: str = "threefry2x32",
+    profile_dir: str = "",
+    loss: dict | None = None,
+) -> list[float]:
     state, mesh, device_batch = single_device_state(cfg, batch, loss)
     train, _ = step.jit_steps(state, mesh)
     rng = jax.random.key(1, impl=prng)  # the dropout key; its impl picks the bit generator
@@ -108,23 +124,33 @@ def hf_times(cfg, batch: dict, warmup: int, steps: int, dtype: str = "float32") 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hf_cfg = transformers.BertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
         hidden_dropout_prob=cfg.hidden_dropout_prob,
-        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob, attn_implementation="sdpa")
+        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+        attn_implementation="sdpa",
+    )
     model = transformers.BertForPreTraining(hf_cfg).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
-                                  fused=device == "cuda")
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, weight_decay=0.01, fused=device == "cuda"
+    )
     autocast = torch.autocast(device, dtype=getattr(torch, dtype), enabled=dtype != "float32")
     ids = torch.tensor(batch["input_ids"], dtype=torch.long)
     labels = torch.full_like(ids, -100)
     rows = torch.arange(ids.shape[0])[:, None]
     positions = torch.tensor(batch["masked_positions"], dtype=torch.long)
     labels[rows, positions] = torch.tensor(batch["masked_ids"], dtype=torch.long)
-    inputs = dict(input_ids=ids, token_type_ids=torch.tensor(batch["token_type_ids"]).long(),
-                  attention_mask=torch.tensor(batch["attention_mask"]).long(), labels=labels,
-                  next_sentence_label=torch.tensor(batch["next_sentence_label"]).long())
+    inputs = dict(
+        input_ids=ids,
+        token_type_ids=torch.tensor(batch["token_type_ids"]).long(),
+        attention_mask=torch.tensor(batch["attention_mask"]).long(),
+        labels=labels,
+        next_sentence_label=torch.tensor(batch["next_sentence_label"]).long(),
+    )
     inputs = {k: v.to(device) for k, v in inputs.items()}
 
     def run():
@@ -155,8 +181,10 @@ def row(name, cfg, batch, times, peak, reference=None, memory="-", loss=None):
     rows = step.StepSpec.from_config(step_config(loss), cfg).model().last_layer_rows(p)
     flops = b * metrics_lib.train_flops_per_sequence(cfg, t, p, rows)
     best, median = min(times), statistics.median(times)
-    line = (f"| {name} | {t} | {b} | {best * 1e3:.0f} | {median * 1e3:.0f} | "
-            f"{b * t / median:,.0f} | {flops / median / peak:.1%} | {memory} |")
+    line = (
+        f"| {name} | {t} | {b} | {best * 1e3:.0f} | {median * 1e3:.0f} | "
+        f"{b * t / median:,.0f} | {flops / median / peak:.1%} | {memory} |"
+    )
     ratio = "" if reference is None else f" {reference / median:.2f}x |"
     return line + (ratio if reference is not None else " |")
 
@@ -173,8 +201,17 @@ def bf16_rows(cfg, batch: dict, size: str, args, peak: float) -> list[str]:
         print(lines[-1], flush=True)
     variant = cfg.replace(matmul_dtype="bfloat16")
     times = bertjax_times(variant, batch, args.warmup, args.steps, args.prng)
-    lines.append(row(f"bertjax {size} matmul_dtype=bfloat16 {tag}", variant, batch, times, peak,
-                     reference, peak_memory()))
+    lines.append(
+        row(
+            f"bertjax {size} matmul_dtype=bfloat16 {tag}",
+            variant,
+            batch,
+            times,
+            peak,
+            reference,
+            peak_memory(),
+        )
+    )
     print(lines[-1], flush=True)
     return lines
 
@@ -191,36 +228,61 @@ def main():
     parser.add_argument("--remat", default="none")
     parser.add_argument("--scan", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
-    parser.add_argument("--attention-variants", default="",
-                        help="e.g. cudnn,xla: each implementation, and the first with scan+remat")
-    parser.add_argument("--variants", action="store_true",
-                        help="fast paths on/off for the first size and length")
-    parser.add_argument("--prng", default="threefry2x32",
-                        help="bit generator of the dropout key, e.g. rbg (a variant row with "
-                             "--attention-variants)")
-    parser.add_argument("--bf16-matmuls", action="store_true",
-                        help="two more rows per size: HF under bf16 autocast, and bertjax with "
-                             "matmul_dtype=bfloat16 (ratio between them; MFU vs the measured "
-                             "bf16 matmul peak)")
-    parser.add_argument("--time-budget", type=float, default=0,
-                        help="seconds: start no new row after this (0: no limit)")
-    parser.add_argument("--profile", default="",
-                        help="folder: trace 3 more steps of each bertjax row into a subfolder")
+    parser.add_argument(
+        "--attention-variants",
+        default="",
+        help="e.g. cudnn,xla: each implementation, and the first with scan+remat",
+    )
+    parser.add_argument(
+        "--variants", action="store_true", help="fast paths on/off for the first size and length"
+    )
+    parser.add_argument(
+        "--prng",
+        default="threefry2x32",
+        help="bit generator of the dropout key, e.g. rbg (a variant row with --attention-variants)",
+    )
+    parser.add_argument(
+        "--bf16-matmuls",
+        action="store_true",
+        help="two more rows per size: HF under bf16 autocast, and bertjax with "
+        "matmul_dtype=bfloat16 (ratio between them; MFU vs the measured "
+        "bf16 matmul peak)",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=0,
+        help="seconds: start no new row after this (0: no limit)",
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="folder: trace 3 more steps of each bertjax row into a subfolder",
+    )
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     if jax.default_backend() == "cpu" and not args.no_hf:
         import torch
+
         torch.set_num_threads(os.cpu_count() or 1)
     start = time.perf_counter()
     peak = metrics_lib.peak_flops()
     bf16_peak = metrics_lib.measured_matmul_peak("bfloat16") if args.bf16_matmuls else 0.0
-    measured = "" if jax.default_backend() == "cpu" else (
-        f" (measured {args.dtype} matmul {metrics_lib.measured_matmul_peak(args.dtype) / 1e12:,.0f} TFLOP/s)")
-    header = [f"### {datetime.date.today()} — {platform.node()} — {jax.devices()[0].device_kind} "
-              f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s"
-              f"{measured} — GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} (both frameworks)",
-              "", "| model | T | B | min ms | median ms | tokens/s | MFU | peak GiB | bertjax vs HF |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    measured = (
+        ""
+        if jax.default_backend() == "cpu"
+        else (
+            f" (measured {args.dtype} matmul {metrics_lib.measured_matmul_peak(args.dtype) / 1e12:,.0f} TFLOP/s)"
+        )
+    )
+    header = [
+        f"### {datetime.date.today()} — {platform.node()} — {jax.devices()[0].device_kind} "
+        f"x{jax.device_count()} — jax {jax.__version__} — peak {peak / 1e9:,.0f} GFLOP/s"
+        f"{measured} — GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} (both frameworks)",
+        "",
+        "| model | T | B | min ms | median ms | tokens/s | MFU | peak GiB | bertjax vs HF |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(header), flush=True)
     lines = list(header)
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -229,32 +291,66 @@ def main():
             batch_size = args.batch or (32 if length <= 128 else 8)
             if args.batch and length > 128:
                 batch_size = max(1, args.batch * 128 // length)  # same tokens per step
-            cfg = bertjax.BertConfig.preset(size, vocab_size=VOCAB, dtype=args.dtype,
-                                            attention_implementation=args.attention,
-                                            remat=args.remat, scan_layers=args.scan,
-                                            hidden_dropout_prob=0.1,
-                                            attention_probs_dropout_prob=0.0)
+            cfg = bertjax.BertConfig.preset(
+                size,
+                vocab_size=VOCAB,
+                dtype=args.dtype,
+                attention_implementation=args.attention,
+                remat=args.remat,
+                scan_layers=args.scan,
+                hidden_dropout_prob=0.1,
+                attention_probs_dropout_prob=0.0,
+            )
             batch = synthetic_batch(batch_size, length, max(1, round(0.15 * length)))
             variants = [("bertjax", cfg, args.prng, None)]
             if args.attention_variants:
                 impls = args.attention_variants.split(",")
-                variants = [(f"bertjax attention={impl}", cfg.replace(attention_implementation=impl),
-                             args.prng, None) for impl in impls]
+                variants = [
+                    (
+                        f"bertjax attention={impl}",
+                        cfg.replace(attention_implementation=impl),
+                        args.prng,
+                        None,
+                    )
+                    for impl in impls
+                ]
                 if args.prng != "threefry2x32":
-                    variants += [(f"bertjax attention={impls[0]} dropout threefry2x32",
-                                  cfg.replace(attention_implementation=impls[0]), "threefry2x32",
-                                  None)]
-                variants += [(f"bertjax attention={impls[0]} remat=full",
-                              cfg.replace(attention_implementation=impls[0], remat="full",
-                                          scan_layers=True), args.prng, None)]
+                    variants += [
+                        (
+                            f"bertjax attention={impls[0]} dropout threefry2x32",
+                            cfg.replace(attention_implementation=impls[0]),
+                            "threefry2x32",
+                            None,
+                        )
+                    ]
+                variants += [
+                    (
+                        f"bertjax attention={impls[0]} remat=full",
+                        cfg.replace(
+                            attention_implementation=impls[0], remat="full", scan_layers=True
+                        ),
+                        args.prng,
+                        None,
+                    )
+                ]
             if args.variants:
-                variants += [("- sparse last layer (every row)", cfg, args.prng, FULL),
-                             ("+ attention dropout", cfg.replace(attention_probs_dropout_prob=0.1),
-                              args.prng, None),
-                             ("+ scan", cfg.replace(scan_layers=True), args.prng, None),
-                             ("+ scan + remat full", cfg.replace(scan_layers=True, remat="full"),
-                              args.prng, None),
-                             ("+ bf16 compute", cfg.replace(dtype="bfloat16"), args.prng, None)]
+                variants += [
+                    ("- sparse last layer (every row)", cfg, args.prng, FULL),
+                    (
+                        "+ attention dropout",
+                        cfg.replace(attention_probs_dropout_prob=0.1),
+                        args.prng,
+                        None,
+                    ),
+                    ("+ scan", cfg.replace(scan_layers=True), args.prng, None),
+                    (
+                        "+ scan + remat full",
+                        cfg.replace(scan_layers=True, remat="full"),
+                        args.prng,
+                        None,
+                    ),
+                    ("+ bf16 compute", cfg.replace(dtype="bfloat16"), args.prng, None),
+                ]
             hf_median = None
             if not args.no_hf:
                 hf = hf_times(cfg, batch, args.warmup, args.steps, args.dtype)
@@ -267,16 +363,36 @@ def main():
                     continue
                 trace = os.path.join(args.profile, re.sub(r"\W+", "_", f"{name}_{size}_{length}"))
                 try:
-                    times = bertjax_times(variant, batch, args.warmup, args.steps, prng,
-                                          trace if args.profile else "", loss)
+                    times = bertjax_times(
+                        variant,
+                        batch,
+                        args.warmup,
+                        args.steps,
+                        prng,
+                        trace if args.profile else "",
+                        loss,
+                    )
                 except Exception as error:  # one failing variant must not lose the other rows
                     if not args.attention_variants:
                         raise
-                    print(f"failed: {name} {size} T={length}: {type(error).__name__}: "
-                          f"{str(error)[:400]}", flush=True)
+                    print(
+                        f"failed: {name} {size} T={length}: {type(error).__name__}: "
+                        f"{str(error)[:400]}",
+                        flush=True,
+                    )
                     continue
-                lines.append(row(f"{name} {size}", variant, batch, times, peak, hf_median,
-                                 peak_memory(), loss))
+                lines.append(
+                    row(
+                        f"{name} {size}",
+                        variant,
+                        batch,
+                        times,
+                        peak,
+                        hf_median,
+                        peak_memory(),
+                        loss,
+                    )
+                )
                 print(lines[-1], flush=True)
                 print(f"# {time.perf_counter() - start:.0f} s since start", flush=True)
             if args.bf16_matmuls:
@@ -286,7 +402,12 @@ def main():
     if not args.no_record:
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md")
         with open(path, "a") as f:
-            f.write("\n" + " ".join(sys.argv[1:]).join(["<!-- args: ", " -->\n"]) + "\n".join(lines) + "\n")
+            f.write(
+                "\n"
+                + " ".join(sys.argv[1:]).join(["<!-- args: ", " -->\n"])
+                + "\n".join(lines)
+                + "\n"
+            )
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ config, the tokenizer file and fingerprint, the token store's fingerprint). Orba
 writes a step into a temporary directory and renames it when complete, so a save
 killed half-way is never listed, and restore falls back to the last complete step.
 """
+
 from __future__ import annotations
 
 import base64
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -30,9 +31,11 @@ def tokenizer_meta(tokenizer) -> dict:
     """The tokenizer's file (base64) and fingerprint, so a checkpoint is usable on its own."""
     with open(tokenizer.path, "rb") as f:
         data = f.read()
-    return {"tokenizer_file": os.path.basename(tokenizer.path),
-            "tokenizer_bytes": base64.b64encode(data).decode("ascii"),
-            "tokenizer_fingerprint": tokenizer.fingerprint()}
+    return {
+        "tokenizer_file": os.path.basename(tokenizer.path),
+        "tokenizer_bytes": base64.b64encode(data).decode("ascii"),
+        "tokenizer_fingerprint": tokenizer.fingerprint(),
+    }
 
 
 def write_tokenizer(meta: dict, directory: str) -> str:
@@ -50,12 +53,16 @@ class Checkpointer:
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True)
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=("state", "meta"))
+            max_to_keep=keep,
+            create=True,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "meta")
+        )
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
     def all_steps(self) -> list[int]:
@@ -66,36 +73,47 @@ class Checkpointer:
         step = int(jax.device_get(state.step))
         if step in self._manager.all_steps():
             return False
-        return self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(_state_tree(state)), meta=ocp.args.JsonSave(meta)),
-            force=force)
+        return self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(_state_tree(state)), meta=ocp.args.JsonSave(meta)
+            ),
+            force=force,
+        )
 
     def wait(self) -> None:
         self._manager.wait_until_finished()
 
-    def read_meta(self, step: Optional[int] = None) -> dict:
+    def read_meta(self, step: int | None = None) -> dict:
         step = self.latest_step() if step is None else step
         restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return restored["meta"]
 
-    def restore(self, abstract_state, step: Optional[int] = None) -> tuple[Any, dict]:
+    def restore(self, abstract_state, step: int | None = None) -> tuple[Any, dict]:
         """(state, meta) at ``step`` (default: latest), placed in ``abstract_state``'s shardings."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         target = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-            _state_tree(abstract_state))
+            _state_tree(abstract_state),
+        )
         try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+                ),
+            )
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(
                 f"checkpoint {self.directory}/{step} does not fit this model/optimizer: {error}. "
-                "Use the config it was saved with, or a new --workdir") from error
+                "Use the config it was saved with, or a new --workdir"
+            ) from error
         tree = restored["state"]
-        state = abstract_state.replace(step=tree["step"], params=tree["params"],
-                                       opt_state=tree["opt_state"])
+        state = abstract_state.replace(
+            step=tree["step"], params=tree["params"], opt_state=tree["opt_state"]
+        )
         if "frozen" in tree:
             state = state.replace(frozen=tree["frozen"])
         return state, restored["meta"]
@@ -105,20 +123,35 @@ class Checkpointer:
         self._manager.close()
 
 
-def check_compatible(meta: dict, model_cfg: BertConfig, tokenizer_fingerprint: str,
-                     directory: str) -> None:
+def check_compatible(
+    meta: dict, model_cfg: BertConfig, tokenizer_fingerprint: str, directory: str
+) -> None:
     """Refuses to resume from a checkpoint made with another tokenizer or model shape."""
     saved_tok = meta.get("tokenizer_fingerprint")
     if saved_tok and saved_tok != tokenizer_fingerprint:
         raise ValueError(
             f"checkpoint in {directory} was trained with tokenizer {saved_tok}, but this run's "
-            f"tokenizer is {tokenizer_fingerprint}: use the same tokenizer or a new --workdir")
+            f"tokenizer is {tokenizer_fingerprint}: use the same tokenizer or a new --workdir"
+        )
     saved = meta.get("model_config", {})
-    shape_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "embedding_size", "num_hidden_groups", "scan_layers")
-    diffs = {k: (saved[k], getattr(model_cfg, k)) for k in shape_fields
-             if k in saved and saved[k] != getattr(model_cfg, k)}
+    shape_fields = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "embedding_size",
+        "num_hidden_groups",
+        "scan_layers",
+    )
+    diffs = {
+        k: (saved[k], getattr(model_cfg, k))
+        for k in shape_fields
+        if k in saved and saved[k] != getattr(model_cfg, k)
+    }
     if diffs:
-        raise ValueError(f"checkpoint in {directory} has a different model shape "
-                         f"(saved, now): {diffs}; use its config or a new --workdir")
+        raise ValueError(
+            f"checkpoint in {directory} has a different model shape "
+            f"(saved, now): {diffs}; use its config or a new --workdir"
+        )
     logging.info("checkpoint in %s matches this run", directory)

@@ -7,11 +7,13 @@ plus whichever heads the checkpoint has (``mlm_head``, ``nsp_head``, ``classifie
 ``to_hf(cfg, params, path)`` writes a directory ``transformers`` loads with
 ``from_pretrained``. Nothing is unpickled except through ``weights_only=True``.
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -44,10 +46,26 @@ def _mapping(cfg: BertConfig, heads: set[str]) -> dict[str, Rule]:
     base = {"bert": "bert", "roberta": "roberta", "albert": "albert"}[fam]
     emb = ("bert", "embeddings")
     rules: dict[str, Rule] = {
-        f"{base}.embeddings.word_embeddings.weight": (emb + ("word_embeddings",), _identity, _identity),
-        f"{base}.embeddings.position_embeddings.weight": (emb + ("position_embeddings",), _identity, _identity),
-        f"{base}.embeddings.token_type_embeddings.weight": (emb + ("token_type_embeddings",), _identity, _identity),
-        f"{base}.embeddings.LayerNorm.weight": (emb + ("layer_norm", "scale"), _identity, _identity),
+        f"{base}.embeddings.word_embeddings.weight": (
+            emb + ("word_embeddings",),
+            _identity,
+            _identity,
+        ),
+        f"{base}.embeddings.position_embeddings.weight": (
+            emb + ("position_embeddings",),
+            _identity,
+            _identity,
+        ),
+        f"{base}.embeddings.token_type_embeddings.weight": (
+            emb + ("token_type_embeddings",),
+            _identity,
+            _identity,
+        ),
+        f"{base}.embeddings.LayerNorm.weight": (
+            emb + ("layer_norm", "scale"),
+            _identity,
+            _identity,
+        ),
         f"{base}.embeddings.LayerNorm.bias": (emb + ("layer_norm", "bias"), _identity, _identity),
     }
 
@@ -80,7 +98,11 @@ def _mapping(cfg: BertConfig, heads: set[str]) -> dict[str, Rule]:
     def add_attention(prefix, path, names):
         for name in ("query", "key", "value"):
             rules[f"{prefix}.{names[name]}.weight"] = (path + (f"{name}_kernel",), qkv, qkv_back)
-            rules[f"{prefix}.{names[name]}.bias"] = (path + (f"{name}_bias",), head_bias, head_bias_back)
+            rules[f"{prefix}.{names[name]}.bias"] = (
+                path + (f"{name}_bias",),
+                head_bias,
+                head_bias_back,
+            )
         rules[f"{prefix}.{names['output']}.weight"] = (path + ("output_kernel",), out, out_back)
         rules[f"{prefix}.{names['output']}.bias"] = (path + ("output_bias",), _identity, _identity)
 
@@ -89,8 +111,11 @@ def _mapping(cfg: BertConfig, heads: set[str]) -> dict[str, Rule]:
         for g in range(cfg.num_groups):
             p = f"albert.encoder.albert_layer_groups.{g}.albert_layers.0"
             layer = ("bert", "encoder", f"layer_{g}")
-            add_attention(f"{p}.attention", layer + ("attention",),
-                          dict(query="query", key="key", value="value", output="dense"))
+            add_attention(
+                f"{p}.attention",
+                layer + ("attention",),
+                dict(query="query", key="key", value="value", output="dense"),
+            )
             add_norm(f"{p}.attention.LayerNorm", layer + ("attention_norm",))
             add_linear(f"{p}.ffn", layer + ("mlp", "intermediate"))
             add_linear(f"{p}.ffn_output", layer + ("mlp", "output"))
@@ -99,31 +124,48 @@ def _mapping(cfg: BertConfig, heads: set[str]) -> dict[str, Rule]:
         for i in range(cfg.num_hidden_layers):
             p = f"{base}.encoder.layer.{i}"
             layer = ("bert", "encoder", f"layer_{i}")
-            add_attention(p, layer + ("attention",), dict(
-                query="attention.self.query", key="attention.self.key",
-                value="attention.self.value", output="attention.output.dense"))
+            add_attention(
+                p,
+                layer + ("attention",),
+                dict(
+                    query="attention.self.query",
+                    key="attention.self.key",
+                    value="attention.self.value",
+                    output="attention.output.dense",
+                ),
+            )
             add_norm(f"{p}.attention.output.LayerNorm", layer + ("attention_norm",))
             add_linear(f"{p}.intermediate.dense", layer + ("mlp", "intermediate"))
             add_linear(f"{p}.output.dense", layer + ("mlp", "output"))
             add_norm(f"{p}.output.LayerNorm", layer + ("output_norm",))
 
     if "pooler" in heads:
-        pooler = {"bert": "bert.pooler.dense", "roberta": "roberta.pooler.dense",
-                  "albert": "albert.pooler"}[fam]
+        pooler = {
+            "bert": "bert.pooler.dense",
+            "roberta": "roberta.pooler.dense",
+            "albert": "albert.pooler",
+        }[fam]
         if fam == "roberta" and "roberta_classifier" in heads:
             pooler = "classifier.dense"  # RoBERTa's classification head: dense + tanh on <s>
         add_linear(pooler, ("bert", "pooler"))
     if "mlm" in heads:
-        mlm = {"bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                        "cls.predictions.bias"),
-               "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
-               "albert": ("predictions.dense", "predictions.LayerNorm", "predictions.bias")}[fam]
+        mlm = {
+            "bert": (
+                "cls.predictions.transform.dense",
+                "cls.predictions.transform.LayerNorm",
+                "cls.predictions.bias",
+            ),
+            "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+            "albert": ("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
+        }[fam]
         add_linear(mlm[0], ("mlm_head", "transform"))
         add_norm(mlm[1], ("mlm_head", "layer_norm"))
         rules[mlm[2]] = (("mlm_head", "bias"), _identity, _identity)
     if "nsp" in heads:
-        add_linear("sop_classifier.classifier" if fam == "albert" else "cls.seq_relationship",
-                   ("nsp_head",))
+        add_linear(
+            "sop_classifier.classifier" if fam == "albert" else "cls.seq_relationship",
+            ("nsp_head",),
+        )
     if "classifier" in heads:
         add_linear("classifier.out_proj" if fam == "roberta" else "classifier", ("classifier",))
     return rules
@@ -152,8 +194,13 @@ def _read_weights(path: str) -> dict[str, np.ndarray]:
     if os.path.exists(single) or os.path.exists(index):
         from safetensors import safe_open
 
-        files = [single] if os.path.exists(single) else sorted(
-            {os.path.join(path, f) for f in json.load(open(index))["weight_map"].values()})
+        files = (
+            [single]
+            if os.path.exists(single)
+            else sorted(
+                {os.path.join(path, f) for f in json.load(open(index))["weight_map"].values()}
+            )
+        )
         weights = {}
         for file in files:
             try:
@@ -167,18 +214,23 @@ def _read_weights(path: str) -> dict[str, np.ndarray]:
         try:
             import torch
         except ImportError as error:
-            raise ValueError(f"{torch_bin} needs torch to read; install torch or save the "
-                             "model with safetensors (save_pretrained does by default)") from error
+            raise ValueError(
+                f"{torch_bin} needs torch to read; install torch or save the "
+                "model with safetensors (save_pretrained does by default)"
+            ) from error
         state = torch.load(torch_bin, map_location="cpu", weights_only=True)
         return {k: v.float().numpy() for k, v in state.items()}
     raise FileNotFoundError(
         f"no weights in {path}: expected model.safetensors, model.safetensors.index.json "
-        "or pytorch_model.bin")
+        "or pytorch_model.bin"
+    )
 
 
 _SPECIAL_TOKENS = {  # field -> token strings used by each family's vocabularies
-    "unk_token_id": ("[UNK]", "<unk>"), "cls_token_id": ("[CLS]", "<s>"),
-    "sep_token_id": ("[SEP]", "</s>"), "mask_token_id": ("[MASK]", "<mask>"),
+    "unk_token_id": ("[UNK]", "<unk>"),
+    "cls_token_id": ("[CLS]", "<s>"),
+    "sep_token_id": ("[SEP]", "</s>"),
+    "mask_token_id": ("[MASK]", "<mask>"),
 }
 _FAMILY_DEFAULTS = {  # the ids of the reference vocabularies when no tokenizer file is present
     "bert": dict(unk_token_id=100, cls_token_id=101, sep_token_id=102, mask_token_id=103),
@@ -229,16 +281,24 @@ def special_token_ids(path: str, family: str, hf: dict) -> dict:
 def _config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
     fam = hf.get("model_type")
     if fam not in ("bert", "roberta", "albert"):
-        raise ValueError(f"{path}/config.json has model_type {fam!r}; bertjax converts "
-                         "'bert', 'roberta' and 'albert'")
+        raise ValueError(
+            f"{path}/config.json has model_type {fam!r}; bertjax converts "
+            "'bert', 'roberta' and 'albert'"
+        )
     if fam == "albert" and hf.get("inner_group_num", 1) != 1:
-        raise ValueError(f"{path}/config.json: ALBERT inner_group_num={hf['inner_group_num']} "
-                         "is not supported (only 1, as in every released ALBERT)")
+        raise ValueError(
+            f"{path}/config.json: ALBERT inner_group_num={hf['inner_group_num']} "
+            "is not supported (only 1, as in every released ALBERT)"
+        )
     pad = hf.get("pad_token_id", 1 if fam == "roberta" else 0)
     fields = dict(
-        model_type=fam, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"], hidden_act=hf.get("hidden_act", "gelu"),
+        model_type=fam,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        hidden_act=hf.get("hidden_act", "gelu"),
         hidden_dropout_prob=hf.get("hidden_dropout_prob", 0.1),
         attention_probs_dropout_prob=hf.get("attention_probs_dropout_prob", 0.1),
         max_position_embeddings=hf.get("max_position_embeddings", 512),
@@ -246,11 +306,16 @@ def _config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
         initializer_range=hf.get("initializer_range", 0.02),
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         position_offset=pad + 1 if fam == "roberta" else 0,
-        classifier_dropout=hf.get("classifier_dropout_prob" if fam == "albert" else "classifier_dropout"),
-        **special_token_ids(path, fam, hf))
+        classifier_dropout=hf.get(
+            "classifier_dropout_prob" if fam == "albert" else "classifier_dropout"
+        ),
+        **special_token_ids(path, fam, hf),
+    )
     if fam == "albert":
-        fields.update(embedding_size=hf.get("embedding_size", 128),
-                      num_hidden_groups=hf.get("num_hidden_groups", 1))
+        fields.update(
+            embedding_size=hf.get("embedding_size", 128),
+            num_hidden_groups=hf.get("num_hidden_groups", 1),
+        )
     fields.update(overrides)
     try:
         return BertConfig.from_dict(fields)
@@ -278,8 +343,10 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
     """
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"{config_file} not found: from_hf needs a Hugging Face model "
-                                "directory (config.json + model.safetensors)")
+        raise FileNotFoundError(
+            f"{config_file} not found: from_hf needs a Hugging Face model "
+            "directory (config.json + model.safetensors)"
+        )
     with open(config_file) as f:
         hf = json.load(f)
     scan = overrides.pop("scan_layers", False)
@@ -294,17 +361,25 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
             f"weights in {path} do not match its config.json ({cfg.model_type}, "
             f"{cfg.num_hidden_layers} layers): missing keys {missing[:20]}"
             f"{' ...' if len(missing) > 20 else ''}; unexpected keys {unknown[:20]}"
-            f"{' ...' if len(unknown) > 20 else ''}")
+            f"{' ...' if len(unknown) > 20 else ''}"
+        )
     params: dict = {}
     for key, (target, forward, _) in rules.items():
         value = np.asarray(forward(weights[key]), np.float32)
         _set(params, target, value)
-    expected = {("bert", "embeddings", "word_embeddings"): (cfg.vocab_size, cfg.embedding_dim),
-                ("bert", "embeddings", "position_embeddings"): (cfg.max_position_embeddings, cfg.embedding_dim)}
+    expected = {
+        ("bert", "embeddings", "word_embeddings"): (cfg.vocab_size, cfg.embedding_dim),
+        ("bert", "embeddings", "position_embeddings"): (
+            cfg.max_position_embeddings,
+            cfg.embedding_dim,
+        ),
+    }
     for target, shape in expected.items():
         if _get(params, target).shape != shape:
-            raise ValueError(f"{path}: {'/'.join(target)} has shape {_get(params, target).shape}, "
-                             f"config.json implies {shape}")
+            raise ValueError(
+                f"{path}: {'/'.join(target)} has shape {_get(params, target).shape}, "
+                f"config.json implies {shape}"
+            )
     if scan:
         cfg = cfg.replace(scan_layers=True)
         params = stack_layers(cfg, params)
@@ -333,9 +408,12 @@ def unstack_layers(cfg: BertConfig, params: dict) -> dict:
 
 
 _ARCHITECTURES = {
-    ("bert", "mlm", True): "BertForPreTraining", ("bert", "mlm", False): "BertForMaskedLM",
-    ("roberta", "mlm", False): "RobertaForMaskedLM", ("roberta", "mlm", True): "RobertaForMaskedLM",
-    ("albert", "mlm", True): "AlbertForPreTraining", ("albert", "mlm", False): "AlbertForMaskedLM",
+    ("bert", "mlm", True): "BertForPreTraining",
+    ("bert", "mlm", False): "BertForMaskedLM",
+    ("roberta", "mlm", False): "RobertaForMaskedLM",
+    ("roberta", "mlm", True): "RobertaForMaskedLM",
+    ("albert", "mlm", True): "AlbertForPreTraining",
+    ("albert", "mlm", False): "AlbertForMaskedLM",
     ("bert", "classifier", False): "BertForSequenceClassification",
     ("roberta", "classifier", False): "RobertaForSequenceClassification",
     ("albert", "classifier", False): "AlbertForSequenceClassification",
@@ -350,8 +428,10 @@ def to_hf(cfg: BertConfig, params: dict, path: str, *, token_classification: boo
     if cfg.pre_layer_norm:
         raise ValueError("to_hf: pre_layer_norm=True has no Hugging Face BERT equivalent")
     if cfg.num_experts:
-        raise ValueError(f"to_hf: num_experts={cfg.num_experts} (mixture-of-experts) has no "
-                         "Hugging Face BERT equivalent; convert a dense model (num_experts=0)")
+        raise ValueError(
+            f"to_hf: num_experts={cfg.num_experts} (mixture-of-experts) has no "
+            "Hugging Face BERT equivalent; convert a dense model (num_experts=0)"
+        )
     params = nn.unbox(params)
     params = params.get("params", params)
     if "layers" in params["bert"]["encoder"]:
@@ -371,40 +451,63 @@ def to_hf(cfg: BertConfig, params: dict, path: str, *, token_classification: boo
                 raise ValueError("to_hf: a RoBERTa classifier needs the pooler (classifier.dense)")
             heads.add("roberta_classifier")
     if fam == "roberta" and cfg.position_offset != cfg.pad_token_id + 1:
-        raise ValueError(f"to_hf: RoBERTa needs position_offset == pad_token_id + 1, got "
-                         f"{cfg.position_offset} and {cfg.pad_token_id}")
+        raise ValueError(
+            f"to_hf: RoBERTa needs position_offset == pad_token_id + 1, got "
+            f"{cfg.position_offset} and {cfg.pad_token_id}"
+        )
     tensors = {}
     for key, (source, _, backward) in _mapping(cfg, heads).items():
-        tensors[key] = np.ascontiguousarray(np.asarray(backward(np.asarray(_get(params, source))),
-                                                       np.float32))
+        tensors[key] = np.ascontiguousarray(
+            np.asarray(backward(np.asarray(_get(params, source))), np.float32)
+        )
     kind = "classifier" if "classifier" in heads else "mlm"
     if token_classification:
-        arch = {"bert": "BertForTokenClassification", "roberta": "RobertaForTokenClassification",
-                "albert": "AlbertForTokenClassification"}[fam]
+        arch = {
+            "bert": "BertForTokenClassification",
+            "roberta": "RobertaForTokenClassification",
+            "albert": "AlbertForTokenClassification",
+        }[fam]
     else:
         arch = _ARCHITECTURES.get((fam, kind, "nsp" in heads))
     if arch is None:
-        raise ValueError(f"to_hf: no Hugging Face architecture for {fam} with heads {sorted(heads)}")
+        raise ValueError(
+            f"to_hf: no Hugging Face architecture for {fam} with heads {sorted(heads)}"
+        )
     hf = dict(
-        architectures=[arch], model_type=fam, vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
-        hidden_act=cfg.hidden_act, hidden_dropout_prob=cfg.hidden_dropout_prob,
+        architectures=[arch],
+        model_type=fam,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        hidden_act=cfg.hidden_act,
+        hidden_dropout_prob=cfg.hidden_dropout_prob,
         attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-        max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
-        initializer_range=cfg.initializer_range, layer_norm_eps=cfg.layer_norm_eps,
-        pad_token_id=cfg.pad_token_id, tie_word_embeddings=True)
+        max_position_embeddings=cfg.max_position_embeddings,
+        type_vocab_size=cfg.type_vocab_size,
+        initializer_range=cfg.initializer_range,
+        layer_norm_eps=cfg.layer_norm_eps,
+        pad_token_id=cfg.pad_token_id,
+        tie_word_embeddings=True,
+    )
     if fam in ("roberta", "albert"):
         hf.update(bos_token_id=cfg.cls_token_id, eos_token_id=cfg.sep_token_id)
     if fam == "albert":
-        hf.update(embedding_size=cfg.embedding_dim, num_hidden_groups=cfg.num_groups,
-                  inner_group_num=1, classifier_dropout_prob=cfg.classifier_dropout)
+        hf.update(
+            embedding_size=cfg.embedding_dim,
+            num_hidden_groups=cfg.num_groups,
+            inner_group_num=1,
+            classifier_dropout_prob=cfg.classifier_dropout,
+        )
     else:
         hf.update(classifier_dropout=cfg.classifier_dropout)
     if "classifier" in params:
         num_labels = int(np.asarray(params["classifier"]["bias"]).shape[0])
-        hf.update(id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
-                  label2id={f"LABEL_{i}": i for i in range(num_labels)})
+        hf.update(
+            id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
+            label2id={f"LABEL_{i}": i for i in range(num_labels)},
+        )
     os.makedirs(path, exist_ok=True)
     tmp = os.path.join(path, "model.safetensors.tmp")
     save_file(tensors, tmp, metadata={"format": "pt"})

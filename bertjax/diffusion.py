@@ -16,18 +16,24 @@ Metrics: `loss`; `mlm_loss`/`mlm_accuracy` (cross-entropy and argmax accuracy on
 `nll_bound`, Σ (1/t)·CE / Σ maskable tokens, the per-token NLL bound in nats (exact over the eval
 set because eval batches are fixed and sums add). Sampling lives in `diffusion_sampling.py`.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.diffusion_sampling import (  # noqa: F401 (public API)
-    generate, generate_text, load, main, step_schedule)
 from bertjax import moe
+from bertjax.diffusion_sampling import (  # noqa: F401 (public API)
+    generate,
+    generate_text,
+    load,
+    main,
+    step_schedule,
+)
 from bertjax.objectives import Objective, cross_entropy
 
 Array = jax.Array
@@ -35,8 +41,11 @@ Array = jax.Array
 
 def maskable_tokens(input_ids: Array, attention_mask: Array, cfg) -> Array:
     """Per row: real tokens that are not [PAD]/[UNK]/[CLS]/[SEP] ([MASK]s count: they were maskable)."""
-    special = [i for i in (cfg.pad_token_id, cfg.unk_token_id, cfg.cls_token_id, cfg.sep_token_id)
-               if i is not None]
+    special = [
+        i
+        for i in (cfg.pad_token_id, cfg.unk_token_id, cfg.cls_token_id, cfg.sep_token_id)
+        if i is not None
+    ]
     fixed = jnp.isin(input_ids, jnp.asarray(special, jnp.int32))
     return jnp.sum((attention_mask > 0) & ~fixed, axis=-1).astype(jnp.float32)
 
@@ -66,7 +75,9 @@ class MaskedDiffusion(Objective):
         if "answer_mask" in batch:
             outputs["bound_tokens"] = jnp.sum(batch["answer_mask"], -1).astype(jnp.float32)
         else:
-            outputs["bound_tokens"] = maskable_tokens(batch["input_ids"], _attention(batch), model.cfg)
+            outputs["bound_tokens"] = maskable_tokens(
+                batch["input_ids"], _attention(batch), model.cfg
+            )
         return outputs
 
     def loss_sums(self, outputs, batch):
@@ -81,13 +92,15 @@ class MaskedDiffusion(Objective):
         row_scale_B = jnp.ones_like(t_B)
         if "answer_mask" in batch:
             row_scale_B = 1.0 / jnp.maximum(outputs["bound_tokens"], 1.0)
-        return {"diffusion_loss": jnp.sum(bound_B * row_scale_B),
-                "nll_bound": jnp.sum(bound_B),
-                "bound_tokens": jnp.sum(outputs["bound_tokens"]),
-                "mlm_loss": jnp.sum(nll_BP * weights_BP),
-                "mlm_correct": jnp.sum(correct_BP * weights_BP),
-                "mlm_weight": jnp.sum(weights_BP),
-                **moe.loss_sums(outputs, batch)}  # MoE router losses (empty when dense)
+        return {
+            "diffusion_loss": jnp.sum(bound_B * row_scale_B),
+            "nll_bound": jnp.sum(bound_B),
+            "bound_tokens": jnp.sum(outputs["bound_tokens"]),
+            "mlm_loss": jnp.sum(nll_BP * weights_BP),
+            "mlm_correct": jnp.sum(correct_BP * weights_BP),
+            "mlm_weight": jnp.sum(weights_BP),
+            **moe.loss_sums(outputs, batch),
+        }  # MoE router losses (empty when dense)
 
     def normalizers(self, batch):
         """Whole-batch denominators: real tokens (pretraining) or rows (SFT)."""
@@ -95,24 +108,29 @@ class MaskedDiffusion(Objective):
             loss_norm = jnp.float32(batch["input_ids"].shape[0])
         else:
             loss_norm = jnp.sum(_attention(batch).astype(jnp.float32))
-        return {"loss_norm": jnp.maximum(loss_norm, 1.0),
-                "examples": jnp.float32(batch["input_ids"].shape[0])}
+        return {
+            "loss_norm": jnp.maximum(loss_norm, 1.0),
+            "examples": jnp.float32(batch["input_ids"].shape[0]),
+        }
 
     def total_loss(self, sums, norms):
         return sums["diffusion_loss"] / norms["loss_norm"] + moe.total_loss_term(sums, norms)
 
     def metrics(self, sums, norms):
         weight = jnp.maximum(sums["mlm_weight"], 1.0)
-        return {"loss": self.total_loss(sums, norms),
-                "nll_bound": sums["nll_bound"] / jnp.maximum(sums["bound_tokens"], 1.0),
-                "mlm_loss": sums["mlm_loss"] / weight,
-                "mlm_accuracy": sums["mlm_correct"] / weight,
-                "mask_fraction": sums["mlm_weight"] / jnp.maximum(sums["bound_tokens"], 1.0),
-                **moe.metrics(sums, norms)}
+        return {
+            "loss": self.total_loss(sums, norms),
+            "nll_bound": sums["nll_bound"] / jnp.maximum(sums["bound_tokens"], 1.0),
+            "mlm_loss": sums["mlm_loss"] / weight,
+            "mlm_accuracy": sums["mlm_correct"] / weight,
+            "mask_fraction": sums["mlm_weight"] / jnp.maximum(sums["bound_tokens"], 1.0),
+            **moe.metrics(sums, norms),
+        }
 
 
-def sft_batch(tokenizer, pairs: Sequence[tuple[str, str]], length: int, *, seed: int,
-              eps: float = 1e-3) -> dict[str, np.ndarray]:
+def sft_batch(
+    tokenizer, pairs: Sequence[tuple[str, str]], length: int, *, seed: int, eps: float = 1e-3
+) -> dict[str, np.ndarray]:
     """Conditional batch from (prompt, answer) texts: `[CLS] prompt [SEP] answer [SEP] [SEP]…`.
 
     The answer region (everything after the prompt's [SEP], its end-of-text [SEP]s included, as
@@ -129,27 +147,33 @@ def sft_batch(tokenizer, pairs: Sequence[tuple[str, str]], length: int, *, seed:
     for row, (prompt, answer) in enumerate(zip(prompts, answers)):
         start = len(prompt) + 2
         if start + len(answer) + 1 > length:
-            raise ValueError(f"sft_batch: pair {row} needs {start + len(answer) + 1} tokens "
-                             f"(prompt {len(prompt)}, answer {len(answer)}, 3 specials) > length={length}")
+            raise ValueError(
+                f"sft_batch: pair {row} needs {start + len(answer) + 1} tokens "
+                f"(prompt {len(prompt)}, answer {len(answer)}, 3 specials) > length={length}"
+            )
         ids[row, 0] = tokenizer.cls_id
-        ids[row, 1:start - 1] = prompt
-        ids[row, start:start + len(answer)] = answer
+        ids[row, 1 : start - 1] = prompt
+        ids[row, start : start + len(answer)] = answer
         answer_mask[row, start:] = 1
     rng = np.random.default_rng(seed)
     t = (eps + (1.0 - eps) * rng.random(batch)).astype(np.float32)
     masked = (answer_mask > 0) & (rng.random((batch, length)) < t[:, None])
-    return {"input_ids": np.where(masked, tokenizer.mask_id, ids).astype(np.int32),
-            "attention_mask": np.ones((batch, length), np.int32),
-            "answer_mask": answer_mask,
-            "masked_positions": np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy(),
-            "masked_ids": ids,
-            "masked_weights": masked.astype(np.float32),
-            "mask_ratio": t}
+    return {
+        "input_ids": np.where(masked, tokenizer.mask_id, ids).astype(np.int32),
+        "attention_mask": np.ones((batch, length), np.int32),
+        "answer_mask": answer_mask,
+        "masked_positions": np.broadcast_to(
+            np.arange(length, dtype=np.int32), (batch, length)
+        ).copy(),
+        "masked_ids": ids,
+        "masked_weights": masked.astype(np.float32),
+        "mask_ratio": t,
+    }
 
 
 def unigram_entropy(tokens: np.ndarray, special: np.ndarray) -> float:
     """Entropy in nats/token of the unigram distribution of the non-special tokens."""
-    counts = np.bincount(np.asarray(tokens, np.int64), minlength=len(special))[:len(special)]
+    counts = np.bincount(np.asarray(tokens, np.int64), minlength=len(special))[: len(special)]
     counts = counts[~special].astype(np.float64)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())

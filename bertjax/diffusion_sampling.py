@@ -11,6 +11,7 @@ changed, and [PAD]/[UNK]/[CLS]/[MASK] are never generated ([SEP] may be: it ends
 
 Run: python -m bertjax.diffusion --workdir=DIR --prompt="..." [--answer_length=32 --steps=32 --block_length=8]
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,39 +32,61 @@ REMASKING = ("low_confidence", "random")
 def step_schedule(answer_length: int, steps: int, block_length: int) -> tuple[int, int]:
     """(blocks, steps per block); raises ValueError naming the argument that does not divide."""
     if answer_length < 1 or block_length < 1 or steps < 1:
-        raise ValueError(f"answer_length={answer_length}, block_length={block_length}, steps={steps}: "
-                         "all must be >= 1")
+        raise ValueError(
+            f"answer_length={answer_length}, block_length={block_length}, steps={steps}: "
+            "all must be >= 1"
+        )
     if answer_length % block_length:
         raise ValueError(f"block_length={block_length} must divide answer_length={answer_length}")
     blocks = answer_length // block_length
     if steps % blocks:
-        raise ValueError(f"steps={steps} must be a multiple of the number of blocks "
-                         f"answer_length/block_length={blocks}")
+        raise ValueError(
+            f"steps={steps} must be a multiple of the number of blocks "
+            f"answer_length/block_length={blocks}"
+        )
     return blocks, steps // blocks
 
 
 def _forbidden(cfg: BertConfig) -> Array:
     """[V] bool: ids never generated ([PAD], [UNK], [CLS], [MASK])."""
-    ids = [i for i in (cfg.pad_token_id, cfg.unk_token_id, cfg.cls_token_id, cfg.mask_token_id)
-           if i is not None]
+    ids = [
+        i
+        for i in (cfg.pad_token_id, cfg.unk_token_id, cfg.cls_token_id, cfg.mask_token_id)
+        if i is not None
+    ]
     return jnp.zeros((cfg.vocab_size,), bool).at[jnp.asarray(ids, jnp.int32)].set(True)
 
 
-def _denoise_step(cfg, params, x_BL, rng, temperature, index, *, prompt_length, block_length,
-                  steps_per_block, remasking):
+def _denoise_step(
+    cfg,
+    params,
+    x_BL,
+    rng,
+    temperature,
+    index,
+    *,
+    prompt_length,
+    block_length,
+    steps_per_block,
+    remasking,
+):
     """One denoising step `index` (0-based over all steps): returns the new x [B, L]."""
     mask_id = cfg.mask_token_id
     length = x_BL.shape[1]
     block = index // steps_per_block
     steps_left = steps_per_block - index % steps_per_block
     block_start = prompt_length + block * block_length
-    logits_BLV = BertForPreTraining(cfg, next_sentence=False).apply(
-        {"params": params}, x_BL, deterministic=True)["mlm_logits"].astype(jnp.float32)
+    logits_BLV = (
+        BertForPreTraining(cfg, next_sentence=False)
+        .apply({"params": params}, x_BL, deterministic=True)["mlm_logits"]
+        .astype(jnp.float32)
+    )
     logits_BLV = jnp.where(_forbidden(cfg), -jnp.inf, logits_BLV)
     noise_rng, pick_rng = jax.random.split(rng)
     gumbel_BLV = jax.random.gumbel(noise_rng, logits_BLV.shape, jnp.float32)
-    noisy_BLV = jnp.where(temperature > 0, logits_BLV / jnp.maximum(temperature, 1e-6) + gumbel_BLV,
-                          logits_BLV)
+    noisy_BLV = jnp.where(
+        temperature > 0, logits_BLV / jnp.maximum(temperature, 1e-6) + gumbel_BLV, logits_BLV
+    )
     x0_BL = jnp.argmax(noisy_BLV, axis=-1).astype(x_BL.dtype)
     if remasking == "low_confidence":
         probs_BLV = jax.nn.softmax(logits_BLV, axis=-1)
@@ -81,17 +104,48 @@ def _denoise_step(cfg, params, x_BL, rng, temperature, index, *, prompt_length, 
     return jnp.where(commit_BL, x0_BL, x_BL)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "answer_length", "steps", "block_length",
-                                             "remasking", "return_history"))
-def _generate(cfg, params, prompt_ids, rng, temperature, *, answer_length, steps, block_length,
-              remasking, return_history):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "cfg",
+        "answer_length",
+        "steps",
+        "block_length",
+        "remasking",
+        "return_history",
+    ),
+)
+def _generate(
+    cfg,
+    params,
+    prompt_ids,
+    rng,
+    temperature,
+    *,
+    answer_length,
+    steps,
+    block_length,
+    remasking,
+    return_history,
+):
     blocks, steps_per_block = step_schedule(answer_length, steps, block_length)
     batch, prompt_length = prompt_ids.shape
-    x = jnp.concatenate([prompt_ids.astype(jnp.int32),
-                         jnp.full((batch, answer_length), cfg.mask_token_id, jnp.int32)], axis=1)
-    step = functools.partial(_denoise_step, cfg, params, prompt_length=prompt_length,
-                             block_length=block_length, steps_per_block=steps_per_block,
-                             remasking=remasking)
+    x = jnp.concatenate(
+        [
+            prompt_ids.astype(jnp.int32),
+            jnp.full((batch, answer_length), cfg.mask_token_id, jnp.int32),
+        ],
+        axis=1,
+    )
+    step = functools.partial(
+        _denoise_step,
+        cfg,
+        params,
+        prompt_length=prompt_length,
+        block_length=block_length,
+        steps_per_block=steps_per_block,
+        remasking=remasking,
+    )
 
     def body(x, index):
         x = step(x, jax.random.fold_in(rng, index), temperature, index)
@@ -101,9 +155,20 @@ def _generate(cfg, params, prompt_ids, rng, temperature, *, answer_length, steps
     return (x, history) if return_history else x
 
 
-def generate(model_cfg: BertConfig, params, prompt_ids, *, answer_length: int, steps: int,
-             block_length: int, remasking: str = "low_confidence", temperature: float = 0.0,
-             rng=None, mask_id: int | None = None, return_history: bool = False):
+def generate(
+    model_cfg: BertConfig,
+    params,
+    prompt_ids,
+    *,
+    answer_length: int,
+    steps: int,
+    block_length: int,
+    remasking: str = "low_confidence",
+    temperature: float = 0.0,
+    rng=None,
+    mask_id: int | None = None,
+    return_history: bool = False,
+):
     """Samples answers after `prompt_ids` [B, Lp]: [B, Lp + answer_length] ids (+ [steps, B, L] history).
 
     Jitted once per (config, shapes, answer_length, steps, block_length, remasking); temperature and
@@ -116,20 +181,35 @@ def generate(model_cfg: BertConfig, params, prompt_ids, *, answer_length: int, s
     step_schedule(answer_length, steps, block_length)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     if prompt_ids.ndim != 2:
-        raise ValueError(f"prompt_ids has shape {prompt_ids.shape}: expected [batch, prompt_length]")
+        raise ValueError(
+            f"prompt_ids has shape {prompt_ids.shape}: expected [batch, prompt_length]"
+        )
     total = prompt_ids.shape[1] + answer_length
     if total > model_cfg.max_position_embeddings - model_cfg.position_offset:
-        raise ValueError(f"prompt ({prompt_ids.shape[1]}) + answer_length ({answer_length}) = {total} tokens "
-                         f"exceeds the model's {model_cfg.max_position_embeddings - model_cfg.position_offset} "
-                         "positions")
+        raise ValueError(
+            f"prompt ({prompt_ids.shape[1]}) + answer_length ({answer_length}) = {total} tokens "
+            f"exceeds the model's {model_cfg.max_position_embeddings - model_cfg.position_offset} "
+            "positions"
+        )
     if mask_id is not None and mask_id != model_cfg.mask_token_id:
         model_cfg = model_cfg.replace(mask_token_id=int(mask_id))
     if model_cfg.mask_token_id is None:
-        raise ValueError("generate needs a [MASK] id: pass mask_id= or set BertConfig.mask_token_id")
+        raise ValueError(
+            "generate needs a [MASK] id: pass mask_id= or set BertConfig.mask_token_id"
+        )
     rng = jax.random.key(0) if rng is None else rng
-    return _generate(model_cfg, params, prompt_ids, rng, jnp.float32(temperature),
-                     answer_length=answer_length, steps=steps, block_length=block_length,
-                     remasking=remasking, return_history=return_history)
+    return _generate(
+        model_cfg,
+        params,
+        prompt_ids,
+        rng,
+        jnp.float32(temperature),
+        answer_length=answer_length,
+        steps=steps,
+        block_length=block_length,
+        remasking=remasking,
+        return_history=return_history,
+    )
 
 
 def load(workdir: str):
@@ -137,12 +217,15 @@ def load(workdir: str):
     import ml_collections
 
     from bertjax import checkpoint as checkpoint_lib
-    from bertjax import sharding, step as step_lib
+    from bertjax import sharding
+    from bertjax import step as step_lib
     from bertjax.data import Tokenizer
 
     directory = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{directory} does not exist: train first with train.py --workdir={workdir}")
+        raise FileNotFoundError(
+            f"{directory} does not exist: train first with train.py --workdir={workdir}"
+        )
     ckpt = checkpoint_lib.Checkpointer(directory, async_save=False)
     if ckpt.latest_step() is None:
         raise FileNotFoundError(f"no complete checkpoint in {directory}")
@@ -160,12 +243,20 @@ def load(workdir: str):
 
 def generate_text(model_cfg, params, tokenizer, prompts, *, seed: int = 0, **kwargs) -> list[str]:
     """Continuations of text prompts (`[CLS] prompt` then the answer); prompts of one length share a batch."""
-    encoded = [np.concatenate([[tokenizer.cls_id], ids]).astype(np.int32) for ids in tokenizer.encode(prompts)]
+    encoded = [
+        np.concatenate([[tokenizer.cls_id], ids]).astype(np.int32)
+        for ids in tokenizer.encode(prompts)
+    ]
     out: list[str] = [""] * len(prompts)
     for length in sorted({len(e) for e in encoded}):
         rows = [i for i, e in enumerate(encoded) if len(e) == length]
-        ids = generate(model_cfg, params, np.stack([encoded[i] for i in rows]),
-                       rng=jax.random.key(seed), **kwargs)
+        ids = generate(
+            model_cfg,
+            params,
+            np.stack([encoded[i] for i in rows]),
+            rng=jax.random.key(seed),
+            **kwargs,
+        )
         for i, row in zip(rows, np.asarray(ids)):
             out[i] = tokenizer.decode(row[length:])
     return out
@@ -176,7 +267,9 @@ def main(argv=None):
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m bertjax.diffusion", description=main.__doc__)
-    parser.add_argument("--workdir", required=True, help="training workdir (its checkpoints/ and tokenizer)")
+    parser.add_argument(
+        "--workdir", required=True, help="training workdir (its checkpoints/ and tokenizer)"
+    )
     parser.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
     parser.add_argument("--answer_length", type=int, default=32)
     parser.add_argument("--steps", type=int, default=32)
@@ -186,10 +279,18 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     model_cfg, params, tokenizer = load(args.workdir)
-    texts = generate_text(model_cfg, params, tokenizer, args.prompt, seed=args.seed,
-                          answer_length=args.answer_length, steps=args.steps,
-                          block_length=args.block_length, remasking=args.remasking,
-                          temperature=args.temperature)
+    texts = generate_text(
+        model_cfg,
+        params,
+        tokenizer,
+        args.prompt,
+        seed=args.seed,
+        answer_length=args.answer_length,
+        steps=args.steps,
+        block_length=args.block_length,
+        remasking=args.remasking,
+        temperature=args.temperature,
+    )
     for prompt, text in zip(args.prompt, texts):
         print(f"{prompt} ||| {text}")
     return texts

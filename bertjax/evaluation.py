@@ -4,12 +4,13 @@ Sequence tasks: accuracy, binary F1 (positive class 1), Matthews correlation (Co
 Spearman (STS-B; Spearman = Pearson of average-tie ranks). Token tasks: entity-level F1 over BIO
 spans with exact (start, end, type) match, as seqeval's default mode counts them.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import os
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -44,7 +45,9 @@ def matthews_corrcoef(predictions, labels) -> float:
     predictions, labels = np.asarray(predictions), np.asarray(labels)
     classes = np.union1d(predictions, labels)
     confusion = np.zeros((len(classes), len(classes)), np.float64)
-    np.add.at(confusion, (np.searchsorted(classes, labels), np.searchsorted(classes, predictions)), 1)
+    np.add.at(
+        confusion, (np.searchsorted(classes, labels), np.searchsorted(classes, predictions)), 1
+    )
     t, p = confusion.sum(axis=1), confusion.sum(axis=0)
     n, correct = confusion.sum(), np.trace(confusion)
     denominator = np.sqrt((n * n - p @ p) * (n * n - t @ t))
@@ -110,10 +113,15 @@ def sequence_metrics(predictions, labels, num_labels: int) -> dict:
     """GLUE's metrics for a sequence task: regression (num_labels=1) or classification."""
     if num_labels == 1:
         predictions, labels = np.asarray(predictions, np.float64), np.asarray(labels, np.float64)
-        return {"pearson": pearson(predictions, labels), "spearman": spearman(predictions, labels),
-                "mse": float(np.mean((predictions - labels) ** 2))}
-    result = {"accuracy": accuracy(predictions, labels),
-              "matthews": matthews_corrcoef(predictions, labels)}
+        return {
+            "pearson": pearson(predictions, labels),
+            "spearman": spearman(predictions, labels),
+            "mse": float(np.mean((predictions - labels) ** 2)),
+        }
+    result = {
+        "accuracy": accuracy(predictions, labels),
+        "matthews": matthews_corrcoef(predictions, labels),
+    }
     if num_labels == 2:
         result["f1"] = f1_binary(predictions, labels)
     else:
@@ -121,7 +129,7 @@ def sequence_metrics(predictions, labels, num_labels: int) -> dict:
     return result
 
 
-def better(metric: str, new: float, old: Optional[float]) -> bool:
+def better(metric: str, new: float, old: float | None) -> bool:
     """Whether ``new`` beats ``old`` on ``metric`` (losses and MSE: lower is better)."""
     if old is None:
         return True
@@ -135,19 +143,22 @@ class BestCheckpoint:
         self.metric, self.predictions_file = metric, predictions_file
         self.directory = os.path.join(workdir, "best")
         self._ckpt = checkpoint_lib.Checkpointer(self.directory, keep=1, async_save=False)
-        self.value: Optional[float] = None
-        self.step: Optional[int] = None
+        self.value: float | None = None
+        self.step: int | None = None
         if self._ckpt.latest_step() is not None:  # a resumed run competes with its earlier best
             best = self._ckpt.read_meta().get("best", {})
             self.value, self.step = best.get("value"), best.get("step")
 
-    def update(self, step: int, result: dict, state, meta: dict,
-               write_predictions: Callable[[str], None]) -> bool:
+    def update(
+        self, step: int, result: dict, state, meta: dict, write_predictions: Callable[[str], None]
+    ) -> bool:
         """Saves ``state`` (and writes its predictions) when ``result`` improves the dev metric."""
         key = f"eval/{self.metric}"
         if key not in result:
-            raise KeyError(f"config.task.metric={self.metric!r} is not among the eval metrics "
-                           f"{sorted(k[5:] for k in result)}")
+            raise KeyError(
+                f"config.task.metric={self.metric!r} is not among the eval metrics "
+                f"{sorted(k[5:] for k in result)}"
+            )
         value = float(result[key])
         if not better(self.metric, value, self.value):
             return False

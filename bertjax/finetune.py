@@ -7,6 +7,7 @@ also knows the init checkpoint's model config and tokenizer, loads its encoder w
 dev predictions with GLUE/CoNLL metrics and keeps WORKDIR/best. FGM (`config.loss.fgm_epsilon`)
 is applied in `step._gradients` (`step.with_fgm`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,12 @@ from bertjax.objectives import Objective, cross_entropy
 def default_task_config() -> ml_collections.ConfigDict:
     """``config.task``: where examples come from and which dev metric picks the best checkpoint."""
     c = ml_collections.ConfigDict()
-    c.source = "builtin:stdlib_families"  # "builtin:NAME" | "files" | "tfds:glue/NAME" (no download)
-    c.train_file = ""  # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
+    c.source = (
+        "builtin:stdlib_families"  # "builtin:NAME" | "files" | "tfds:glue/NAME" (no download)
+    )
+    c.train_file = (
+        ""  # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
+    )
     c.dev_file = ""  # source="files": dev examples, same format
     c.text_column = "text"  # column of the (first) text
     c.text_pair_column = ""  # column of the second text of a pair ("" = single sentence)
@@ -49,7 +54,9 @@ def default_task_config() -> ml_collections.ConfigDict:
 
 def add_finetune_config(config: ml_collections.ConfigDict, objective: str, num_labels: int):
     """Turns a `default_run_config()` into a fine-tuning one (call before the config is locked)."""
-    config.init_from = ""  # "" (random) | bertjax pretraining workdir/checkpoints dir | HF model dir
+    config.init_from = (
+        ""  # "" (random) | bertjax pretraining workdir/checkpoints dir | HF model dir
+    )
     config.task = default_task_config()
     config.loss.objective = objective
     config.loss.num_labels = num_labels  # classes (1 = regression; token tasks: BIO tags)
@@ -101,7 +108,9 @@ class _Finetuning(Objective):
     def metrics(self, sums, norms):
         out = {"loss": sums["loss"] / norms["examples"]}
         if "correct" in sums:
-            out["accuracy" if not self.tokens else "token_accuracy"] = sums["correct"] / norms["examples"]
+            out["accuracy" if not self.tokens else "token_accuracy"] = (
+                sums["correct"] / norms["examples"]
+            )
         out.update(moe.metrics(sums, norms))
         return out
 
@@ -164,30 +173,47 @@ def _bertjax_checkpoints(path: str) -> str:
 def read_init_source(path: str, config, workdir: str):
     """(model config or None, tokenizer, loader of the encoder params) of ``config.init_from``."""
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"config.init_from={path!r} is not a directory (a bertjax workdir, "
-                                "its checkpoints/ dir, or a Hugging Face model dir)")
+        raise FileNotFoundError(
+            f"config.init_from={path!r} is not a directory (a bertjax workdir, "
+            "its checkpoints/ dir, or a Hugging Face model dir)"
+        )
     if os.path.isfile(os.path.join(path, "config.json")):
         from bertjax import convert
-        name = next((n for n in ("tokenizer.json", "vocab.txt") if os.path.isfile(os.path.join(path, n))), None)
+
+        name = next(
+            (n for n in ("tokenizer.json", "vocab.txt") if os.path.isfile(os.path.join(path, n))),
+            None,
+        )
         if name is None:
             raise FileNotFoundError(f"config.init_from={path!r} has no tokenizer.json or vocab.txt")
         tokenizer = Tokenizer(os.path.join(path, name), lowercase=config.data.lowercase)
-        cfg, params = convert.from_hf(path, dtype=config.model.dtype,
-                                      scan_layers=config.model.scan_layers)
+        cfg, params = convert.from_hf(
+            path, dtype=config.model.dtype, scan_layers=config.model.scan_layers
+        )
         return cfg, tokenizer, lambda: params["bert"]
     import orbax.checkpoint as ocp
+
     directory = _bertjax_checkpoints(path)
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
-                                    item_names=("state", "meta"))
+    manager = ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(read_only=True),
+        item_names=("state", "meta"),
+    )
     step = manager.latest_step()
     if step is None:
-        raise FileNotFoundError(f"config.init_from={path!r}: no complete bertjax checkpoint in {directory}")
+        raise FileNotFoundError(
+            f"config.init_from={path!r}: no complete bertjax checkpoint in {directory}"
+        )
     meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     if "model_config" not in meta or "tokenizer_bytes" not in meta:
-        raise ValueError(f"config.init_from={path!r}: checkpoint {directory}/{step} has no model "
-                         "config or tokenizer in its meta; is it a bertjax pretraining checkpoint?")
-    tokenizer = Tokenizer(checkpoint_lib.write_tokenizer(meta, os.path.join(workdir, "tokenizer")),
-                          lowercase=config.data.lowercase)
+        raise ValueError(
+            f"config.init_from={path!r}: checkpoint {directory}/{step} has no model "
+            "config or tokenizer in its meta; is it a bertjax pretraining checkpoint?"
+        )
+    tokenizer = Tokenizer(
+        checkpoint_lib.write_tokenizer(meta, os.path.join(workdir, "tokenizer")),
+        lowercase=config.data.lowercase,
+    )
     cfg = BertConfig.from_dict({**meta["model_config"], "dtype": config.model.dtype})
 
     def load():
@@ -211,15 +237,20 @@ def merge_encoder(params, pretrained: dict, source: str):
             return leaf
         value = flat.pop(key)
         if value.shape != leaf.shape:
-            raise ValueError(f"config.init_from={source!r}: bert{key} has shape {value.shape}, "
-                             f"the model expects {leaf.shape}")
+            raise ValueError(
+                f"config.init_from={source!r}: bert{key} has shape {value.shape}, "
+                f"the model expects {leaf.shape}"
+            )
         return jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding)
 
     bert = jax.tree_util.tree_map_with_path(take, params["bert"])
-    flat = {k: v for k, v in flat.items() if not k.startswith("['pooler']")}  # token heads: no pooler
+    flat = {
+        k: v for k, v in flat.items() if not k.startswith("['pooler']")
+    }  # token heads: no pooler
     if flat:
-        raise ValueError(f"config.init_from={source!r} has encoder weights the model lacks: "
-                         f"{sorted(flat)[:10]}")
+        raise ValueError(
+            f"config.init_from={source!r} has encoder weights the model lacks: {sorted(flat)[:10]}"
+        )
     if kept:
         logging.info("init_from %s: kept fresh init for %s", source, kept)
     return {**params, "bert": bert}
@@ -244,23 +275,30 @@ class TaskData:
         task, tokens = config.task, objective.tokens
         self.model_cfg, self._load_encoder = None, None
         if config.init_from:
-            self.model_cfg, self.tokenizer, self._load_encoder = read_init_source(config.init_from, config, workdir)
+            self.model_cfg, self.tokenizer, self._load_encoder = read_init_source(
+                config.init_from, config, workdir
+            )
         train = tasks_data.load_examples(task, "train", tokens)
         dev = tasks_data.load_examples(task, "dev", tokens)
         if not train or not dev:
-            raise ValueError(f"config.task.source={task.source!r}: {len(train)} train and {len(dev)} "
-                             "dev examples; both must be non-empty")
+            raise ValueError(
+                f"config.task.source={task.source!r}: {len(train)} train and {len(dev)} "
+                "dev examples; both must be non-empty"
+            )
         if 0 < int(task.train_examples) < len(train):
             subset = keys.generator(config.seed, 0, "finetune/subset").permutation(len(train))
-            train = [train[i] for i in np.sort(subset[:int(task.train_examples)])]
+            train = [train[i] for i in np.sort(subset[: int(task.train_examples)])]
         if not config.init_from:
             self.tokenizer = self._own_tokenizer(train)
         self.labels = tasks_data.label_index(train, task.labels, objective.num_labels, tokens)
-        self.metric = task.metric or ("entity_f1" if tokens else "pearson" if objective.num_labels == 1
-                                      else "accuracy")
+        self.metric = task.metric or (
+            "entity_f1" if tokens else "pearson" if objective.num_labels == 1 else "accuracy"
+        )
         length = int(config.data.max_seq_length)
         if self.model_cfg is not None:
-            length = min(length, self.model_cfg.max_position_embeddings - self.model_cfg.position_offset)
+            length = min(
+                length, self.model_cfg.max_position_embeddings - self.model_cfg.position_offset
+            )
         self.dev_examples = dev
         self.train, self.dev = self._encode(train, length), self._encode(dev, length)
         self.num_train, self.num_dev = len(train), len(dev)
@@ -268,24 +306,39 @@ class TaskData:
         self.global_batch_size = int(config.batch_size)
         count, index = jax.process_count(), jax.process_index()
         if self.global_batch_size % count:
-            raise ValueError(f"config.batch_size={config.batch_size} is not divisible by the "
-                             f"process count {count}")
+            raise ValueError(
+                f"config.batch_size={config.batch_size} is not divisible by the "
+                f"process count {count}"
+            )
         per_host = self.global_batch_size // count
         self._rows = slice(index * per_host, (index + 1) * per_host)
         self._predictions = None
         self.best = evaluation.BestCheckpoint(workdir, self.metric)
-        logging.info("task %s: %d train, %d dev examples, labels %s, T=%d", task.source,
-                     self.num_train, self.num_dev, self.labels, length)
+        logging.info(
+            "task %s: %d train, %d dev examples, labels %s, T=%d",
+            task.source,
+            self.num_train,
+            self.num_dev,
+            self.labels,
+            length,
+        )
 
     def _own_tokenizer(self, train):
         c = self.config.data
         if c.hf_vocab or c.tokenizer_model:
             return Tokenizer(c.hf_vocab or c.tokenizer_model, lowercase=c.lowercase)
-        texts = ([" ".join(e["tokens"]) for e in train] if self.objective.tokens else
-                 [e["text"] for e in train] + [e["text_pair"] for e in train if e["text_pair"]])
-        path = train_sentencepiece(texts, os.path.join(self.workdir, "tokenizer"),
-                                   vocab_size=int(c.vocab_size), model_type=c.tokenizer_type,
-                                   seed=int(self.config.seed))
+        texts = (
+            [" ".join(e["tokens"]) for e in train]
+            if self.objective.tokens
+            else [e["text"] for e in train] + [e["text_pair"] for e in train if e["text_pair"]]
+        )
+        path = train_sentencepiece(
+            texts,
+            os.path.join(self.workdir, "tokenizer"),
+            vocab_size=int(c.vocab_size),
+            model_type=c.tokenizer_type,
+            seed=int(self.config.seed),
+        )
         return Tokenizer(path)
 
     def _label_id(self, value):
@@ -294,17 +347,27 @@ class TaskData:
         try:
             return self.labels.index(str(value))
         except ValueError:
-            raise ValueError(f"label {value!r} of config.task.source={self.config.task.source!r} is "
-                             f"not in the label set {self.labels} (config.task.labels)") from None
+            raise ValueError(
+                f"label {value!r} of config.task.source={self.config.task.source!r} is "
+                f"not in the label set {self.labels} (config.task.labels)"
+            ) from None
 
     def _encode(self, examples, length):
         if self.objective.tokens:
             tags = [[self._label_id(t) for t in e["tags"]] for e in examples]
-            return tasks_data.encode_words(self.tokenizer, [e["tokens"] for e in examples], tags, length)
-        rows = tasks_data.encode_pairs(self.tokenizer, [e["text"] for e in examples],
-                                       [e["text_pair"] for e in examples], length)
-        rows["labels"] = np.asarray([self._label_id(e["label"]) for e in examples],
-                                    np.float32 if not self.labels else np.int32)
+            return tasks_data.encode_words(
+                self.tokenizer, [e["tokens"] for e in examples], tags, length
+            )
+        rows = tasks_data.encode_pairs(
+            self.tokenizer,
+            [e["text"] for e in examples],
+            [e["text_pair"] for e in examples],
+            length,
+        )
+        rows["labels"] = np.asarray(
+            [self._label_id(e["label"]) for e in examples],
+            np.float32 if not self.labels else np.int32,
+        )
         rows["label_weights"] = np.ones(len(examples), np.float32)
         return rows
 
@@ -312,16 +375,22 @@ class TaskData:
     def _take(rows, index, weights=None):
         out = {k: v[index] for k, v in rows.items() if k != "word_positions"}
         if weights is not None:
-            out["label_weights"] = out["label_weights"] * weights.reshape((-1,) + (1,) * (out["label_weights"].ndim - 1))
+            out["label_weights"] = out["label_weights"] * weights.reshape(
+                (-1,) + (1,) * (out["label_weights"].ndim - 1)
+            )
         return out
 
     def batch(self, step: int) -> dict:
         """This host's rows of global batch ``step``: epoch-wise shuffles keyed by (seed, epoch)."""
-        positions = int(step) * self.global_batch_size + np.arange(self.global_batch_size)[self._rows]
+        positions = (
+            int(step) * self.global_batch_size + np.arange(self.global_batch_size)[self._rows]
+        )
         epochs, offsets = np.divmod(positions, self.num_train)
         index = np.empty_like(positions)
         for epoch in np.unique(epochs):
-            order = keys.generator(self.config.seed, int(epoch), "finetune/order").permutation(self.num_train)
+            order = keys.generator(self.config.seed, int(epoch), "finetune/order").permutation(
+                self.num_train
+            )
             index[epochs == epoch] = order[offsets[epochs == epoch]]
         return self._take(self.train, index)
 
@@ -341,11 +410,12 @@ class TaskData:
 
     def score(self, predictions: np.ndarray) -> dict:
         """Task metrics of the dev predictions (global rows in dev order; padding rows dropped)."""
-        predictions = np.asarray(predictions)[:self.num_dev]
+        predictions = np.asarray(predictions)[: self.num_dev]
         self._predictions = predictions
         if not self.objective.tokens:
-            return evaluation.sequence_metrics(predictions, self.dev["labels"][:len(predictions)],
-                                               self.objective.num_labels)
+            return evaluation.sequence_metrics(
+                predictions, self.dev["labels"][: len(predictions)], self.objective.num_labels
+            )
         predicted, gold = self._word_tags(predictions)
         return evaluation.entity_f1(predicted, gold)
 
@@ -367,13 +437,15 @@ class TaskData:
                 predicted, gold = self._word_tags(self._predictions)
                 f.write("tokens\tpredicted\tgold\n")
                 for e, p, g in zip(self.dev_examples, predicted, gold):
-                    f.write(f"{' '.join(e['tokens'][:len(p)])}\t{' '.join(p)}\t{' '.join(g)}\n")
+                    f.write(f"{' '.join(e['tokens'][: len(p)])}\t{' '.join(p)}\t{' '.join(g)}\n")
             else:
                 f.write("text\ttext_pair\tpredicted\tgold\n")
                 for e, p in zip(self.dev_examples, self._predictions):
                     name = self.labels[int(p)] if self.labels else f"{float(p):.6g}"
                     clean = lambda s: str(s).replace("\t", " ").replace("\n", " ")  # noqa: E731
-                    f.write(f"{clean(e['text'])}\t{clean(e['text_pair'])}\t{name}\t{clean(e['label'])}\n")
+                    f.write(
+                        f"{clean(e['text'])}\t{clean(e['text_pair'])}\t{name}\t{clean(e['label'])}\n"
+                    )
         os.replace(path + ".tmp", path)
 
     def after_eval(self, step: int, result: dict, state, meta: dict) -> bool:

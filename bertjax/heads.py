@@ -3,18 +3,24 @@
 The MLM head runs only at ``masked_positions`` ([B, P]) when they are given, so its
 vocabulary projection costs B·P·V instead of B·T·V.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from bertjax.config import BertConfig
 from bertjax.layers import Dropout
-from bertjax.model import (BertModel, _zeros, activation, constrain, dense, gather_rows,
-                           last_layer_at_rows, layer_norm)
+from bertjax.model import (
+    BertModel,
+    _zeros,
+    activation,
+    constrain,
+    dense,
+    gather_rows,
+    last_layer_at_rows,
+    layer_norm,
+)
 
 Array = jax.Array
 
@@ -54,13 +60,24 @@ class BertForPreTraining(nn.Module):
         if self.next_sentence:
             self.nsp_head = dense(self.cfg, 2, ("embed", "classes"), "nsp_head")
 
-    def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
-                 attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
-                 masked_positions: Optional[Array] = None, deterministic: bool = True) -> dict:
+    def __call__(
+        self,
+        input_ids: Array,
+        token_type_ids: Array | None = None,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+        masked_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> dict:
         sparse = self.sparse_last_layer and masked_positions is not None
-        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, segment_ids,
-                              deterministic=deterministic,
-                              output_positions=masked_positions if sparse else None)
+        x, pooled = self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            segment_ids,
+            deterministic=deterministic,
+            output_positions=masked_positions if sparse else None,
+        )
         outputs = {}
         if not sparse:  # x is every row's output
             outputs["sequence_output"] = x
@@ -71,7 +88,7 @@ class BertForPreTraining(nn.Module):
             outputs["nsp_logits"] = self.nsp_head(pooled)
         return outputs
 
-    def last_layer_rows(self, masked_width: int) -> Optional[int]:
+    def last_layer_rows(self, masked_width: int) -> int | None:
         """Rows per sequence the last layer computes for ``masked_width`` masked positions, or
         None when it computes all (for the FLOP count)."""
         if not (self.sparse_last_layer and last_layer_at_rows(self.cfg)):
@@ -86,12 +103,18 @@ class BertForSequenceClassification(nn.Module):
     num_labels: int = 2
 
     @nn.compact
-    def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
-                 attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
-                 deterministic: bool = True) -> Array:
+    def __call__(
+        self,
+        input_ids: Array,
+        token_type_ids: Array | None = None,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
         cfg = self.cfg
-        _, pooled = BertModel(cfg, name="bert")(input_ids, token_type_ids, attention_mask,
-                                                segment_ids, deterministic=deterministic)
+        _, pooled = BertModel(cfg, name="bert")(
+            input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
+        )
         rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
         pooled = Dropout(rate)(pooled, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(pooled)
@@ -104,12 +127,18 @@ class BertForTokenClassification(nn.Module):
     num_labels: int = 2
 
     @nn.compact
-    def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
-                 attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
-                 deterministic: bool = True) -> Array:
+    def __call__(
+        self,
+        input_ids: Array,
+        token_type_ids: Array | None = None,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
         cfg = self.cfg
         x, _ = BertModel(cfg, add_pooler=False, name="bert")(
-            input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic)
+            input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
+        )
         rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
         x = Dropout(rate)(x, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(x)

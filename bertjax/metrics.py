@@ -4,6 +4,7 @@ The event file is written directly in TensorBoard's record format (length, maske
 CRC-32C, serialized ``Event`` proto); the two protos used are small enough to encode
 by hand, which keeps TensorFlow and protobuf code generation out of the dependencies.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import os
 import socket
 import struct
 import time
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -60,16 +61,20 @@ def _field_bytes(number: int, payload: bytes) -> bytes:  # wire type 2: length-d
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def _event(step: int, wall_time: float, *, file_version: str = "",
-           scalars: Mapping[str, float] = ()) -> bytes:
+def _event(
+    step: int, wall_time: float, *, file_version: str = "", scalars: Mapping[str, float] = ()
+) -> bytes:
     """Serialized tensorflow.Event: wall_time=1 (double), step=2, file_version=3, summary=5."""
     out = bytes([0x09]) + struct.pack("<d", wall_time) + bytes([0x10]) + _varint(step)
     if file_version:
         out += _field_bytes(3, file_version.encode())
     if scalars:
         values = b"".join(
-            _field_bytes(1, _field_bytes(1, tag.encode()) + bytes([0x15]) + struct.pack("<f", value))
-            for tag, value in scalars.items())
+            _field_bytes(
+                1, _field_bytes(1, tag.encode()) + bytes([0x15]) + struct.pack("<f", value)
+            )
+            for tag, value in scalars.items()
+        )
         out += _field_bytes(5, values)
     return out
 
@@ -90,8 +95,12 @@ class MetricWriter:
 
     def _write_record(self, data: bytes) -> None:
         header = struct.pack("<Q", len(data))
-        self._events.write(header + struct.pack("<I", _masked_crc(header)) + data
-                           + struct.pack("<I", _masked_crc(data)))
+        self._events.write(
+            header
+            + struct.pack("<I", _masked_crc(header))
+            + data
+            + struct.pack("<I", _masked_crc(data))
+        )
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         if not self.enabled:
@@ -115,6 +124,7 @@ class MetricWriter:
 
 # Model FLOPs -----------------------------------------------------------------
 
+
 def matmul_params(cfg: BertConfig) -> int:
     """Parameters that take part in one matmul per token per layer (embedding lookups excluded)."""
     h, i, e = cfg.hidden_size, cfg.intermediate_size, cfg.embedding_dim
@@ -123,8 +133,9 @@ def matmul_params(cfg: BertConfig) -> int:
     return cfg.num_hidden_layers * per_layer + projection
 
 
-def train_flops_per_sequence(cfg: BertConfig, seq_len: int, masked_per_sequence: float,
-                             last_layer_rows: Optional[int] = None) -> float:
+def train_flops_per_sequence(
+    cfg: BertConfig, seq_len: int, masked_per_sequence: float, last_layer_rows: int | None = None
+) -> float:
     """Training FLOPs (forward + backward = 3x forward) for one sequence.
 
     6·N per token for the encoder's matmuls (shared ALBERT layers count once per use),
@@ -136,8 +147,11 @@ def train_flops_per_sequence(cfg: BertConfig, seq_len: int, masked_per_sequence:
     """
     encoder = 6 * matmul_params(cfg) * seq_len
     attention = 6 * 2 * cfg.num_hidden_layers * seq_len * seq_len * cfg.hidden_size
-    head = 6 * masked_per_sequence * (cfg.hidden_size * cfg.embedding_dim
-                                      + cfg.embedding_dim * cfg.vocab_size)
+    head = (
+        6
+        * masked_per_sequence
+        * (cfg.hidden_size * cfg.embedding_dim + cfg.embedding_dim * cfg.vocab_size)
+    )
     skipped = 0
     if last_layer_rows is not None:
         h, i = cfg.hidden_size, cfg.intermediate_size
@@ -148,10 +162,18 @@ def train_flops_per_sequence(cfg: BertConfig, seq_len: int, masked_per_sequence:
 
 # Peak dense bf16 FLOP/s per chip by device kind (vendor datasheets); fp32 CPU is measured.
 _PEAK_FLOPS = {
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
-    "NVIDIA H100": 989e12, "NVIDIA H200": 989e12, "NVIDIA A100": 312e12,
-    "NVIDIA L4": 121e12, "Tesla T4": 65e12, "NVIDIA A10G": 125e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100": 312e12,
+    "NVIDIA L4": 121e12,
+    "Tesla T4": 65e12,
+    "NVIDIA A10G": 125e12,
 }
 
 
@@ -175,7 +197,7 @@ def measured_matmul_peak(dtype: str = "float32") -> float:
         start = time.perf_counter()
         f(x).block_until_ready()
         best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def peak_flops(override: float = 0.0) -> float:

@@ -4,10 +4,10 @@ Every parameter carries logical axis names (``vocab``, ``embed``, ``factor``, ``
 ``kv``, ``mlp``, ``position``, ``types``, ``layers``) and main activations carry
 ``act_*`` names; `bertjax.sharding` maps them to mesh axes. No layer names a mesh axis.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -44,24 +44,35 @@ def _ones(axes):
 
 def dense(cfg: BertConfig, features: int, axes: tuple, name: str) -> nn.Dense:
     """A Dense layer with logical names on kernel (in, out) and bias (out,)."""
-    return nn.Dense(features, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                    kernel_init=_init(cfg, axes), bias_init=_zeros(axes[-1:]), name=name,
-                    dot_general=functools.partial(products.dense_dot_general,
-                                                  operand_dtype=cfg.matmul_dtype))
+    return nn.Dense(
+        features,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        kernel_init=_init(cfg, axes),
+        bias_init=_zeros(axes[-1:]),
+        name=name,
+        dot_general=functools.partial(products.dense_dot_general, operand_dtype=cfg.matmul_dtype),
+    )
 
 
 def layer_norm(cfg: BertConfig, axis: str, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
-                        param_dtype=cfg.params_dtype, scale_init=_ones((axis,)),
-                        bias_init=_zeros((axis,)), name=name)
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        scale_init=_ones((axis,)),
+        bias_init=_zeros((axis,)),
+        name=name,
+    )
 
 
 def constrain(x: Array, axes: tuple) -> Array:
     return nn.with_logical_constraint(x, axes)
 
 
-def make_attention_mask(attention_mask: Optional[Array], segment_ids: Optional[Array],
-                   batch: int, length: int) -> Array:
+def make_attention_mask(
+    attention_mask: Array | None, segment_ids: Array | None, batch: int, length: int
+) -> Array:
     """Boolean mask broadcastable to [B, N, T, S]: True where a query may attend a key.
 
     With ``segment_ids`` (packed rows, 0 = padding) attention is block-diagonal, so
@@ -85,13 +96,14 @@ def gather_rows(x: Array, rows_BR: Array, axis: int = 1) -> Array:
     return jnp.take_along_axis(x, rows_BR.astype(jnp.int32).reshape(shape), axis=axis)
 
 
-def position_ids(segment_ids: Optional[Array], batch: int, length: int, offset: int) -> Array:
+def position_ids(segment_ids: Array | None, batch: int, length: int, offset: int) -> Array:
     """0, 1, 2, ... per row, restarting at each packed segment, plus RoBERTa's offset."""
     index = jnp.arange(length, dtype=jnp.int32)[None, :]
     if segment_ids is None:
         return jnp.broadcast_to(index + offset, (batch, length))
     starts = jnp.concatenate(
-        [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
     segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
     return index - segment_start + offset
 
@@ -106,8 +118,11 @@ class Embeddings(nn.Module):
         self.width_axis = "embed" if cfg.embedding_dim == cfg.hidden_size else "factor"
         width = cfg.embedding_dim
         self.word_embeddings = self.param(
-            "word_embeddings", _init(cfg, ("vocab", self.width_axis)), (cfg.vocab_size, width),
-            cfg.params_dtype)
+            "word_embeddings",
+            _init(cfg, ("vocab", self.width_axis)),
+            (cfg.vocab_size, width),
+            cfg.params_dtype,
+        )
         position_init = {
             "normal": nn.initializers.normal(cfg.initializer_range),
             "sinusoidal": sinusoidal_init(cfg.initializer_range),
@@ -116,10 +131,15 @@ class Embeddings(nn.Module):
         self.position_embeddings = self.param(
             "position_embeddings",
             nn.with_logical_partitioning(position_init, ("position", self.width_axis)),
-            (cfg.max_position_embeddings, width), cfg.params_dtype)
+            (cfg.max_position_embeddings, width),
+            cfg.params_dtype,
+        )
         self.token_type_embeddings = self.param(
-            "token_type_embeddings", _init(cfg, ("types", self.width_axis)),
-            (cfg.type_vocab_size, width), cfg.params_dtype)
+            "token_type_embeddings",
+            _init(cfg, ("types", self.width_axis)),
+            (cfg.type_vocab_size, width),
+            cfg.params_dtype,
+        )
         self.layer_norm = layer_norm(cfg, self.width_axis, "layer_norm")
         self.dropout = Dropout(cfg.hidden_dropout_prob)
         if width != cfg.hidden_size:
@@ -127,21 +147,24 @@ class Embeddings(nn.Module):
 
     def __call__(self, input_ids, token_type_ids, positions, deterministic: bool) -> Array:
         dtype = self.cfg.compute_dtype
-        x = (jnp.take(self.word_embeddings, input_ids, axis=0).astype(dtype)
-             + jnp.take(self.position_embeddings, positions, axis=0).astype(dtype)
-             + jnp.take(self.token_type_embeddings, token_type_ids, axis=0).astype(dtype))
+        x = (
+            jnp.take(self.word_embeddings, input_ids, axis=0).astype(dtype)
+            + jnp.take(self.position_embeddings, positions, axis=0).astype(dtype)
+            + jnp.take(self.token_type_embeddings, token_type_ids, axis=0).astype(dtype)
+        )
         x = self.dropout(self.layer_norm(x), deterministic=deterministic)
         if self.cfg.embedding_dim != self.cfg.hidden_size:
             x = self.projection(x)
         return constrain(x, ("act_batch", "act_len", "act_embed"))
 
-    def attend(self, x: Array, bias: Optional[Array] = None) -> Array:
+    def attend(self, x: Array, bias: Array | None = None) -> Array:
         """Logits against the word-embedding table (the tied MLM decoder), plus ``bias``."""
         table = self.word_embeddings.astype(self.cfg.compute_dtype)
         if bias is None:
             bias = jnp.zeros((table.shape[0],), table.dtype)
-        return products.tied_decoder(x, table, bias.astype(table.dtype),
-                            operand_dtype=self.cfg.matmul_dtype)
+        return products.tied_decoder(
+            x, table, bias.astype(table.dtype), operand_dtype=self.cfg.matmul_dtype
+        )
 
 
 class SelfAttention(nn.Module):
@@ -153,39 +176,58 @@ class SelfAttention(nn.Module):
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x_BTE: Array, mask: Array, deterministic: bool,
-                 rows: Optional[Array] = None) -> Array:
+    def __call__(
+        self, x_BTE: Array, mask: Array, deterministic: bool, rows: Array | None = None
+    ) -> Array:
         cfg = self.cfg
         heads, head_dim, width = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
         dtype = cfg.compute_dtype
 
         names = ("query", "key", "value")
-        kernels = [self.param(f"{name}_kernel", _init(cfg, ("embed", "heads", "kv")),
-                              (width, heads, head_dim), cfg.params_dtype) for name in names]
-        biases = [self.param(f"{name}_bias", _zeros(("heads", "kv")), (heads, head_dim),
-                             cfg.params_dtype) for name in names]
+        kernels = [
+            self.param(
+                f"{name}_kernel",
+                _init(cfg, ("embed", "heads", "kv")),
+                (width, heads, head_dim),
+                cfg.params_dtype,
+            )
+            for name in names
+        ]
+        biases = [
+            self.param(f"{name}_bias", _zeros(("heads", "kv")), (heads, head_dim), cfg.params_dtype)
+            for name in names
+        ]
         kernels = [kernel.astype(dtype).reshape(width, heads * head_dim) for kernel in kernels]
         x_BTE = x_BTE.astype(dtype)
         if rows is None:
             projected = products.project(x_BTE, *kernels, operand_dtype=cfg.matmul_dtype)
         else:
             projected = (
-                *products.project(gather_rows(x_BTE, rows), kernels[0],
-                                  operand_dtype=cfg.matmul_dtype),
-                *products.project(x_BTE, *kernels[1:], operand_dtype=cfg.matmul_dtype))
+                *products.project(
+                    gather_rows(x_BTE, rows), kernels[0], operand_dtype=cfg.matmul_dtype
+                ),
+                *products.project(x_BTE, *kernels[1:], operand_dtype=cfg.matmul_dtype),
+            )
             mask = gather_rows(mask, rows, axis=2)
         q_BTNH, k_BSNH, v_BSNH = [
-            constrain(y.reshape(*y.shape[:-1], heads, head_dim) + bias.astype(dtype),
-                      ("act_batch", "act_len", "act_heads", "act_kv"))
-            for y, bias in zip(projected, biases)]
+            constrain(
+                y.reshape(*y.shape[:-1], heads, head_dim) + bias.astype(dtype),
+                ("act_batch", "act_len", "act_heads", "act_kv"),
+            )
+            for y, bias in zip(projected, biases)
+        ]
         rate = cfg.attention_probs_dropout_prob
         keep = None
         if rate > 0 and not deterministic:
-            keep = keep_mask(self.make_rng("dropout"),
-                             (q_BTNH.shape[0], heads, q_BTNH.shape[1], k_BSNH.shape[1]), 1.0 - rate)
+            keep = keep_mask(
+                self.make_rng("dropout"),
+                (q_BTNH.shape[0], heads, q_BTNH.shape[1], k_BSNH.shape[1]),
+                1.0 - rate,
+            )
         if cfg.attention_implementation is None and jax.default_backend() == "cpu":
-            ctx_BTNH = products.attention(q_BTNH, k_BSNH, v_BSNH, mask, keep, rate,
-                                          products.cpu_chains(q_BTNH.shape[0]))
+            ctx_BTNH = products.attention(
+                q_BTNH, k_BSNH, v_BSNH, mask, keep, rate, products.cpu_chains(q_BTNH.shape[0])
+            )
         elif keep is not None:  # dot_product_attention has no dropout: the exact path
             ctx_BTNH = products.exact_attention(q_BTNH, k_BSNH, v_BSNH, mask, keep, rate)
         else:
@@ -194,15 +236,22 @@ class SelfAttention(nn.Module):
             rows = q_BTNH.shape[1] if cfg.attention_implementation == "cudnn" else mask.shape[2]
             full_mask = jnp.broadcast_to(mask, (mask.shape[0], 1, rows, k_BSNH.shape[1]))
             ctx_BTNH = jax.nn.dot_product_attention(
-                q_BTNH, k_BSNH, v_BSNH, mask=full_mask,
-                implementation=cfg.attention_implementation)
+                q_BTNH, k_BSNH, v_BSNH, mask=full_mask, implementation=cfg.attention_implementation
+            )
         ctx_BTNH = constrain(ctx_BTNH, ("act_batch", "act_len", "act_heads", "act_kv"))
-        out_kernel = self.param("output_kernel", _init(cfg, ("heads", "kv", "embed")),
-                                (heads, head_dim, width), cfg.params_dtype)
+        out_kernel = self.param(
+            "output_kernel",
+            _init(cfg, ("heads", "kv", "embed")),
+            (heads, head_dim, width),
+            cfg.params_dtype,
+        )
         out_bias = self.param("output_bias", _zeros(("embed",)), (width,), cfg.params_dtype)
         ctx_BTD = ctx_BTNH.reshape(*ctx_BTNH.shape[:-2], heads * head_dim)
-        y = products.project(ctx_BTD, out_kernel.astype(dtype).reshape(heads * head_dim, width),
-                    operand_dtype=cfg.matmul_dtype)[0]
+        y = products.project(
+            ctx_BTD,
+            out_kernel.astype(dtype).reshape(heads * head_dim, width),
+            operand_dtype=cfg.matmul_dtype,
+        )[0]
         y = y + out_bias.astype(dtype)
         return constrain(y, ("act_batch", "act_len", "act_embed"))
 
@@ -227,7 +276,7 @@ class BertLayer(nn.Module):
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool, rows: Optional[Array] = None):
+    def __call__(self, x: Array, mask: Array, deterministic: bool, rows: Array | None = None):
         cfg = self.cfg
         drop = Dropout(cfg.hidden_dropout_prob)
         attention = SelfAttention(cfg, name="attention")
@@ -236,12 +285,14 @@ class BertLayer(nn.Module):
         output_norm = layer_norm(cfg, "embed", "output_norm")
         residual = x if rows is None else gather_rows(x, rows)
         if cfg.pre_layer_norm:
-            x = residual + drop(attention(attention_norm(x), mask, deterministic, rows),
-                                deterministic)
+            x = residual + drop(
+                attention(attention_norm(x), mask, deterministic, rows), deterministic
+            )
             x = x + drop(mlp(output_norm(x)), deterministic)
         else:
-            x = attention_norm(residual + drop(attention(x, mask, deterministic, rows),
-                                               deterministic))
+            x = attention_norm(
+                residual + drop(attention(x, mask, deterministic, rows), deterministic)
+            )
             x = output_norm(x + drop(mlp(x), deterministic))
         return constrain(x, ("act_batch", "act_len", "act_embed")), None
 
@@ -273,8 +324,9 @@ class Encoder(nn.Module):
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool,
-                 rows: Optional[Array] = None) -> Array:
+    def __call__(
+        self, x: Array, mask: Array, deterministic: bool, rows: Array | None = None
+    ) -> Array:
         cfg = self.cfg
         groups = cfg.num_groups
         repeats = cfg.num_hidden_layers // groups
@@ -284,23 +336,37 @@ class Encoder(nn.Module):
             layer_cls = BertLayer
             if cfg.num_experts:  # MoE layers are their own module type (bertjax.moe)
                 from bertjax.moe import layer_class
+
                 layer_cls = layer_class(cfg, group)
             if cfg.remat != "none":
-                layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat],
-                                     prevent_cse=not cfg.scan_layers, static_argnums=(3,))
+                layer_cls = nn.remat(
+                    layer_cls,
+                    policy=_REMAT_POLICIES[cfg.remat],
+                    prevent_cse=not cfg.scan_layers,
+                    static_argnums=(3,),
+                )
             return layer_cls
 
         if cfg.scan_layers:  # one layer type: BertConfig allows MoE here only in every layer
             block = layer_type(0)
             sown = {"intermediates": 0} if cfg.num_experts else {}  # per-layer MoE stats
             if repeats > 1:  # shared layer applied `repeats` times: broadcast its parameters
-                block = nn.scan(block, variable_broadcast="params", variable_axes=sown,
-                                split_rngs={"params": False, "dropout": True},
-                                in_axes=(nn.broadcast, nn.broadcast), length=repeats)
-            stack = nn.scan(block, variable_axes={"params": 0, **sown},
-                            split_rngs={"params": True, "dropout": True},
-                            in_axes=(nn.broadcast, nn.broadcast), length=groups,
-                            metadata_params={nn.PARTITION_NAME: "layers"})
+                block = nn.scan(
+                    block,
+                    variable_broadcast="params",
+                    variable_axes=sown,
+                    split_rngs={"params": False, "dropout": True},
+                    in_axes=(nn.broadcast, nn.broadcast),
+                    length=repeats,
+                )
+            stack = nn.scan(
+                block,
+                variable_axes={"params": 0, **sown},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=groups,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
             x, _ = stack(cfg, name="layers")(x, mask, deterministic)
         else:
             layers = [layer_type(g)(cfg, name=f"layer_{g}") for g in range(groups)]
@@ -330,16 +396,23 @@ class BertModel(nn.Module):
         if self.add_pooler:
             self.pooler = dense(self.cfg, self.cfg.hidden_size, ("embed", "embed_out"), "pooler")
 
-    def __call__(self, input_ids: Array, token_type_ids: Optional[Array] = None,
-                 attention_mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
-                 positions: Optional[Array] = None, deterministic: bool = True,
-                 output_positions: Optional[Array] = None):
+    def __call__(
+        self,
+        input_ids: Array,
+        token_type_ids: Array | None = None,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+        positions: Array | None = None,
+        deterministic: bool = True,
+        output_positions: Array | None = None,
+    ):
         cfg = self.cfg
         batch, length = input_ids.shape
         if length > cfg.max_position_embeddings - cfg.position_offset:
             raise ValueError(
                 f"sequence length {length} exceeds max_position_embeddings "
-                f"{cfg.max_position_embeddings} (position_offset {cfg.position_offset})")
+                f"{cfg.max_position_embeddings} (position_offset {cfg.position_offset})"
+            )
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if positions is None:
@@ -357,5 +430,5 @@ class BertModel(nn.Module):
                 x = x[:, 1:]
         return x, pooled
 
-    def attend(self, x: Array, bias: Optional[Array] = None) -> Array:
+    def attend(self, x: Array, bias: Array | None = None) -> Array:
         return self.embeddings.attend(x, bias)

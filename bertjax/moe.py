@@ -16,11 +16,11 @@ Every MoE layer sows into the ``intermediates`` collection its router z-loss
 fraction of token-choices dropped and each expert's share of routed choices.
 `apply_model` collects them; `loss_sums` / `metrics` turn them into additive sums.
 """
+
 from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -37,12 +37,13 @@ def expert_capacity(cfg: BertConfig, group_size: int) -> int:
     """Slots per expert and group: ceil(capacity_factor * tokens * k / E), at most the group."""
     if cfg.expert_capacity_factor is None:
         return group_size
-    wanted = math.ceil(cfg.expert_capacity_factor * group_size * cfg.experts_per_token
-                       / cfg.num_experts)
+    wanted = math.ceil(
+        cfg.expert_capacity_factor * group_size * cfg.experts_per_token / cfg.num_experts
+    )
     return max(1, min(group_size, wanted))
 
 
-def _router_probs(logits_GSE: Array, valid_GS: Optional[Array]) -> tuple[Array, Array]:
+def _router_probs(logits_GSE: Array, valid_GS: Array | None) -> tuple[Array, Array]:
     """Router probabilities and the 0/1 real-token mask (all ones when none is given)."""
     probs_GSE = jax.nn.softmax(logits_GSE, axis=-1)
     if valid_GS is None:
@@ -63,7 +64,7 @@ def _router_stats(logits_GSE, probs_GSE, valid_GS, load_E, dropped_fraction) -> 
     }
 
 
-def route(logits_GSE: Array, k: int, capacity: int, valid_GS: Optional[Array] = None):
+def route(logits_GSE: Array, k: int, capacity: int, valid_GS: Array | None = None):
     """Top-k routing with capacity: (dispatch [G,S,E,C] 0/1, combine [G,S,E,C], stats).
 
     Tokens where ``valid_GS`` is 0 (padding) choose no expert and are left out of the stats.
@@ -73,8 +74,10 @@ def route(logits_GSE: Array, k: int, capacity: int, valid_GS: Optional[Array] = 
     remaining = probs_GSE
     choices, gates = [], []
     for _ in range(k):
-        choice_GSE = jax.nn.one_hot(jnp.argmax(remaining, axis=-1), num_experts,
-                                    dtype=probs_GSE.dtype) * valid_GS[..., None]
+        choice_GSE = (
+            jax.nn.one_hot(jnp.argmax(remaining, axis=-1), num_experts, dtype=probs_GSE.dtype)
+            * valid_GS[..., None]
+        )
         choices.append(choice_GSE)
         gates.append(jnp.sum(probs_GSE * choice_GSE, axis=-1))
         remaining = remaining * (1.0 - choice_GSE)
@@ -102,7 +105,7 @@ def route(logits_GSE: Array, k: int, capacity: int, valid_GS: Optional[Array] = 
     return dispatch, combine, _router_stats(logits_GSE, probs_GSE, valid_GS, load_E, dropped)
 
 
-def route_expert_choice(logits_GSE: Array, capacity: int, valid_GS: Optional[Array] = None):
+def route_expert_choice(logits_GSE: Array, capacity: int, valid_GS: Array | None = None):
     """Expert-choice routing (Zhou et al. 2022): each expert takes the ``capacity`` tokens of the
     group with the highest router probability for it; (dispatch, combine, stats) as `route`.
 
@@ -129,28 +132,36 @@ class MoeFeedForward(nn.Module):
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x_GSM: Array, valid_GS: Optional[Array] = None) -> Array:
+    def __call__(self, x_GSM: Array, valid_GS: Array | None = None) -> Array:
         cfg = self.cfg
         experts, width, inner = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
         dtype, pdtype = cfg.compute_dtype, cfg.params_dtype
-        router = self.param("router_kernel", _init(cfg, ("embed", "expert")), (width, experts),
-                            pdtype)
+        router = self.param(
+            "router_kernel", _init(cfg, ("embed", "expert")), (width, experts), pdtype
+        )
         # The router runs in fp32: its softmax and top-k decide discrete routes.
-        logits_GSE = jnp.einsum("gsm,me->gse", x_GSM.astype(jnp.float32),
-                                router.astype(jnp.float32))
+        logits_GSE = jnp.einsum(
+            "gsm,me->gse", x_GSM.astype(jnp.float32), router.astype(jnp.float32)
+        )
         capacity = expert_capacity(cfg, x_GSM.shape[1])
         if cfg.moe_routing == "expert_choice":
             dispatch_GSEC, combine_GSEC, stats = route_expert_choice(logits_GSE, capacity, valid_GS)
         else:
-            dispatch_GSEC, combine_GSEC, stats = route(logits_GSE, cfg.experts_per_token, capacity,
-                                                         valid_GS)
+            dispatch_GSEC, combine_GSEC, stats = route(
+                logits_GSE, cfg.experts_per_token, capacity, valid_GS
+            )
         self.sow("intermediates", "moe", stats)
 
-        w_in = self.param("intermediate_kernel", _init(cfg, ("expert", "embed", "mlp")),
-                          (experts, width, inner), pdtype)
+        w_in = self.param(
+            "intermediate_kernel",
+            _init(cfg, ("expert", "embed", "mlp")),
+            (experts, width, inner),
+            pdtype,
+        )
         b_in = self.param("intermediate_bias", _zeros(("expert", "mlp")), (experts, inner), pdtype)
-        w_out = self.param("output_kernel", _init(cfg, ("expert", "mlp", "embed")),
-                           (experts, inner, width), pdtype)
+        w_out = self.param(
+            "output_kernel", _init(cfg, ("expert", "mlp", "embed")), (experts, inner, width), pdtype
+        )
         b_out = self.param("output_bias", _zeros(("expert", "embed")), (experts, width), pdtype)
         x_EGCM = jnp.einsum("gsec,gsm->egcm", dispatch_GSEC.astype(dtype), x_GSM.astype(dtype))
         x_EGCM = constrain(x_EGCM, ("act_expert", "act_batch", None, "act_embed"))
@@ -158,8 +169,10 @@ class MoeFeedForward(nn.Module):
         h_EGCH = activation(cfg.hidden_act)(h_EGCH + b_in.astype(dtype)[:, None, None, :])
         h_EGCH = constrain(h_EGCH, ("act_expert", "act_batch", None, "act_mlp"))
         y_EGCM = jnp.einsum("egch,ehm->egcm", h_EGCH, w_out.astype(dtype))
-        y_EGCM = constrain(y_EGCM + b_out.astype(dtype)[:, None, None, :],
-                           ("act_expert", "act_batch", None, "act_embed"))
+        y_EGCM = constrain(
+            y_EGCM + b_out.astype(dtype)[:, None, None, :],
+            ("act_expert", "act_batch", None, "act_embed"),
+        )
         y_GSM = jnp.einsum("gsec,egcm->gsm", combine_GSEC.astype(dtype), y_EGCM)
         return constrain(y_GSM, ("act_batch", "act_len", "act_embed"))
 
@@ -194,8 +207,9 @@ def collect_stats(intermediates) -> dict:
             found[name].append(jnp.reshape(leaf, (-1,) + trailing))
     if not found["z_loss"]:
         return {}
-    return {name: jnp.mean(jnp.concatenate(values, axis=0), axis=0)
-            for name, values in found.items()}
+    return {
+        name: jnp.mean(jnp.concatenate(values, axis=0), axis=0) for name, values in found.items()
+    }
 
 
 def apply_model(model: nn.Module, variables: dict, *args, **kwargs):
@@ -212,8 +226,10 @@ def apply_model(model: nn.Module, variables: dict, *args, **kwargs):
 
 def aux_loss(cfg: BertConfig, stats: dict) -> Array:
     """The weighted auxiliary loss that joins the total: z-loss and load-balancing terms."""
-    return (cfg.router_z_loss_weight * stats["z_loss"]
-            + cfg.load_balance_loss_weight * stats["balance_loss"])
+    return (
+        cfg.router_z_loss_weight * stats["z_loss"]
+        + cfg.load_balance_loss_weight * stats["balance_loss"]
+    )
 
 
 def loss_sums(outputs: dict, batch: dict, examples=None) -> dict:
@@ -235,8 +251,10 @@ def metrics(sums: dict, norms: dict) -> dict:
     """moe_aux_loss, moe_z_loss, moe_balance_loss, moe_dropped_fraction, moe_load_<i>."""
     if "moe_aux_loss" not in sums:
         return {}
-    out = {name: sums[name] / norms["examples"]
-           for name in ("moe_aux_loss", "moe_z_loss", "moe_balance_loss", "moe_dropped_fraction")}
+    out = {
+        name: sums[name] / norms["examples"]
+        for name in ("moe_aux_loss", "moe_z_loss", "moe_balance_loss", "moe_dropped_fraction")
+    }
     load = sums["moe_expert_load"] / norms["examples"]
     out.update({f"moe_load_{i}": load[i] for i in range(load.shape[0])})
     return out

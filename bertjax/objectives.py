@@ -6,6 +6,7 @@ Losses are computed as sums plus global normalizers (total mask weight, number o
 examples), so k microbatches summed give exactly the loss of the whole batch, and eval
 sums/normalizers added over many batches give exact held-out averages.
 """
+
 from __future__ import annotations
 
 import abc
@@ -40,7 +41,7 @@ def default_loss_config() -> ml_collections.ConfigDict:
 def validate_loss_config(config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming an unknown or invalid ``config.loss`` key."""
     known = set(default_loss_config().keys())
-    for name in config.get("objective", "pretraining"), :
+    for name in (config.get("objective", "pretraining"),):
         if name not in OBJECTIVES:
             raise ValueError(f"config.loss.objective={name!r}: must be one of {sorted(OBJECTIVES)}")
         known |= set(_objective_class(name).extra_config_keys)
@@ -102,7 +103,10 @@ def loss_sums(outputs: dict, batch: dict, next_sentence: bool) -> dict:
     """Unnormalized sums over the (micro)batch: weighted MLM loss/hits, NSP loss/hits."""
     weights_BP = batch["masked_weights"].astype(jnp.float32)
     nll_BP, correct_BP = cross_entropy(outputs["mlm_logits"], batch["masked_ids"])
-    sums = {"mlm_loss": jnp.sum(nll_BP * weights_BP), "mlm_correct": jnp.sum(correct_BP * weights_BP)}
+    sums = {
+        "mlm_loss": jnp.sum(nll_BP * weights_BP),
+        "mlm_correct": jnp.sum(correct_BP * weights_BP),
+    }
     if next_sentence:
         nll_B, correct_B = cross_entropy(outputs["nsp_logits"], batch["next_sentence_label"])
         sums.update(nsp_loss=jnp.sum(nll_B), nsp_correct=jnp.sum(correct_B))
@@ -113,8 +117,10 @@ def loss_sums(outputs: dict, batch: dict, next_sentence: bool) -> dict:
 def normalizers(batch: dict) -> dict:
     """Denominators over the whole global batch: total mask weight and number of examples."""
     weight = jnp.sum(batch["masked_weights"].astype(jnp.float32))
-    return {"mlm_weight": jnp.where(weight > 0, weight, 1.0),
-            "examples": jnp.float32(batch["masked_weights"].shape[0])}
+    return {
+        "mlm_weight": jnp.where(weight > 0, weight, 1.0),
+        "examples": jnp.float32(batch["masked_weights"].shape[0]),
+    }
 
 
 def total_loss(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> Array:
@@ -127,9 +133,11 @@ def total_loss(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> Ar
 
 def loss_metrics(sums: dict, norms: dict, config: ml_collections.ConfigDict) -> dict:
     """loss, mlm_loss, mlm_accuracy (+ nsp_loss, nsp_accuracy) from whole-batch sums."""
-    metrics = {"loss": total_loss(sums, norms, config),
-               "mlm_loss": sums["mlm_loss"] / norms["mlm_weight"],
-               "mlm_accuracy": sums["mlm_correct"] / norms["mlm_weight"]}
+    metrics = {
+        "loss": total_loss(sums, norms, config),
+        "mlm_loss": sums["mlm_loss"] / norms["mlm_weight"],
+        "mlm_accuracy": sums["mlm_correct"] / norms["mlm_weight"],
+    }
     if "nsp_loss" in sums:
         metrics["nsp_loss"] = sums["nsp_loss"] / norms["examples"]
         metrics["nsp_accuracy"] = sums["nsp_correct"] / norms["examples"]
@@ -144,7 +152,7 @@ class Objective(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_config(cls, loss_config: ml_collections.ConfigDict) -> "Objective":
+    def from_config(cls, loss_config: ml_collections.ConfigDict) -> Objective:
         """The objective described by ``config.loss``."""
 
     def model(self, cfg: BertConfig) -> nn.Module:
@@ -153,14 +161,28 @@ class Objective(abc.ABC):
     def init_batch(self, cfg: BertConfig) -> dict:
         """A tiny batch with every key `apply` reads (only shapes/dtypes matter)."""
         length = min(8, cfg.max_position_embeddings - cfg.position_offset)
-        return {"input_ids": jnp.zeros((1, length), jnp.int32),
-                "masked_positions": jnp.zeros((1, 1), jnp.int32)}
+        return {
+            "input_ids": jnp.zeros((1, length), jnp.int32),
+            "masked_positions": jnp.zeros((1, 1), jnp.int32),
+        }
 
-    def apply(self, model: nn.Module, variables: dict, batch: dict, rngs, deterministic: bool,
-              init: bool = False):
+    def apply(
+        self,
+        model: nn.Module,
+        variables: dict,
+        batch: dict,
+        rngs,
+        deterministic: bool,
+        init: bool = False,
+    ):
         """Runs the model on a batch (``init=True``: returns ``model.init``'s variables)."""
-        args = (batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
-                batch.get("segment_ids"), batch["masked_positions"])
+        args = (
+            batch["input_ids"],
+            batch.get("token_type_ids"),
+            batch.get("attention_mask"),
+            batch.get("segment_ids"),
+            batch["masked_positions"],
+        )
         if init:
             return model.init(rngs, *args, deterministic=deterministic)
         # MoE configs also collect the layers' sown router stats as outputs["moe"].
@@ -193,12 +215,17 @@ class Pretraining(Objective):
 
     @classmethod
     def from_config(cls, loss_config):
-        return cls(bool(loss_config.next_sentence), float(loss_config.mlm_weight),
-                   float(loss_config.nsp_weight), bool(loss_config.get("sparse_last_layer", True)))
+        return cls(
+            bool(loss_config.next_sentence),
+            float(loss_config.mlm_weight),
+            float(loss_config.nsp_weight),
+            bool(loss_config.get("sparse_last_layer", True)),
+        )
 
     def model(self, cfg):
-        return BertForPreTraining(cfg, next_sentence=self.next_sentence,
-                                  sparse_last_layer=self.sparse_last_layer)
+        return BertForPreTraining(
+            cfg, next_sentence=self.next_sentence, sparse_last_layer=self.sparse_last_layer
+        )
 
     def loss_sums(self, outputs, batch):
         return loss_sums(outputs, batch, self.next_sentence)

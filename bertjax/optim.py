@@ -5,10 +5,11 @@ clip -> moment scaling -> decoupled weight decay (kernels and embedding tables o
 [LAMB trust ratio] -> learning rate (schedule x batch-size scaling) -> layer-wise factors,
 so the layer-wise factor multiplies the whole update, weight decay included (as in ELECTRA).
 """
+
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,9 @@ def default_optim_config() -> ml_collections.ConfigDict:
     c.name = "adamw"  # "adamw" | "lamb" | "adafactor" (adafactor ignores b1, b2, eps)
     c.learning_rate = 1e-4  # base (peak) LR at base_batch_size, before batch-size scaling
     c.base_batch_size = 256  # global batch size at which learning_rate was tuned
-    c.lr_scaling = "none"  # "none" | "linear" (Goyal et al. 2017) | "sqrt" (Malladi et al. 2022, Adam)
+    c.lr_scaling = (
+        "none"  # "none" | "linear" (Goyal et al. 2017) | "sqrt" (Malladi et al. 2022, Adam)
+    )
     c.schedule = "linear"  # "linear" | "cosine" | "constant" | "wsd" (warmup-stable-decay)
     c.total_steps = 10_000  # steps the schedule spans (decay ends here)
     c.warmup_steps = 0  # warmup length in steps; when > 0 it overrides warmup_fraction
@@ -62,34 +65,60 @@ def validate_optim_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"unknown config.optim key(s) {unknown}; known keys: {sorted(known)}")
     missing = sorted(known - set(config.keys()))
     if missing:
-        raise ValueError(f"config.optim is missing key(s) {missing}; start from default_optim_config()")
+        raise ValueError(
+            f"config.optim is missing key(s) {missing}; start from default_optim_config()"
+        )
     c = config
     _require(c.name in OPTIMIZERS, "name", c.name, f"must be one of {OPTIMIZERS}")
     _require(c.schedule in SCHEDULES, "schedule", c.schedule, f"must be one of {SCHEDULES}")
-    _require(c.lr_scaling in LR_SCALINGS, "lr_scaling", c.lr_scaling,
-             f"must be one of {tuple(LR_SCALINGS)}")
+    _require(
+        c.lr_scaling in LR_SCALINGS,
+        "lr_scaling",
+        c.lr_scaling,
+        f"must be one of {tuple(LR_SCALINGS)}",
+    )
     _require(c.learning_rate > 0, "learning_rate", c.learning_rate, "must be > 0")
     _require(c.base_batch_size > 0, "base_batch_size", c.base_batch_size, "must be > 0")
     _require(c.total_steps > 0, "total_steps", c.total_steps, "must be > 0")
     _require(c.warmup_steps >= 0, "warmup_steps", c.warmup_steps, "must be >= 0")
-    _require(0.0 <= c.warmup_fraction < 1.0, "warmup_fraction", c.warmup_fraction, "must be in [0, 1)")
+    _require(
+        0.0 <= c.warmup_fraction < 1.0, "warmup_fraction", c.warmup_fraction, "must be in [0, 1)"
+    )
     _require(0.0 < c.decay_fraction <= 1.0, "decay_fraction", c.decay_fraction, "must be in (0, 1]")
-    _require(0.0 <= c.end_lr_fraction <= 1.0, "end_lr_fraction", c.end_lr_fraction, "must be in [0, 1]")
+    _require(
+        0.0 <= c.end_lr_fraction <= 1.0, "end_lr_fraction", c.end_lr_fraction, "must be in [0, 1]"
+    )
     _require(c.weight_decay >= 0, "weight_decay", c.weight_decay, "must be >= 0")
     _require(0.0 <= c.b1 < 1.0, "b1", c.b1, "must be in [0, 1)")
     _require(0.0 <= c.b2 < 1.0, "b2", c.b2, "must be in [0, 1)")
     _require(c.eps > 0, "eps", c.eps, "must be > 0")
     _require(c.clip_norm >= 0, "clip_norm", c.clip_norm, "must be >= 0 (0 disables clipping)")
-    _require(0.0 < c.layerwise_lr_decay <= 1.0, "layerwise_lr_decay", c.layerwise_lr_decay,
-             "must be in (0, 1] (1.0 disables it)")
-    _require(isinstance(c.grad_accum_steps, int) and c.grad_accum_steps >= 1, "grad_accum_steps",
-             c.grad_accum_steps, "must be an integer >= 1")
+    _require(
+        0.0 < c.layerwise_lr_decay <= 1.0,
+        "layerwise_lr_decay",
+        c.layerwise_lr_decay,
+        "must be in (0, 1] (1.0 disables it)",
+    )
+    _require(
+        isinstance(c.grad_accum_steps, int) and c.grad_accum_steps >= 1,
+        "grad_accum_steps",
+        c.grad_accum_steps,
+        "must be an integer >= 1",
+    )
     warmup = warmup_steps(c)
-    _require(warmup < c.total_steps, "warmup_steps", warmup,
-             f"warmup must be shorter than total_steps ({c.total_steps})")
+    _require(
+        warmup < c.total_steps,
+        "warmup_steps",
+        warmup,
+        f"warmup must be shorter than total_steps ({c.total_steps})",
+    )
     if c.schedule == "wsd":
-        _require(warmup + decay_steps(c) <= c.total_steps, "decay_fraction", c.decay_fraction,
-                 "warmup plus decay must fit in total_steps")
+        _require(
+            warmup + decay_steps(c) <= c.total_steps,
+            "decay_fraction",
+            c.decay_fraction,
+            "warmup plus decay must fit in total_steps",
+        )
 
 
 def warmup_steps(config: ml_collections.ConfigDict) -> int:
@@ -165,8 +194,8 @@ def layer_depth(path, model_cfg: BertConfig):
         child = names[names.index(_ENCODER) + 1]
         if child == "layers":  # scanned: leading axis indexes the groups
             return (np.arange(model_cfg.num_groups) + 1) * repeats
-        if child.startswith("layer_") and child[len("layer_"):].isdigit():
-            return (int(child[len("layer_"):]) + 1) * repeats
+        if child.startswith("layer_") and child[len("layer_") :].isdigit():
+            return (int(child[len("layer_") :]) + 1) * repeats
         if child == "final_norm":
             return layers + 1
         raise ValueError(f"layer-wise LR decay: no depth rule for parameter {'/'.join(names)}")
@@ -182,8 +211,10 @@ def layerwise_lr_factors(params, model_cfg: BertConfig, decay: float) -> Any:
         if isinstance(depth, np.ndarray):
             values = np.asarray(decay, np.float64) ** (top - depth)
             if np.shape(leaf)[0] != depth.shape[0]:
-                raise ValueError(f"stacked parameter {'/'.join(_names(path))} has leading axis "
-                                 f"{np.shape(leaf)[0]}, expected num_groups={depth.shape[0]}")
+                raise ValueError(
+                    f"stacked parameter {'/'.join(_names(path))} has leading axis "
+                    f"{np.shape(leaf)[0]}, expected num_groups={depth.shape[0]}"
+                )
             return values.astype(np.float32).reshape((-1,) + (1,) * (np.ndim(leaf) - 1))
         return np.float32(decay ** (top - depth))
 
@@ -208,8 +239,9 @@ class Optimizer(NamedTuple):
     learning_rate_fn: Callable
 
 
-def make_optimizer(config: ml_collections.ConfigDict, model_cfg: BertConfig,
-                   global_batch_size: int) -> Optimizer:
+def make_optimizer(
+    config: ml_collections.ConfigDict, model_cfg: BertConfig, global_batch_size: int
+) -> Optimizer:
     """Builds the update chain described in the module docstring from ``config.optim``."""
     schedule = make_schedule(config, global_batch_size)
     parts = []

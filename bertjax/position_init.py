@@ -1,5 +1,6 @@
 """Deterministic initialisers for position embeddings and attention: sinusoidal and "fourier"
 position tables, and first-layer heads that start on fixed relative offsets."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ from bertjax.config import BertConfig
 def sinusoidal_init(std: float):
     """Initializer of a [positions, width] table: interleaved sin/cos rows (Vaswani et al. 2017)
     with wavelengths up to 10000, scaled to standard deviation `std`."""
+
     def init(key, shape, dtype=jnp.float32):
         del key
         positions, width = shape
@@ -18,8 +20,9 @@ def sinusoidal_init(std: float):
         angles = np.arange(positions)[:, None] * freqs[None, :]
         table = np.zeros((positions, width))
         table[:, 0::2] = np.sin(angles)
-        table[:, 1::2] = np.cos(angles[:, :width // 2])
+        table[:, 1::2] = np.cos(angles[:, : width // 2])
         return jnp.asarray(table * (std * np.sqrt(2.0)), dtype)
+
     return init
 
 
@@ -33,6 +36,7 @@ def fourier_frequencies(head_dim: int) -> np.ndarray:
 def fourier_init(std: float, head_dim: int):
     """Initializer of a [positions, width] table: row t holds (cos w_i t, sin w_i t) pairs in its
     first head_dim columns and zeros after, scaled so a row is as long as a normal(std) row."""
+
     def init(key, shape, dtype=jnp.float32):
         del key
         positions, width = shape
@@ -41,6 +45,7 @@ def fourier_init(std: float, head_dim: int):
         table[:, 0:head_dim:2] = np.cos(angles)
         table[:, 1:head_dim:2] = np.sin(angles)
         return jnp.asarray(table * (std * np.sqrt(width / (head_dim // 2))), dtype)
+
     return init
 
 
@@ -79,8 +84,12 @@ def init_local_attention(params: dict, cfg: BertConfig) -> dict:
             index = (0,) if stacked else ()
             index += (slice(0, head_dim), slice(0, len(offsets)))
             return kernel.at[index].set(jnp.asarray(rows, kernel.dtype))
-        return {**attention, "query_kernel": put(attention["query_kernel"], query_rows),
-                "key_kernel": put(attention["key_kernel"], key_rows)}
+
+        return {
+            **attention,
+            "query_kernel": put(attention["query_kernel"], query_rows),
+            "key_kernel": put(attention["key_kernel"], key_rows),
+        }
 
     def visit(tree):
         if not isinstance(tree, dict):
@@ -88,8 +97,10 @@ def init_local_attention(params: dict, cfg: BertConfig) -> dict:
         if "encoder" in tree and isinstance(tree["encoder"], dict):
             encoder = dict(tree["encoder"])
             name, stacked = ("layers", True) if "layers" in encoder else ("layer_0", False)
-            encoder[name] = {**encoder[name],
-                             "attention": first_layer(encoder[name]["attention"], stacked)}
+            encoder[name] = {
+                **encoder[name],
+                "attention": first_layer(encoder[name]["attention"], stacked),
+            }
             return {**tree, "encoder": encoder}
         return {key: visit(value) for key, value in tree.items()}
 

@@ -6,11 +6,11 @@ Both take an optional operand dtype (BertConfig.matmul_dtype): bf16 products tha
 the activations' dtype. `attention` is the softmax attention the model runs on the CPU, with a
 hand-written backward; `exact_attention` the same maths under autodiff.
 """
+
 from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -80,7 +80,8 @@ def _project_bwd(operand, residuals, grads):
         else:  # transpose the narrower gradient: ([N, R] @ [R, K]).T
             g_NR = jax.lax.optimization_barrier(g_RN.T)
             d_kernel = jax.lax.optimization_barrier(
-                _dot(g_NR, x_RK, ((1,), (0,)), kernel_dtype, None)).T
+                _dot(g_NR, x_RK, ((1,), (0,)), kernel_dtype, None)
+            ).T
         d_kernels.append(d_kernel)
     return (d_x, *d_kernels)
 
@@ -95,14 +96,24 @@ def _transpose_explicitly() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                       operand_dtype=None):
+def dense_dot_general(
+    lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, operand_dtype=None
+):
     """nn.Dense's product through `project` (its one case: lhs's last axis with rhs's first)."""
-    if (precision is None and preferred_element_type is None and rhs.ndim == 2
-            and dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))):
+    if (
+        precision is None
+        and preferred_element_type is None
+        and rhs.ndim == 2
+        and dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))
+    ):
         return project(lhs, rhs, operand_dtype=operand_dtype)[0]
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
+    return jax.lax.dot_general(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
 
 
 def tied_decoder(x: Array, table_VE: Array, bias_V: Array, operand_dtype=None) -> Array:
@@ -143,8 +154,15 @@ def _tied_decoder_bwd(operand, residuals, g):
 _tied_decoder.defvjp(_tied_decoder_fwd, _tied_decoder_bwd)
 
 
-def attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
-              keep: Optional[Array] = None, rate: float = 0.0, chains: int = 1) -> Array:
+def attention(
+    q_BTNH: Array,
+    k_BSNH: Array,
+    v_BSNH: Array,
+    mask: Array,
+    keep: Array | None = None,
+    rate: float = 0.0,
+    chains: int = 1,
+) -> Array:
     """Softmax attention with a hand-written backward: ``softmax(q k^T / sqrt(H) | mask) v``,
     the probabilities dropped where ``keep`` (boolean, [B, N, T, S]) is False and the rest
     scaled by 1 / (1 - rate), as `exact_attention` with a dropout.
@@ -163,11 +181,16 @@ def attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
         return _attention(rate, q_BTNH, k_BSNH, v_BSNH, mask, keep)
 
     def part(a, c):
-        return a if a is None or a.shape[0] == 1 else a.reshape(
-            batch // chains, chains, *a.shape[1:])[:, c]
+        return (
+            a
+            if a is None or a.shape[0] == 1
+            else a.reshape(batch // chains, chains, *a.shape[1:])[:, c]
+        )
 
-    outs = [_attention(rate, *(part(a, c) for a in (q_BTNH, k_BSNH, v_BSNH, mask, keep)))
-            for c in range(chains)]
+    outs = [
+        _attention(rate, *(part(a, c) for a in (q_BTNH, k_BSNH, v_BSNH, mask, keep)))
+        for c in range(chains)
+    ]
     return jnp.stack(outs, axis=1).reshape(q_BTNH.shape)
 
 
@@ -180,8 +203,14 @@ def cpu_chains(batch: int) -> int:
     return max(d for d in range(1, cores + 1) if batch % d == 0)
 
 
-def exact_attention(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask: Array,
-                    keep: Optional[Array] = None, rate: float = 0.0) -> Array:
+def exact_attention(
+    q_BTNH: Array,
+    k_BSNH: Array,
+    v_BSNH: Array,
+    mask: Array,
+    keep: Array | None = None,
+    rate: float = 0.0,
+) -> Array:
     """Softmax attention in fp32, autodiff's backward: what `attention` computes (``keep`` and
     ``rate`` the same optional dropout on the probabilities); the model's path off the CPU
     when dropout is active (jax.nn.dot_product_attention has none)."""
@@ -198,11 +227,15 @@ def _heads_major(a: Array) -> Array:
 def _batched(a: Array, b: Array, a_axis: int, b_axis: int) -> Array:
     """Per (batch, head) product contracting ``a_axis`` of a with ``b_axis`` of b, in fp32 (or
     wider)."""
-    return jax.lax.dot_general(a, b, (((a_axis,), (b_axis,)), ((0, 1), (0, 1))),
-                               preferred_element_type=jnp.promote_types(a.dtype, jnp.float32))
+    return jax.lax.dot_general(
+        a,
+        b,
+        (((a_axis,), (b_axis,)), ((0, 1), (0, 1))),
+        preferred_element_type=jnp.promote_types(a.dtype, jnp.float32),
+    )
 
 
-def _dropped(probs: Array, keep: Optional[Array], rate: float) -> Array:
+def _dropped(probs: Array, keep: Array | None, rate: float) -> Array:
     return probs if keep is None else jnp.where(keep, probs / (1.0 - rate), 0.0)
 
 
@@ -230,11 +263,14 @@ def _attention_bwd(rate, residuals, g_BTNH):
     d_logits = jnp.where(mask, d_logits, 0.0).astype(dtype)  # fully masked rows: no gradient
     d_q = _batched(d_logits, k_BNSH, 3, 2) * (q_BNTH.shape[-1] ** -0.5)
     d_k = _batched(d_logits, q_BNTH, 2, 2)
-    return (*(_heads_major(d.astype(dtype)) for d in (d_q, d_k, d_v)), _no_gradient(mask),
-            _no_gradient(keep))
+    return (
+        *(_heads_major(d.astype(dtype)) for d in (d_q, d_k, d_v)),
+        _no_gradient(mask),
+        _no_gradient(keep),
+    )
 
 
-def _no_gradient(a: Optional[Array]):
+def _no_gradient(a: Array | None):
     """The cotangent of a boolean input (float0 zeros), or None for an absent one."""
     return None if a is None else np.zeros(a.shape, jax.dtypes.float0)
 

@@ -23,6 +23,7 @@ interpreter (same pid, same command line) with the tunables added. train.py and 
 call it first thing. ``BERTJAX_HUGEPAGE_MALLOC=0`` turns it off; a GLIBC_TUNABLES that already
 names any of these tunables is left as the user set it.
 """
+
 from __future__ import annotations
 
 import glob
@@ -33,8 +34,12 @@ import sys
 TUNABLE = "glibc.malloc.hugetlb"
 # Added together (the last three on CPU-only hosts); a user who set any of them keeps their own
 # GLIBC_TUNABLES.
-TUNABLES = (f"{TUNABLE}=1", "glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
-            f"glibc.malloc.trim_threshold={32 << 30}")
+TUNABLES = (
+    f"{TUNABLE}=1",
+    "glibc.malloc.arena_max=1",
+    "glibc.malloc.mmap_max=0",
+    f"glibc.malloc.trim_threshold={32 << 30}",
+)
 DISABLE_ENV = "BERTJAX_HUGEPAGE_MALLOC"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*")

@@ -28,10 +28,12 @@ layers         --          the stacked-layer axis of scanned encoders
 expert         expert      MoE expert weights [E, ...] (expert parallelism)
 =============  ==========  ================================================================
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -93,22 +95,28 @@ def mesh_shape(config: ml_collections.ConfigDict, num_devices: int) -> tuple:
     known = math.prod(s for s in sizes if s != -1)
     if fill:
         if num_devices % known:
-            raise ValueError(f"config.mesh.{fill[0]}=-1: the other axes ({known} devices) do not "
-                             f"divide the {num_devices} devices")
+            raise ValueError(
+                f"config.mesh.{fill[0]}=-1: the other axes ({known} devices) do not "
+                f"divide the {num_devices} devices"
+            )
         sizes[MESH_AXES.index(fill[0])] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} "
-                         f"devices but {num_devices} are available")
+        raise ValueError(
+            f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} "
+            f"devices but {num_devices} are available"
+        )
     return tuple(sizes)
 
 
-def make_mesh(config: ml_collections.ConfigDict,
-              devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def make_mesh(
+    config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
     """A (data, fsdp, tensor, expert) mesh over ``devices`` (default: all), Auto axis types."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(config, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
-                         devices=devices)
+    return jax.make_mesh(
+        shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape), devices=devices
+    )
 
 
 def logical_axis_rules() -> tuple:
@@ -125,7 +133,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
-def logical_to_shardings(boxed_tree: Any, mesh: Mesh, rules: Optional[tuple] = None) -> Any:
+def logical_to_shardings(boxed_tree: Any, mesh: Mesh, rules: tuple | None = None) -> Any:
     """NamedShardings for a tree of nn.Partitioned (e.g. ``jax.eval_shape(model.init, ...)``)."""
     specs = nn.get_partition_spec(boxed_tree)
     return nn.logical_to_mesh_sharding(specs, mesh, rules or logical_axis_rules())
@@ -135,15 +143,19 @@ def process_batch_rows(mesh: Mesh, global_batch_size: int) -> slice:
     """Rows of the global batch that this process must provide (contiguous)."""
     shards = _num_batch_shards(mesh)
     if global_batch_size % shards:
-        raise ValueError(f"config.batch_size={global_batch_size} is not divisible by the "
-                         f"{shards} batch shards (mesh data x fsdp x expert)")
+        raise ValueError(
+            f"config.batch_size={global_batch_size} is not divisible by the "
+            f"{shards} batch shards (mesh data x fsdp x expert)"
+        )
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
     starts = sorted({idx[0].start or 0 for idx in index_map.values()})
     stops = sorted({idx[0].stop or global_batch_size for idx in index_map.values()})
     rows = slice(starts[0], stops[-1])
     if sum(b - a for a, b in zip(starts, stops)) != rows.stop - rows.start:
-        raise ValueError(f"this process's batch shards {list(zip(starts, stops))} are not "
-                         "contiguous; order the mesh devices by process")
+        raise ValueError(
+            f"this process's batch shards {list(zip(starts, stops))} are not "
+            "contiguous; order the mesh devices by process"
+        )
     return rows
 
 
@@ -160,9 +172,12 @@ def global_batch(batch: dict, mesh: Mesh, global_batch_size: int) -> dict:
     for key, value in batch.items():
         value = np.asarray(value)
         if value.ndim == 0 or value.shape[0] != local:
-            raise ValueError(f"batch[{key!r}] has shape {value.shape}; this process provides "
-                             f"rows {rows.start}:{rows.stop} of the global batch, so expected "
-                             f"leading size {local}")
+            raise ValueError(
+                f"batch[{key!r}] has shape {value.shape}; this process provides "
+                f"rows {rows.start}:{rows.stop} of the global batch, so expected "
+                f"leading size {local}"
+            )
         out[key] = jax.make_array_from_process_local_data(
-            sharding, value, (global_batch_size,) + value.shape[1:])
+            sharding, value, (global_batch_size,) + value.shape[1:]
+        )
     return out

@@ -5,10 +5,12 @@ pytrees; everything static (model config, loss weights, optimizer) rides in the
 state's non-pytree fields, so one jit serves every step. `jit_steps` binds them to a
 mesh with shardings and donation. Metrics stay on device.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -20,7 +22,6 @@ from jax.sharding import Mesh
 
 from bertjax import objectives, optim, position_init, sharding
 from bertjax.config import BertConfig
-from bertjax.heads import BertForPreTraining
 
 Array = jax.Array
 
@@ -47,10 +48,14 @@ class StepSpec:
     skip_nonfinite_updates: bool = True
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, model_cfg: BertConfig) -> "StepSpec":
+    def from_config(cls, config: ml_collections.ConfigDict, model_cfg: BertConfig) -> StepSpec:
         optim.validate_optim_config(config.optim)
-        return cls(model_cfg, objectives.make_objective(config.loss),
-                   int(config.optim.grad_accum_steps), bool(config.skip_nonfinite_updates))
+        return cls(
+            model_cfg,
+            objectives.make_objective(config.loss),
+            int(config.optim.grad_accum_steps),
+            bool(config.skip_nonfinite_updates),
+        )
 
     def model(self) -> nn.Module:
         return self.objective.model(self.model_cfg)
@@ -69,13 +74,16 @@ class TrainState:
     frozen: Any = None  # params the step reads but never updates (a distillation teacher)
 
 
-def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig,
-                         mesh: Mesh) -> tuple[TrainState, TrainState, Callable]:
+def abstract_train_state(
+    config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh
+) -> tuple[TrainState, TrainState, Callable]:
     """(state shapes, state shardings, init fn): no arrays allocated; also the restore target."""
     experts_axis = dict(mesh.shape).get("expert", 1)
     if model_cfg.num_experts and model_cfg.num_experts % experts_axis:
-        raise ValueError(f"config.mesh.expert={experts_axis} must divide model.num_experts="
-                         f"{model_cfg.num_experts}: each device holds whole experts")
+        raise ValueError(
+            f"config.mesh.expert={experts_axis} must divide model.num_experts="
+            f"{model_cfg.num_experts}: each device holds whole experts"
+        )
     spec = StepSpec.from_config(config, model_cfg)
     tx, learning_rate_fn = optim.make_optimizer(config.optim, model_cfg, config.batch_size)
     model = spec.model()
@@ -83,40 +91,59 @@ def abstract_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfi
     rules = sharding.logical_axis_rules()
 
     def init_variables(rng):
-        return spec.objective.apply(model, {}, init_batch, {"params": rng, "dropout": rng},
-                                    deterministic=True, init=True)
+        return spec.objective.apply(
+            model, {}, init_batch, {"params": rng, "dropout": rng}, deterministic=True, init=True
+        )
 
     def init_fn(rng):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
             variables = nn.unbox(init_variables(rng))
         params = position_init.init_local_attention(variables["params"], model_cfg)
-        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), tx,
-                          learning_rate_fn, spec, variables.get("frozen"))
+        return TrainState(
+            jnp.zeros((), jnp.int32),
+            params,
+            tx.init(params),
+            tx,
+            learning_rate_fn,
+            spec,
+            variables.get("frozen"),
+        )
 
     rng_shape = jax.random.key(0)
     boxed_variables = jax.eval_shape(init_variables, rng_shape)
     boxed = boxed_variables["params"]
     param_shardings = sharding.logical_to_shardings(boxed, mesh, rules)
-    frozen_shardings = (sharding.logical_to_shardings(boxed_variables["frozen"], mesh, rules)
-                        if boxed_variables.get("frozen") is not None else None)
+    frozen_shardings = (
+        sharding.logical_to_shardings(boxed_variables["frozen"], mesh, rules)
+        if boxed_variables.get("frozen") is not None
+        else None
+    )
     shapes = jax.eval_shape(init_fn, rng_shape)
     everything = sharding.replicated(mesh)
     # Moments shaped like their parameter share its sharding (ZeRO-3 shards them too); other
     # state (counts, Adafactor's factored row/column statistics) is replicated.
     opt_shardings = optax.tree_map_params(
-        tx, lambda leaf, param, param_sharding: (
-            param_sharding if leaf.shape == param.shape else everything),
-        shapes.opt_state, shapes.params, param_shardings,
-        transform_non_params=lambda _: everything)
-    shardings = shapes.replace(step=everything, params=param_shardings, opt_state=opt_shardings,
-                               frozen=frozen_shardings)
-    shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          shapes, shardings)
+        tx,
+        lambda leaf, param, param_sharding: (
+            param_sharding if leaf.shape == param.shape else everything
+        ),
+        shapes.opt_state,
+        shapes.params,
+        param_shardings,
+        transform_non_params=lambda _: everything,
+    )
+    shardings = shapes.replace(
+        step=everything, params=param_shardings, opt_state=opt_shardings, frozen=frozen_shardings
+    )
+    shapes = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
     return shapes, shardings, init_fn
 
 
-def init_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh,
-                     rng: Array) -> TrainState:
+def init_train_state(
+    config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh, rng: Array
+) -> TrainState:
     """A fresh TrainState, created directly in its shardings on ``mesh``."""
     _, shardings, init_fn = abstract_train_state(config, model_cfg, mesh)
     return jax.jit(init_fn, out_shardings=shardings)(rng)
@@ -124,8 +151,9 @@ def init_train_state(config: ml_collections.ConfigDict, model_cfg: BertConfig, m
 
 def _forward(spec: StepSpec, params, batch: dict, rng, deterministic: bool, frozen=None):
     variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
-    return spec.objective.apply(spec.model(), variables, batch,
-                                None if deterministic else {"dropout": rng}, deterministic)
+    return spec.objective.apply(
+        spec.model(), variables, batch, None if deterministic else {"dropout": rng}, deterministic
+    )
 
 
 def _microbatches(batch: dict, k: int) -> dict:
@@ -133,8 +161,9 @@ def _microbatches(batch: dict, k: int) -> dict:
 
     def split(x):
         if x.shape[0] % k:
-            raise ValueError(f"config.optim.grad_accum_steps={k} does not divide the batch "
-                             f"size {x.shape[0]}")
+            raise ValueError(
+                f"config.optim.grad_accum_steps={k} does not divide the batch size {x.shape[0]}"
+            )
         x = jnp.swapaxes(x.reshape((x.shape[0] // k, k) + x.shape[1:]), 0, 1)
         names = (None, "act_batch") + (None,) * (x.ndim - 2)
         return nn.with_logical_constraint(x, names)
@@ -147,7 +176,9 @@ def fgm_perturbation(grads, epsilon: float):
     g = grads["bert"]["embeddings"]["word_embeddings"]
     norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
     perturbation = jax.tree.map(jnp.zeros_like, grads)
-    perturbation["bert"]["embeddings"]["word_embeddings"] = (epsilon * g / (norm + 1e-12)).astype(g.dtype)
+    perturbation["bert"]["embeddings"]["word_embeddings"] = (epsilon * g / (norm + 1e-12)).astype(
+        g.dtype
+    )
     return perturbation
 
 
@@ -171,8 +202,9 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     norms = objective.normalizers(batch)
 
     def loss_fn(params, microbatch, microbatch_rng):
-        outputs = _forward(spec, params, microbatch, microbatch_rng, deterministic=False,
-                           frozen=state.frozen)
+        outputs = _forward(
+            spec, params, microbatch, microbatch_rng, deterministic=False, frozen=state.frozen
+        )
         sums = objective.loss_sums(outputs, microbatch)
         return objective.total_loss(sums, norms), sums
 
@@ -192,8 +224,10 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     microbatches = _microbatches(batch, k)
     first = jax.tree.map(lambda x: x[0], microbatches)
     sums_shape = jax.eval_shape(lambda: grad_fn(state.params, first, rng)[1])
-    zeros = (jax.tree.map(jnp.zeros_like, state.params),
-             jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape))
+    zeros = (
+        jax.tree.map(jnp.zeros_like, state.params),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape),
+    )
     (grads, sums), _ = jax.lax.scan(accumulate, zeros, (microbatches, jnp.arange(k)))
     return grads, sums, norms
 
@@ -213,9 +247,12 @@ def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, 
         keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         params = jax.tree.map(keep, params, state.params)
         opt_state = jax.tree.map(keep, opt_state, state.opt_state)
-    metrics.update(grad_norm=grad_norm, param_norm=optax.tree.norm(params),
-                   learning_rate=state.learning_rate_fn(state.step),
-                   nonfinite=(~finite).astype(jnp.float32))
+    metrics.update(
+        grad_norm=grad_norm,
+        param_norm=optax.tree.norm(params),
+        learning_rate=state.learning_rate_fn(state.step),
+        nonfinite=(~finite).astype(jnp.float32),
+    )
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -223,8 +260,9 @@ def eval_step(state: TrainState, batch: dict) -> dict:
     """Deterministic metrics of one batch, plus its loss ``sums`` and ``norms``: adding those
     over many batches and calling ``objective.metrics`` gives exact held-out averages."""
     objective = state.spec.objective
-    outputs = _forward(state.spec, state.params, batch, None, deterministic=True,
-                       frozen=state.frozen)
+    outputs = _forward(
+        state.spec, state.params, batch, None, deterministic=True, frozen=state.frozen
+    )
     sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
     result = {**objective.metrics(sums, norms), "sums": sums, "norms": norms}
     if hasattr(objective, "predictions"):  # fine-tuning: per-row predictions for task metrics
@@ -241,8 +279,10 @@ class Steps(NamedTuple):
 
 def _on_mesh(fn: Callable, mesh: Mesh) -> Callable:
     def bound(*args):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), \
-                nn.logical_axis_rules(sharding.logical_axis_rules()):
+        with (
+            jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+            nn.logical_axis_rules(sharding.logical_axis_rules()),
+        ):
             return fn(*args)
 
     bound.__name__ = fn.__name__
@@ -253,8 +293,13 @@ def jit_steps(state: TrainState, mesh: Mesh) -> Steps:
     """Jitted train/eval steps with state/batch shardings; the train state is donated."""
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     batch, everything = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-    train = jax.jit(_on_mesh(train_step, mesh), in_shardings=(state_shardings, batch, everything),
-                    out_shardings=(state_shardings, everything), donate_argnums=(0,))
-    evaluate = jax.jit(_on_mesh(eval_step, mesh), in_shardings=(state_shardings, batch),
-                       out_shardings=everything)
+    train = jax.jit(
+        _on_mesh(train_step, mesh),
+        in_shardings=(state_shardings, batch, everything),
+        out_shardings=(state_shardings, everything),
+        donate_argnums=(0,),
+    )
+    evaluate = jax.jit(
+        _on_mesh(eval_step, mesh), in_shardings=(state_shardings, batch), out_shardings=everything
+    )
     return Steps(train, evaluate)

@@ -10,13 +10,14 @@ Built-in tasks (offline, from CPython's own docstrings, see bertjax/data/builtin
   stdlib_code_spans  BIO tags over words: EXC (names ending in Error/Exception/Warning) and
                      CODE (runs of code-like words: dotted, snake_case, calls); split by document.
 """
+
 from __future__ import annotations
 
 import csv
 import json
 import os
 import re
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,27 +25,89 @@ from bertjax.data.corpus import is_heldout
 
 # Library families of the built-in classification task (module -> family via these prefixes).
 FAMILIES = {
-    "text": ("difflib", "codecs", "re", "json", "textwrap", "base64", "csv", "configparser", "xml",
-             "html", "locale", "tokenize", "pprint", "quopri", "shlex", "string", "gettext", "plistlib"),
-    "files": ("os", "shutil", "pathlib", "tarfile", "zipfile", "tempfile", "lzma", "bz2", "gzip",
-              "fileinput", "io", "shelve", "filecmp", "fnmatch", "glob", "pickle", "sqlite3", "wave",
-              "mailbox", "platform"),
-    "network": ("ssl", "smtplib", "imaplib", "http", "urllib", "socketserver", "ftplib", "socket",
-                "mimetypes", "poplib"),
-    "concurrency": ("threading", "asyncio", "concurrent", "subprocess", "selectors", "queue", "sched",
-                    "multiprocessing"),
+    "text": (
+        "difflib",
+        "codecs",
+        "re",
+        "json",
+        "textwrap",
+        "base64",
+        "csv",
+        "configparser",
+        "xml",
+        "html",
+        "locale",
+        "tokenize",
+        "pprint",
+        "quopri",
+        "shlex",
+        "string",
+        "gettext",
+        "plistlib",
+    ),
+    "files": (
+        "os",
+        "shutil",
+        "pathlib",
+        "tarfile",
+        "zipfile",
+        "tempfile",
+        "lzma",
+        "bz2",
+        "gzip",
+        "fileinput",
+        "io",
+        "shelve",
+        "filecmp",
+        "fnmatch",
+        "glob",
+        "pickle",
+        "sqlite3",
+        "wave",
+        "mailbox",
+        "platform",
+    ),
+    "network": (
+        "ssl",
+        "smtplib",
+        "imaplib",
+        "http",
+        "urllib",
+        "socketserver",
+        "ftplib",
+        "socket",
+        "mimetypes",
+        "poplib",
+    ),
+    "concurrency": (
+        "threading",
+        "asyncio",
+        "concurrent",
+        "subprocess",
+        "selectors",
+        "queue",
+        "sched",
+        "multiprocessing",
+    ),
 }
 BUILTIN_TASKS = ("stdlib_families", "stdlib_code_spans")
 # TFDS glue configs: (text feature, pair feature or "", number of labels; 1 = regression).
-GLUE = {"cola": ("sentence", "", 2), "sst2": ("sentence", "", 2), "mrpc": ("sentence1", "sentence2", 2),
-        "qqp": ("question1", "question2", 2), "stsb": ("sentence1", "sentence2", 1),
-        "mnli": ("premise", "hypothesis", 3), "qnli": ("question", "sentence", 2),
-        "rte": ("sentence1", "sentence2", 2), "wnli": ("sentence1", "sentence2", 2)}
+GLUE = {
+    "cola": ("sentence", "", 2),
+    "sst2": ("sentence", "", 2),
+    "mrpc": ("sentence1", "sentence2", 2),
+    "qqp": ("question1", "question2", 2),
+    "stsb": ("sentence1", "sentence2", 1),
+    "mnli": ("premise", "hypothesis", 3),
+    "qnli": ("question", "sentence", 2),
+    "rte": ("sentence1", "sentence2", 2),
+    "wnli": ("sentence1", "sentence2", 2),
+}
 _EXCEPTION = re.compile(r"^[A-Z]\w*(Error|Exception|Warning)$")
 _CODE = re.compile(r"^\w+(\.\w+)+(\(\))?$|^\w*_\w*(\(\))?$|^\w+\(\)$")
 
 
-def family_of(doc_id: str) -> Optional[str]:
+def family_of(doc_id: str) -> str | None:
     """The family of a built-in document id such as 'doc:json.decoder.JSONDecoder.decode'."""
     if not doc_id.startswith("doc:"):
         return None
@@ -71,6 +134,7 @@ def code_span_tags(words: Sequence[str]) -> list[str]:
 def builtin_examples(name: str, split: str, dev_fraction: float) -> list[dict]:
     """Examples of a built-in task; documents go to dev by a stable hash of their id."""
     from bertjax.data import builtin_corpus
+
     if name not in BUILTIN_TASKS:
         raise ValueError(f"config.task.source='builtin:{name}': built-in tasks are {BUILTIN_TASKS}")
     examples = []
@@ -123,18 +187,30 @@ def file_examples(path: str, task, tokens: bool) -> list[dict]:
         rows, keys = _read_rows(path), (task.tokens_column, task.tags_column)
         missing = [k for k in keys if rows and k not in rows[0]]
         if missing:
-            raise ValueError(f"task file {path!r} has no column(s) {missing}: set config.task."
-                             "tokens_column / tags_column")
+            raise ValueError(
+                f"task file {path!r} has no column(s) {missing}: set config.task."
+                "tokens_column / tags_column"
+            )
         return [{"tokens": list(r[keys[0]]), "tags": list(r[keys[1]])} for r in rows]
     rows = _read_rows(path)
-    keys = [task.text_column, task.label_column] + ([task.text_pair_column] if task.text_pair_column else [])
+    keys = [task.text_column, task.label_column] + (
+        [task.text_pair_column] if task.text_pair_column else []
+    )
     missing = [k for k in keys if rows and k not in rows[0]]
     if missing:
-        raise ValueError(f"task file {path!r} has no column(s) {missing} (columns: "
-                         f"{sorted(rows[0]) if rows else []}): set config.task.text_column / "
-                         "text_pair_column / label_column")
-    return [{"text": str(r[task.text_column]), "label": r[task.label_column],
-             "text_pair": str(r[task.text_pair_column]) if task.text_pair_column else ""} for r in rows]
+        raise ValueError(
+            f"task file {path!r} has no column(s) {missing} (columns: "
+            f"{sorted(rows[0]) if rows else []}): set config.task.text_column / "
+            "text_pair_column / label_column"
+        )
+    return [
+        {
+            "text": str(r[task.text_column]),
+            "label": r[task.label_column],
+            "text_pair": str(r[task.text_pair_column]) if task.text_pair_column else "",
+        }
+        for r in rows
+    ]
 
 
 def tfds_examples(name: str, split: str, data_dir: str) -> list[dict]:
@@ -142,46 +218,56 @@ def tfds_examples(name: str, split: str, data_dir: str) -> list[dict]:
     try:
         import tensorflow_datasets as tfds
     except ImportError:
-        raise ImportError(f"config.task.source='tfds:{name}' needs tensorflow-datasets: "
-                          "pip install 'bertjax[tfds]'") from None
+        raise ImportError(
+            f"config.task.source='tfds:{name}' needs tensorflow-datasets: "
+            "pip install 'bertjax[tfds]'"
+        ) from None
     task = name.split("/")[-1]
     if not name.startswith("glue/") or task not in GLUE:
-        raise ValueError(f"config.task.source='tfds:{name}': supported are "
-                         f"{['glue/' + t for t in GLUE]}")
+        raise ValueError(
+            f"config.task.source='tfds:{name}': supported are {['glue/' + t for t in GLUE]}"
+        )
     split = {"dev": "validation_matched" if task == "mnli" else "validation"}.get(split, split)
     try:
         source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
     except Exception as e:  # tfds raises several types for a dataset that is not prepared
-        raise FileNotFoundError(f"config.task.source='tfds:{name}': cannot open split {split!r} "
-                                f"(data_dir={data_dir or 'tfds default'}): {e}") from e
+        raise FileNotFoundError(
+            f"config.task.source='tfds:{name}': cannot open split {split!r} "
+            f"(data_dir={data_dir or 'tfds default'}): {e}"
+        ) from e
     text, pair, _ = GLUE[task]
     decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
-    return [{"text": decode(r[text]), "text_pair": decode(r[pair]) if pair else "",
-             "label": r["label"]} for r in (source[i] for i in range(len(source)))]
+    return [
+        {"text": decode(r[text]), "text_pair": decode(r[pair]) if pair else "", "label": r["label"]}
+        for r in (source[i] for i in range(len(source)))
+    ]
 
 
 def load_examples(task, split: str, tokens: bool) -> list[dict]:
     """Examples of ``config.task`` for split 'train' or 'dev'."""
     source = task.source
     if source.startswith("builtin:"):
-        return builtin_examples(source[len("builtin:"):], split, float(task.dev_fraction))
+        return builtin_examples(source[len("builtin:") :], split, float(task.dev_fraction))
     if source.startswith("tfds:"):
-        return tfds_examples(source[len("tfds:"):], split, task.tfds_data_dir)
+        return tfds_examples(source[len("tfds:") :], split, task.tfds_data_dir)
     if source == "files":
         path = task.train_file if split == "train" else task.dev_file
         if not path:
             raise ValueError(f"config.task.{split}_file is empty: set it (source='files')")
         return file_examples(path, task, tokens)
-    raise ValueError(f"config.task.source={source!r}: expected 'builtin:NAME', 'files' or "
-                     "'tfds:glue/NAME'")
+    raise ValueError(
+        f"config.task.source={source!r}: expected 'builtin:NAME', 'files' or 'tfds:glue/NAME'"
+    )
 
 
 def encode_pairs(tokenizer, texts: Sequence[str], pairs: Sequence[str], length: int) -> dict:
     """[CLS] a [SEP] (b [SEP]) rows, padded to ``length``; the longer side is cut first."""
     n = len(texts)
-    rows = {"input_ids": np.full((n, length), tokenizer.pad_id, np.int32),
-            "token_type_ids": np.zeros((n, length), np.int32),
-            "attention_mask": np.zeros((n, length), np.int32)}
+    rows = {
+        "input_ids": np.full((n, length), tokenizer.pad_id, np.int32),
+        "token_type_ids": np.zeros((n, length), np.int32),
+        "attention_mask": np.zeros((n, length), np.int32),
+    }
     firsts = tokenizer.encode(list(texts))
     seconds = tokenizer.encode([p for p in pairs]) if any(pairs) else [np.zeros(0, np.int32)] * n
     for i, (a, b) in enumerate(zip(firsts, seconds)):
@@ -194,21 +280,24 @@ def encode_pairs(tokenizer, texts: Sequence[str], pairs: Sequence[str], length: 
         if pairs[i]:
             ids += b + [tokenizer.sep_id]
             types += [1] * (len(b) + 1)
-        rows["input_ids"][i, :len(ids)] = ids
-        rows["token_type_ids"][i, :len(ids)] = types
-        rows["attention_mask"][i, :len(ids)] = 1
+        rows["input_ids"][i, : len(ids)] = ids
+        rows["token_type_ids"][i, : len(ids)] = types
+        rows["attention_mask"][i, : len(ids)] = 1
     return rows
 
 
-def encode_words(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[int]],
-                 length: int) -> dict:
+def encode_words(
+    tokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[int]], length: int
+) -> dict:
     """First-piece labelling: each word's first piece carries its tag (weight 1), later pieces,
     [CLS], [SEP] and padding weight 0; words past ``length`` are cut (their tags are lost)."""
     n = len(sentences)
     rows = encode_pairs(tokenizer, [""] * n, [""] * n, length)
     rows["labels"] = np.zeros((n, length), np.int32)
     rows["label_weights"] = np.zeros((n, length), np.float32)
-    rows["word_positions"] = np.full((n, length), -1, np.int32)  # row position of word j's first piece
+    rows["word_positions"] = np.full(
+        (n, length), -1, np.int32
+    )  # row position of word j's first piece
     flat = [w for words in sentences for w in words]
     pieces = tokenizer.encode(flat) if flat else []
     cursor = 0
@@ -225,13 +314,14 @@ def encode_words(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[S
             position += len(word_ids)
         cursor += len(words)
         ids.append(tokenizer.sep_id)
-        rows["input_ids"][i, :len(ids)] = ids
-        rows["attention_mask"][i, :len(ids)] = 1
+        rows["input_ids"][i, : len(ids)] = ids
+        rows["attention_mask"][i, : len(ids)] = 1
     return rows
 
 
-def label_index(examples: list[dict], configured: Sequence[str], num_labels: int,
-                tokens: bool) -> list[str]:
+def label_index(
+    examples: list[dict], configured: Sequence[str], num_labels: int, tokens: bool
+) -> list[str]:
     """Label names in id order: ``config.task.labels`` or the sorted train labels (BIO: 'O' first)."""
     if configured:
         names = [str(v) for v in configured]
@@ -244,7 +334,9 @@ def label_index(examples: list[dict], configured: Sequence[str], num_labels: int
         ints = all(isinstance(v, (int, np.integer)) or str(v).lstrip("-").isdigit() for v in seen)
         names = [str(v) for v in sorted(seen, key=int if ints else str)]
     if len(names) != num_labels:
-        raise ValueError(f"config.loss.num_labels={num_labels} but the task has {len(names)} "
-                         f"labels {names[:20]}: set config.loss.num_labels={len(names)} or "
-                         "config.task.labels")
+        raise ValueError(
+            f"config.loss.num_labels={num_labels} but the task has {len(names)} "
+            f"labels {names[:20]}: set config.loss.num_labels={len(names)} or "
+            "config.task.labels"
+        )
     return names

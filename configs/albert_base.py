@@ -5,15 +5,22 @@ Run:     python train.py --config=configs/albert_base.py --workdir=DIR --config.
 Expect:  12M parameters; SOP accuracy well above 0.5 within the first 10k steps; MLM
          accuracy ~0.55 after 125k steps on Wikipedia+books.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 
 def get_config():
     config = default_run_config()
-    config.model = model_config_dict("base", model_type="albert", embedding_size=128,
-                                     num_hidden_groups=1, hidden_act="gelu_new",
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                     dtype="bfloat16")
+    config.model = model_config_dict(
+        "base",
+        model_type="albert",
+        embedding_size=128,
+        num_hidden_groups=1,
+        hidden_act="gelu_new",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        dtype="bfloat16",
+    )
     config.batch_size = 4096
     config.num_train_steps = 125_000
     config.data.vocab_size = 30000

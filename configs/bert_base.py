@@ -6,6 +6,7 @@ Expect:  the recipe of the paper's first phase (1M steps at 256 x 128); on one T
          8 GPUs in bf16 about 2-4 days; MLM accuracy ~0.65-0.70 on English Wikipedia+books.
          On the built-in corpus it runs but the corpus is far too small for this model.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 

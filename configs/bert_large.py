@@ -5,6 +5,7 @@ Expect:  each phase compiles once (the length of every step is known ahead); MLM
          ~0.70 after 1M steps at batch 256 on Wikipedia+books. Use --config.mesh.fsdp=N
          to shard the 340M parameters and optimizer state when memory is short.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 

@@ -10,6 +10,7 @@ Expect:  on a 2-core CPU about 3.5 minutes (3 min 22 s measured, fresh workdir, 
          steps: its layer-0 heads were still uniform, a bag-of-words model; starting them on the
          left/right neighbour is worth +0.2.)
 """
+
 from bertjax.trainer import default_run_config
 
 
@@ -23,7 +24,9 @@ def get_config():
     # Short runs underfit: no dropout (on accelerators that also takes the fused attention path).
     config.model.hidden_dropout_prob = 0.0
     config.model.attention_probs_dropout_prob = 0.0
-    config.model.initializer_range = 0.05  # ~0.02 * sqrt(768 / 128): BERT-base's init scaled to H=128
+    config.model.initializer_range = (
+        0.05  # ~0.02 * sqrt(768 / 128): BERT-base's init scaled to H=128
+    )
     # Layer 0's two heads start attending to the left and right neighbour (BertConfig docs): from
     # BERT's random init they were still uniform after 3000 steps here (a bag-of-words model).
     config.model.position_embedding_init = "fourier"

@@ -7,6 +7,7 @@ Run:     pip install 'bertjax[zh]'
 Expect:  every piece of a masked word is masked together (no reference files: boundaries are
          stored per token in the store); MLM accuracy ~0.60 on Chinese Wikipedia after 1M steps.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 

@@ -7,14 +7,20 @@ Expect:  LLaDA's recipe at BERT-base size: pre-LN, no token types, AdamW 4e-4 wi
          entropy within the first thousand steps and keeps falling; samples become fluent later
          than an autoregressive model of the same size.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 
 def get_config():
     config = default_run_config()
-    config.model = model_config_dict("base", type_vocab_size=1, pre_layer_norm=True,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                     dtype="bfloat16")
+    config.model = model_config_dict(
+        "base",
+        type_vocab_size=1,
+        pre_layer_norm=True,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        dtype="bfloat16",
+    )
     config.batch_size = 256
     config.num_train_steps = 200_000
     config.data.vocab_size = 32000

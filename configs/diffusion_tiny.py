@@ -10,6 +10,7 @@ Expect:  on a 2-core CPU about 7 minutes (7.5 min measured, other work running).
          attention init stayed near the unigram plateau here (6.35 after 1000 steps): the
          local-attention heads (BertConfig.local_attention_offsets) are what make it learn context.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 
@@ -19,11 +20,16 @@ def get_config():
     config.batch_size = 32
     config.num_train_steps = 3000
     # LLaDA's encoder is pre-LN without dropout; no token types.
-    config.model = model_config_dict("tiny", type_vocab_size=1, pre_layer_norm=True,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                     # layer 0's heads start on the left/right neighbour (BertConfig)
-                                     position_embedding_init="fourier",
-                                     local_attention_offsets=(-1, 1))
+    config.model = model_config_dict(
+        "tiny",
+        type_vocab_size=1,
+        pre_layer_norm=True,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        # layer 0's heads start on the left/right neighbour (BertConfig)
+        position_embedding_init="fourier",
+        local_attention_offsets=(-1, 1),
+    )
     config.data.vocab_size = 4000
     config.data.max_seq_length = 64
     config.data.objective = "diffusion"  # FULL-SENTENCES rows, t ~ U(eps, 1) per row

@@ -9,6 +9,7 @@ Expect:  from the BERT-tiny teacher (held-out MLM accuracy ~0.11), ~0.12 held-ou
          gain is the teacher-layer init; the KL/cosine terms lower held-out MLM loss (6.11 vs 6.19).
          With the default empty config.loss.teacher the teacher is RANDOM: a smoke test only.
 """
+
 from bertjax.distill import add_distill_config
 from bertjax.trainer import default_run_config
 
@@ -23,7 +24,9 @@ def get_config():
     config.data.vocab_size = 8000  # unused when a bertjax teacher brings its tokenizer
     config.data.max_seq_length = 128
     config.data.max_predictions = 20
-    config.data.objective = "nsp"  # the teacher's input distribution (sentence pairs); NSP labels unused
+    config.data.objective = (
+        "nsp"  # the teacher's input distribution (sentence pairs); NSP labels unused
+    )
     config.optim.learning_rate = 1e-3
     config.optim.base_batch_size = 32
     config.optim.warmup_steps = 50

@@ -9,6 +9,7 @@ Run:     pip install 'bertjax[zh]'
 Expect:  no [MASK] token in the inputs apart from the share set by mask_token_prob's slot,
          which now carries similar words; random fallback when a word has no neighbour.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 

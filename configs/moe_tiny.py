@@ -13,6 +13,7 @@ Expect:  on a 2-core CPU about 6.5 minutes (0.82x the dense steps/s). Measured (
          (1000-step schedule) dense 4.763, this config 4.809, moe_routing="expert_choice" with
          capacity 1.0 4.781 at 0.97x the dense steps/s (token choice: 0.76x).
 """
+
 from bertjax.trainer import default_run_config
 
 

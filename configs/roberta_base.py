@@ -5,15 +5,22 @@ Expect:  the LR follows the square-root batch rule from 1e-4 at batch 256: 5.7e-
          close to the paper's 6e-4; masks change every epoch (the epoch is part of the mask key).
          MLM accuracy ~0.70 after 500k steps on a large corpus.
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 
 def get_config():
     config = default_run_config()
     # position_offset = pad id + 1 as in fairseq/HF RoBERTa (bertjax tokenizers put [PAD] at 0).
-    config.model = model_config_dict("base", model_type="roberta", position_offset=1,
-                                     max_position_embeddings=513, type_vocab_size=1,
-                                     layer_norm_eps=1e-5, dtype="bfloat16")
+    config.model = model_config_dict(
+        "base",
+        model_type="roberta",
+        position_offset=1,
+        max_position_embeddings=513,
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        dtype="bfloat16",
+    )
     config.batch_size = 8192
     config.num_train_steps = 500_000
     config.data.vocab_size = 50265

@@ -6,14 +6,22 @@ Run:     pip install 'bertjax[zh]'
 Expect:  three compiled step shapes, reused as the schedule mixes them; use remat and bf16
          (set here) to fit 1024-token rows; tokens/s drops on 1024 rows (attention is T^2).
 """
+
 from bertjax.trainer import default_run_config, model_config_dict
 
 
 def get_config():
     config = default_run_config()
-    config.model = model_config_dict("base", model_type="roberta", position_offset=1,
-                                     max_position_embeddings=1025, type_vocab_size=1,
-                                     dtype="bfloat16", remat="dots", scan_layers=True)
+    config.model = model_config_dict(
+        "base",
+        model_type="roberta",
+        position_offset=1,
+        max_position_embeddings=1025,
+        type_vocab_size=1,
+        dtype="bfloat16",
+        remat="dots",
+        scan_layers=True,
+    )
     config.batch_size = 256
     config.num_train_steps = 500_000
     config.data.corpus = "data/zh/*.txt"  # your Chinese corpus

@@ -1,4 +1,5 @@
 """The GPU suite's dry mode runs the same benchmark code on CPU at tiny sizes, so it never rots."""
+
 import os
 import subprocess
 
@@ -6,9 +7,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_gpu_suite_dry_run_prints_the_table():
-    env = dict(os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    result = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")], env=env,
-                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    env = dict(
+        os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS="--xla_force_host_platform_device_count=1"
+    )
+    result = subprocess.run(
+        ["bash", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| bertjax")]
     assert len(rows) == 6  # T=32 and 64: rbg dropout key, threefry, scan + remat
@@ -21,23 +30,63 @@ def test_step_throughput_bf16_rows_run_beside_hf():
     """--bf16-matmuls adds HF under bf16 autocast and bertjax with matmul_dtype=bfloat16, with a
     ratio between them, at a tiny shape."""
     result = subprocess.run(
-        ["python", os.path.join(ROOT, "benchmarks", "step_throughput.py"), "--sizes", "tiny",
-         "--lengths", "32", "--batch", "4", "--steps", "2", "--warmup", "1", "--bf16-matmuls",
-         "--no-record"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        [
+            "python",
+            os.path.join(ROOT, "benchmarks", "step_throughput.py"),
+            "--sizes",
+            "tiny",
+            "--lengths",
+            "32",
+            "--batch",
+            "4",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--bf16-matmuls",
+            "--no-record",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     names = [row.split("|")[1].strip() for row in rows]
-    assert names[1:] == ["HF tiny", "bertjax tiny", next(n for n in names if "autocast" in n),
-                         next(n for n in names if "matmul_dtype=bfloat16" in n)], names
+    assert names[1:] == [
+        "HF tiny",
+        "bertjax tiny",
+        next(n for n in names if "autocast" in n),
+        next(n for n in names if "matmul_dtype=bfloat16" in n),
+    ], names
     ratio = rows[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
     assert ratio.endswith("x") and float(ratio[:-1]) > 0
 
 
 def test_attention_cpu_benchmark_prints_every_variant():
     result = subprocess.run(
-        ["python", os.path.join(ROOT, "benchmarks", "attention_cpu.py"), "--batch", "4",
-         "--length", "16", "--heads", "2", "--head-dim", "8", "--layers", "1", "--repeats", "1"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
+        [
+            "python",
+            os.path.join(ROOT, "benchmarks", "attention_cpu.py"),
+            "--batch",
+            "4",
+            "--length",
+            "16",
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--layers",
+            "1",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
     names = [row.split("|")[1].strip() for row in rows]

@@ -1,12 +1,12 @@
 """Every recipe in configs/ runs a few shrunken steps end to end (same code, tiny sizes)."""
+
 import importlib.util
 import os
 
 import pytest
+from data_chinese_test import DOCS as ZH_DOCS
 
 from bertjax import trainer
-
-from data_chinese_test import DOCS as ZH_DOCS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
@@ -20,8 +20,16 @@ def _load(name):
 
 
 def test_every_config_is_covered_and_documented():
-    assert {"bert_tiny", "bert_base", "bert_large", "roberta_base", "albert_base", "bert_wwm_zh",
-            "macbert_zh", "roberta_zh_long"} <= set(CONFIGS)
+    assert {
+        "bert_tiny",
+        "bert_base",
+        "bert_large",
+        "roberta_base",
+        "albert_base",
+        "bert_wwm_zh",
+        "macbert_zh",
+        "roberta_zh_long",
+    } <= set(CONFIGS)
     for name in CONFIGS:
         doc = _load(name).__doc__
         assert "Run:" in doc and "Expect:" in doc, name
@@ -33,8 +41,9 @@ def zh_files(tmp_path_factory):
     corpus = root / "zh.txt"
     corpus.write_text("\n\n".join("\n".join(doc) for doc in ZH_DOCS * 8) + "\n", encoding="utf-8")
     similar = root / "similar.tsv"
-    similar.write_text("公园\t花园 乐园\n学习\t学会 读书\n今天\t明天 昨天\n非常\t十分 很\n",
-                       encoding="utf-8")
+    similar.write_text(
+        "公园\t花园 乐园\n学习\t学会 读书\n今天\t明天 昨天\n非常\t十分 很\n", encoding="utf-8"
+    )
     return str(corpus), str(similar)
 
 
@@ -48,8 +57,9 @@ def _shrink(config, zh_files):
         config.model.embedding_size = 16
     longest = config.data.max_seq_length
     config.data.max_seq_length = 64 if config.data.length_schedule else 32
-    config.data.length_schedule = tuple((f, max(16, t * 64 // longest))
-                                        for f, t in config.data.length_schedule)
+    config.data.length_schedule = tuple(
+        (f, max(16, t * 64 // longest)) for f, t in config.data.length_schedule
+    )
     config.model.max_position_embeddings = 64 + config.model.position_offset
     config.data.max_predictions = 6
     config.data.vocab_size = 400

@@ -1,4 +1,5 @@
 """Test session set-up: 8 fake CPU devices for sharding tests, fp32 matmuls."""
+
 import os
 
 # Must happen before jax is imported anywhere: sharding tests need several devices.

@@ -3,6 +3,7 @@
 Tolerance: 1e-5 max-abs in fp32 (jax matmul precision "highest", dropout off), on
 batches with padding; only real (unpadded) positions are compared.
 """
+
 import json
 import os
 
@@ -14,14 +15,22 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import bertjax  # noqa: E402
 from flax import linen as nn  # noqa: E402
+
+import bertjax  # noqa: E402
 from bertjax import convert  # noqa: E402
 
 TOL = 1e-5
-COMMON = dict(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-              intermediate_size=48, max_position_embeddings=40, hidden_dropout_prob=0.0,
-              attention_probs_dropout_prob=0.0)
+COMMON = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=40,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def _randomize(model, seed):
@@ -62,11 +71,24 @@ def _assert_close(ours, theirs, mask=None, what=""):
 
 FAMILIES = {
     "bert": (transformers.BertConfig, transformers.BertForPreTraining, {}, 0),
-    "roberta": (transformers.RobertaConfig, transformers.RobertaForMaskedLM,
-                dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, max_position_embeddings=42,
-                     type_vocab_size=1), 1),
-    "albert": (transformers.AlbertConfig, transformers.AlbertForPreTraining,
-               dict(embedding_size=16, num_hidden_groups=1, hidden_act="gelu_new"), 0),
+    "roberta": (
+        transformers.RobertaConfig,
+        transformers.RobertaForMaskedLM,
+        dict(
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            max_position_embeddings=42,
+            type_vocab_size=1,
+        ),
+        1,
+    ),
+    "albert": (
+        transformers.AlbertConfig,
+        transformers.AlbertForPreTraining,
+        dict(embedding_size=16, num_hidden_groups=1, hidden_act="gelu_new"),
+        0,
+    ),
 }
 
 
@@ -82,15 +104,21 @@ def pretraining_pair(request, tmp_path_factory):
 
 def _hf_pretraining_outputs(family, hf_model, ids, types, mask):
     with torch.no_grad():
-        kwargs = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                      output_hidden_states=True)
+        kwargs = dict(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            output_hidden_states=True,
+        )
         if family != "roberta":
             kwargs["token_type_ids"] = torch.tensor(types)
         out = hf_model(**kwargs)
     logits = out.logits if family == "roberta" else out.prediction_logits
     nsp = {"bert": "seq_relationship_logits", "albert": "sop_logits"}.get(family)
-    return (out.hidden_states[-1].numpy(), logits.numpy(),
-            None if nsp is None else getattr(out, nsp).numpy())
+    return (
+        out.hidden_states[-1].numpy(),
+        logits.numpy(),
+        None if nsp is None else getattr(out, nsp).numpy(),
+    )
 
 
 def test_pretraining_parity(pretraining_pair):
@@ -108,10 +136,18 @@ def test_pretraining_parity(pretraining_pair):
         _assert_close(out["nsp_logits"], nsp, what=f"{family} NSP/SOP logits")
     # MLM at gathered positions equals the dense logits at those positions.
     positions = np.array([[0, 3, 1], [2, 5, 0], [4, 1, 2]], np.int32)
-    sparse = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
-                         jnp.asarray(mask), masked_positions=jnp.asarray(positions))
-    _assert_close(sparse["mlm_logits"], np.take_along_axis(logits, positions[..., None], 1),
-                  what=f"{family} MLM logits at masked positions")
+    sparse = model.apply(
+        {"params": params},
+        jnp.asarray(ids),
+        jnp.asarray(types),
+        jnp.asarray(mask),
+        masked_positions=jnp.asarray(positions),
+    )
+    _assert_close(
+        sparse["mlm_logits"],
+        np.take_along_axis(logits, positions[..., None], 1),
+        what=f"{family} MLM logits at masked positions",
+    )
 
 
 def test_round_trip_through_to_hf(pretraining_pair, tmp_path):
@@ -132,11 +168,19 @@ def test_round_trip_through_to_hf(pretraining_pair, tmp_path):
 
 def test_bertjax_init_exports_to_hf(tmp_path):
     """Parameters born in bertjax (scanned layout) load into transformers with equal logits."""
-    cfg = bertjax.BertConfig.preset("tiny", vocab_size=64, num_hidden_layers=2, hidden_size=32,
-                                    num_attention_heads=2, intermediate_size=40,
-                                    max_position_embeddings=24, hidden_dropout_prob=0.0,
-                                    attention_probs_dropout_prob=0.0, scan_layers=True,
-                                    unk_token_id=1)
+    cfg = bertjax.BertConfig.preset(
+        "tiny",
+        vocab_size=64,
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=40,
+        max_position_embeddings=24,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        scan_layers=True,
+        unk_token_id=1,
+    )
     model = bertjax.BertForPreTraining(cfg)
     ids, types, mask = _batch(0, cfg.vocab_size, seed=5, length=10)
     params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(ids))["params"])
@@ -154,10 +198,18 @@ def test_bertjax_init_exports_to_hf(tmp_path):
 
 CLASSIFIERS = {
     "bert": (transformers.BertConfig, transformers.BertForSequenceClassification, {}, 0),
-    "roberta": (transformers.RobertaConfig, transformers.RobertaForSequenceClassification,
-                FAMILIES["roberta"][2], 1),
-    "albert": (transformers.AlbertConfig, transformers.AlbertForSequenceClassification,
-               FAMILIES["albert"][2], 0),
+    "roberta": (
+        transformers.RobertaConfig,
+        transformers.RobertaForSequenceClassification,
+        FAMILIES["roberta"][2],
+        1,
+    ),
+    "albert": (
+        transformers.AlbertConfig,
+        transformers.AlbertForSequenceClassification,
+        FAMILIES["albert"][2],
+        0,
+    ),
 }
 
 
@@ -185,16 +237,22 @@ def test_sequence_classification_parity(family, tmp_path_factory, tmp_path):
 
 
 def test_token_classification_parity(tmp_path_factory):
-    hf_model = _randomize(transformers.BertForTokenClassification(
-        transformers.BertConfig(**COMMON, num_labels=5)), seed=4)
+    hf_model = _randomize(
+        transformers.BertForTokenClassification(transformers.BertConfig(**COMMON, num_labels=5)),
+        seed=4,
+    )
     cfg, params = convert.from_hf(_hf_dir(tmp_path_factory, "bert_tok", hf_model))
     assert "pooler" not in params["bert"]
     ids, types, mask = _batch(0, cfg.vocab_size, seed=2)
     with torch.no_grad():
-        expected = hf_model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
-                            attention_mask=torch.tensor(mask)).logits.numpy()
+        expected = hf_model(
+            input_ids=torch.tensor(ids),
+            token_type_ids=torch.tensor(types),
+            attention_mask=torch.tensor(mask),
+        ).logits.numpy()
     got = bertjax.BertForTokenClassification(cfg, num_labels=5).apply(
-        {"params": params}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask))
+        {"params": params}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask)
+    )
     _assert_close(got, expected, mask, "token classification logits")
 
 
@@ -210,7 +268,12 @@ def test_special_tokens_come_from_the_vocabulary(pretraining_pair, tmp_path):
         cfg2, _ = convert.from_hf(path)
     finally:
         os.remove(os.path.join(path, "vocab.txt"))
-    assert (cfg2.cls_token_id, cfg2.sep_token_id, cfg2.mask_token_id, cfg2.unk_token_id) == (7, 8, 9, 10)
+    assert (cfg2.cls_token_id, cfg2.sep_token_id, cfg2.mask_token_id, cfg2.unk_token_id) == (
+        7,
+        8,
+        9,
+        10,
+    )
 
 
 def test_bad_checkpoint_directories(pretraining_pair, tmp_path):
@@ -221,10 +284,14 @@ def test_bad_checkpoint_directories(pretraining_pair, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     hf = json.load(open(os.path.join(path, "config.json")))
-    json.dump({**hf, "num_hidden_layers": hf["num_hidden_layers"] + 1}, open(bad / "config.json", "w"))
+    json.dump(
+        {**hf, "num_hidden_layers": hf["num_hidden_layers"] + 1}, open(bad / "config.json", "w")
+    )
     os.symlink(os.path.join(path, "model.safetensors"), bad / "model.safetensors")
     if family == "albert":  # ALBERT shares one group, so add a group instead
-        json.dump({**hf, "num_hidden_groups": 3, "num_hidden_layers": 3}, open(bad / "config.json", "w"))
+        json.dump(
+            {**hf, "num_hidden_groups": 3, "num_hidden_layers": 3}, open(bad / "config.json", "w")
+        )
     with pytest.raises(ValueError, match="missing keys .*layer"):
         convert.from_hf(str(bad))
     # Weights file that is not safetensors.

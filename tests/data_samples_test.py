@@ -1,4 +1,5 @@
 """Sample plans: NSP/SOP statistics and invariants, RoBERTa full/doc sentences, truncation."""
+
 import numpy as np
 import pytest
 
@@ -8,136 +9,156 @@ from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
 
 def _store(directory, tok, spec):
-  stats = corpus.CorpusStats()
-  prepare_store(str(directory), tok, corpus.iter_documents(spec, stats=stats), heldout_fraction=0.0,
-                corpus_description=spec, stats=stats)
-  return Store(str(directory), "train", tok)
+    stats = corpus.CorpusStats()
+    prepare_store(
+        str(directory),
+        tok,
+        corpus.iter_documents(spec, stats=stats),
+        heldout_fraction=0.0,
+        corpus_description=spec,
+        stats=stats,
+    )
+    return Store(str(directory), "train", tok)
 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-  directory = tmp_path_factory.getbasetemp() / "builtin_spm_1000"
-  sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
-  return Tokenizer(train_sentencepiece(sentences, str(directory), vocab_size=1000))
+    directory = tmp_path_factory.getbasetemp() / "builtin_spm_1000"
+    sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
+    return Tokenizer(train_sentencepiece(sentences, str(directory), vocab_size=1000))
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, tok):
-  return _store(tmp_path_factory.mktemp("samples") / "store", tok, "builtin")
+    return _store(tmp_path_factory.mktemp("samples") / "store", tok, "builtin")
 
 
 def _doc_of(store, token_positions):
-  sentence = np.searchsorted(store.sentences[:, 0], token_positions, side="right") - 1
-  return np.searchsorted(store.documents, sentence, side="right") - 1
+    sentence = np.searchsorted(store.sentences[:, 0], token_positions, side="right") - 1
+    return np.searchsorted(store.documents, sentence, side="right") - 1
 
 
 def _plans(store, objective, length=128, epochs=4, short_seq_prob=0.1):
-  return [samples.make_plan(store, objective, length, short_seq_prob, keys.generator(0, e, "plan"))
-          for e in range(epochs)]
+    return [
+        samples.make_plan(store, objective, length, short_seq_prob, keys.generator(0, e, "plan"))
+        for e in range(epochs)
+    ]
 
 
 def test_nsp_labels_are_balanced_and_random_b_is_never_from_a_document(store):
-  plans = _plans(store, "nsp")
-  label = np.concatenate([p.label for p in plans])
-  assert abs(label.mean() - 0.5) < 0.02, label.mean()
-  for plan in plans:
-    assert (plan.lengths() <= 128).all()
-    assert ((plan.a_end > plan.a_start) & (plan.b_end > plan.b_start)).all()
-    doc_a, doc_b = _doc_of(store, plan.a_start), _doc_of(store, plan.b_start)
-    np.testing.assert_array_equal(doc_a, _doc_of(store, plan.a_end - 1))
-    np.testing.assert_array_equal(doc_b, _doc_of(store, plan.b_end - 1))
-    is_random = plan.label == 1
-    assert (doc_a[is_random] != doc_b[is_random]).all()
-    assert (doc_a[~is_random] == doc_b[~is_random]).all()
-    assert (plan.b_start[~is_random] >= plan.a_end[~is_random]).all()
-  one_sentence_docs = int(np.sum(np.diff(store.documents) == 1))
-  assert plans[0].skipped["single_sentence_documents"] == one_sentence_docs > 0
-  assert not np.array_equal(plans[0].a_start, plans[1].a_start)
+    plans = _plans(store, "nsp")
+    label = np.concatenate([p.label for p in plans])
+    assert abs(label.mean() - 0.5) < 0.02, label.mean()
+    for plan in plans:
+        assert (plan.lengths() <= 128).all()
+        assert ((plan.a_end > plan.a_start) & (plan.b_end > plan.b_start)).all()
+        doc_a, doc_b = _doc_of(store, plan.a_start), _doc_of(store, plan.b_start)
+        np.testing.assert_array_equal(doc_a, _doc_of(store, plan.a_end - 1))
+        np.testing.assert_array_equal(doc_b, _doc_of(store, plan.b_end - 1))
+        is_random = plan.label == 1
+        assert (doc_a[is_random] != doc_b[is_random]).all()
+        assert (doc_a[~is_random] == doc_b[~is_random]).all()
+        assert (plan.b_start[~is_random] >= plan.a_end[~is_random]).all()
+    one_sentence_docs = int(np.sum(np.diff(store.documents) == 1))
+    assert plans[0].skipped["single_sentence_documents"] == one_sentence_docs > 0
+    assert not np.array_equal(plans[0].a_start, plans[1].a_start)
 
 
 def test_nsp_plan_is_a_pure_function_of_the_generator_seed(store):
-  a, b = _plans(store, "nsp", epochs=1)[0], _plans(store, "nsp", epochs=1)[0]
-  for name in ("a_start", "a_end", "b_start", "b_end", "label"):
-    np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    a, b = _plans(store, "nsp", epochs=1)[0], _plans(store, "nsp", epochs=1)[0]
+    for name in ("a_start", "a_end", "b_start", "b_end", "label"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
 def test_short_seq_prob_makes_shorter_samples(store):
-  [long_plan] = _plans(store, "nsp", length=512, epochs=1, short_seq_prob=0.0)
-  [short_plan] = _plans(store, "nsp", length=512, epochs=1, short_seq_prob=1.0)
-  assert short_plan.lengths().mean() < 0.8 * long_plan.lengths().mean()
-  assert len(short_plan) > 1.2 * len(long_plan)
+    [long_plan] = _plans(store, "nsp", length=512, epochs=1, short_seq_prob=0.0)
+    [short_plan] = _plans(store, "nsp", length=512, epochs=1, short_seq_prob=1.0)
+    assert short_plan.lengths().mean() < 0.8 * long_plan.lengths().mean()
+    assert len(short_plan) > 1.2 * len(long_plan)
 
 
 def test_sop_swaps_half_and_keeps_both_segments_in_one_document(store):
-  plans = _plans(store, "sop")
-  label = np.concatenate([p.label for p in plans])
-  assert abs(label.mean() - 0.5) < 0.02, label.mean()
-  for plan in plans:
-    assert (plan.lengths() <= 128).all()
-    np.testing.assert_array_equal(_doc_of(store, plan.a_start), _doc_of(store, plan.b_start))
-    swapped = plan.label == 1
-    assert (plan.a_end[~swapped] <= plan.b_start[~swapped]).all()
-    assert (plan.b_end[swapped] <= plan.a_start[swapped]).all()
+    plans = _plans(store, "sop")
+    label = np.concatenate([p.label for p in plans])
+    assert abs(label.mean() - 0.5) < 0.02, label.mean()
+    for plan in plans:
+        assert (plan.lengths() <= 128).all()
+        np.testing.assert_array_equal(_doc_of(store, plan.a_start), _doc_of(store, plan.b_start))
+        swapped = plan.label == 1
+        assert (plan.a_end[~swapped] <= plan.b_start[~swapped]).all()
+        assert (plan.b_end[swapped] <= plan.a_start[swapped]).all()
 
 
 def test_truncation_matches_the_one_token_at_a_time_rule():
-  rng = np.random.default_rng(0)
-  cols = tuple(np.array(v) for v in ([0, 0, 0], [100, 30, 30], [0, 0, 0], [10, 28, 30]))
-  a0, a1, b0, b1 = samples._truncate(cols, np.array([50, 50, 57]), rng)
-  np.testing.assert_array_equal(a1 - a0, [40, 25, 29])
-  np.testing.assert_array_equal(b1 - b0, [10, 25, 28])
-  n = 20_000
-  a0, a1, _, _ = samples._truncate((np.zeros(n, int), np.full(n, 100), np.zeros(n, int), np.ones(n, int)), 51, rng)
-  assert abs(a0.mean() / 50 - 0.5) < 0.01  # each cut token comes off the front half the time
-  np.testing.assert_array_equal(a1 - a0, 50)
+    rng = np.random.default_rng(0)
+    cols = tuple(np.array(v) for v in ([0, 0, 0], [100, 30, 30], [0, 0, 0], [10, 28, 30]))
+    a0, a1, b0, b1 = samples._truncate(cols, np.array([50, 50, 57]), rng)
+    np.testing.assert_array_equal(a1 - a0, [40, 25, 29])
+    np.testing.assert_array_equal(b1 - b0, [10, 25, 28])
+    n = 20_000
+    a0, a1, _, _ = samples._truncate(
+        (np.zeros(n, int), np.full(n, 100), np.zeros(n, int), np.ones(n, int)), 51, rng
+    )
+    assert abs(a0.mean() / 50 - 0.5) < 0.01  # each cut token comes off the front half the time
+    np.testing.assert_array_equal(a1 - a0, 50)
 
 
 def test_full_sentences_cover_the_corpus_and_cross_documents_with_sep(store, tok):
-  [plan] = _plans(store, "full_sentences", epochs=1)
-  assert (plan.lengths() <= 128).all() and (plan.label == 0).all() and (plan.b_end == plan.b_start).all()
-  covered = np.zeros(len(store.tokens), bool)
-  for b, e in zip(plan.a_start, plan.a_end):
-    assert not covered[b:e].any()
-    covered[b:e] = True
-  in_sentence = np.zeros(len(store.tokens), bool)
-  for b, e in store.sentences:
-    in_sentence[b:e] = True
-  assert covered[in_sentence].all()  # every sentence token is in exactly one row
-  crossing = [(b, e) for b, e in zip(plan.a_start, plan.a_end) if (store.tokens[b:e] == tok.sep_id).any()]
-  assert len(crossing) > 100
-  assert plan.lengths().mean() > 0.75 * 128  # rows are nearly full
+    [plan] = _plans(store, "full_sentences", epochs=1)
+    assert (
+        (plan.lengths() <= 128).all()
+        and (plan.label == 0).all()
+        and (plan.b_end == plan.b_start).all()
+    )
+    covered = np.zeros(len(store.tokens), bool)
+    for b, e in zip(plan.a_start, plan.a_end):
+        assert not covered[b:e].any()
+        covered[b:e] = True
+    in_sentence = np.zeros(len(store.tokens), bool)
+    for b, e in store.sentences:
+        in_sentence[b:e] = True
+    assert covered[in_sentence].all()  # every sentence token is in exactly one row
+    crossing = [
+        (b, e) for b, e in zip(plan.a_start, plan.a_end) if (store.tokens[b:e] == tok.sep_id).any()
+    ]
+    assert len(crossing) > 100
+    assert plan.lengths().mean() > 0.75 * 128  # rows are nearly full
 
 
 def test_doc_sentences_never_cross_documents(store, tok):
-  [plan] = _plans(store, "doc_sentences", epochs=1)
-  assert (plan.lengths() <= 128).all()
-  np.testing.assert_array_equal(_doc_of(store, plan.a_start), _doc_of(store, plan.a_end - 1))
-  assert all(not (store.tokens[b:e] == tok.sep_id).any() for b, e in zip(plan.a_start, plan.a_end))
-  [mlm] = _plans(store, "mlm", epochs=1, short_seq_prob=0.5)
-  assert len(mlm) > len(plan) and (mlm.lengths() <= 128).all()
+    [plan] = _plans(store, "doc_sentences", epochs=1)
+    assert (plan.lengths() <= 128).all()
+    np.testing.assert_array_equal(_doc_of(store, plan.a_start), _doc_of(store, plan.a_end - 1))
+    assert all(
+        not (store.tokens[b:e] == tok.sep_id).any() for b, e in zip(plan.a_start, plan.a_end)
+    )
+    [mlm] = _plans(store, "mlm", epochs=1, short_seq_prob=0.5)
+    assert len(mlm) > len(plan) and (mlm.lengths() <= 128).all()
 
 
 def test_one_sentence_documents_under_nsp(tmp_path, tok):
-  path = tmp_path / "one.txt"
-  path.write_text("\n\n".join(f"Lonely sentence number {i}." for i in range(30)) + "\n")
-  s = _store(tmp_path / "store", tok, str(path))
-  plan = samples.make_plan(s, "nsp", 64, 0.1, keys.generator(0, 0, "plan"))
-  assert len(plan) == 0 and plan.skipped["single_sentence_documents"] == 30
-  single = tmp_path / "single.txt"
-  single.write_text("Only one document here.\nWith two sentences.\n")
-  with pytest.raises(ValueError, match="at least 2"):
-    samples.make_plan(_store(tmp_path / "store2", tok, str(single)), "nsp", 64, 0.1, keys.generator(0, 0, "p"))
+    path = tmp_path / "one.txt"
+    path.write_text("\n\n".join(f"Lonely sentence number {i}." for i in range(30)) + "\n")
+    s = _store(tmp_path / "store", tok, str(path))
+    plan = samples.make_plan(s, "nsp", 64, 0.1, keys.generator(0, 0, "plan"))
+    assert len(plan) == 0 and plan.skipped["single_sentence_documents"] == 30
+    single = tmp_path / "single.txt"
+    single.write_text("Only one document here.\nWith two sentences.\n")
+    with pytest.raises(ValueError, match="at least 2"):
+        samples.make_plan(
+            _store(tmp_path / "store2", tok, str(single)), "nsp", 64, 0.1, keys.generator(0, 0, "p")
+        )
 
 
 def test_a_long_single_sentence_is_split_into_a_and_b(tmp_path, tok):
-  path = tmp_path / "long.txt"
-  words = " ".join(f"w{i}" for i in range(400))
-  path.write_text(f"{words}\nThen a short one.\n\nAnother document.\nHas two sentences.\n")
-  s = _store(tmp_path / "store", tok, str(path))
-  plan = samples.make_plan(s, "nsp", 64, 0.0, keys.generator(0, 0, "plan"))
-  first_end = s.sentences[0, 1]
-  split = (plan.a_start < first_end) & (plan.b_start < first_end) & (plan.label == 0)
-  random_b = (plan.a_start < first_end) & (plan.label == 1)
-  assert split.sum() + random_b.sum() == 1 and (plan.lengths() <= 64).all()
-  if split.any():  # A ends where B starts inside the one long sentence
-    assert (plan.a_end[split] <= plan.b_start[split]).all()
+    path = tmp_path / "long.txt"
+    words = " ".join(f"w{i}" for i in range(400))
+    path.write_text(f"{words}\nThen a short one.\n\nAnother document.\nHas two sentences.\n")
+    s = _store(tmp_path / "store", tok, str(path))
+    plan = samples.make_plan(s, "nsp", 64, 0.0, keys.generator(0, 0, "plan"))
+    first_end = s.sentences[0, 1]
+    split = (plan.a_start < first_end) & (plan.b_start < first_end) & (plan.label == 0)
+    random_b = (plan.a_start < first_end) & (plan.label == 1)
+    assert split.sum() + random_b.sum() == 1 and (plan.lengths() <= 64).all()
+    if split.any():  # A ends where B starts inside the one long sentence
+        assert (plan.a_end[split] <= plan.b_start[split]).all()

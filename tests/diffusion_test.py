@@ -1,4 +1,5 @@
 """Masked diffusion: the loss against a hand computation, SFT batches, the sampler's schedule, the recipe."""
+
 import math
 import os
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax import BertConfig, BertForPreTraining, diffusion, trainer
-from bertjax.objectives import make_objective, default_loss_config
+from bertjax.objectives import default_loss_config, make_objective
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLS, SEP, MASK = 2, 3, 4
@@ -38,18 +39,28 @@ def test_loss_matches_hand_computation():
     attention[2, 4:] = 0
     weights[2, 4:] = 0
     t = np.array([0.3, 0.9, 0.05], np.float32)
-    batch = {"input_ids": np.where(weights > 0, MASK, ids), "attention_mask": attention,
-             "masked_positions": np.tile(np.arange(length, dtype=np.int32), (batch_size, 1)),
-             "masked_ids": ids, "masked_weights": weights, "mask_ratio": t}
+    batch = {
+        "input_ids": np.where(weights > 0, MASK, ids),
+        "attention_mask": attention,
+        "masked_positions": np.tile(np.arange(length, dtype=np.int32), (batch_size, 1)),
+        "masked_ids": ids,
+        "masked_weights": weights,
+        "mask_ratio": t,
+    }
     objective = _objective()
     assert isinstance(objective, diffusion.MaskedDiffusion)
-    outputs = {"mlm_logits": jnp.asarray(logits), "bound_tokens": jnp.asarray(attention.sum(1), jnp.float32)}
+    outputs = {
+        "mlm_logits": jnp.asarray(logits),
+        "bound_tokens": jnp.asarray(attention.sum(1), jnp.float32),
+    }
     sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
     nll = _np_cross_entropy(logits.astype(np.float64), ids)
     expected = sum((nll[b] * weights[b]).sum() / t[b] for b in range(batch_size)) / attention.sum()
     np.testing.assert_allclose(float(objective.total_loss(sums, norms)), expected, rtol=1e-5)
     metrics = objective.metrics(sums, norms)
-    np.testing.assert_allclose(float(metrics["mlm_loss"]), (nll * weights).sum() / weights.sum(), rtol=1e-5)
+    np.testing.assert_allclose(
+        float(metrics["mlm_loss"]), (nll * weights).sum() / weights.sum(), rtol=1e-5
+    )
     assert 0.0 <= float(metrics["mlm_accuracy"]) <= 1.0
 
 
@@ -66,7 +77,10 @@ class _WordTokenizer:
     cls_id, sep_id, mask_id, pad_id = CLS, SEP, MASK, 0
 
     def encode(self, texts):
-        return [np.array([5 + (sum(map(ord, w)) % 40) for w in text.split()], np.int32) for text in texts]
+        return [
+            np.array([5 + (sum(map(ord, w)) % 40) for w in text.split()], np.int32)
+            for text in texts
+        ]
 
 
 def test_sft_batch_never_masks_prompt_and_loss_uses_answer_length():
@@ -83,8 +97,10 @@ def test_sft_batch_never_masks_prompt_and_loss_uses_answer_length():
     # Loss = mean over rows of (Σ masked CE / t) / answer length.
     objective = _objective()
     logits = np.random.default_rng(1).normal(size=(3, 12, 50)).astype(np.float32)
-    outputs = {"mlm_logits": jnp.asarray(logits),
-               "bound_tokens": jnp.asarray(answer.sum(1), jnp.float32)}
+    outputs = {
+        "mlm_logits": jnp.asarray(logits),
+        "bound_tokens": jnp.asarray(answer.sum(1), jnp.float32),
+    }
     sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
     nll = _np_cross_entropy(logits.astype(np.float64), ids) * batch["masked_weights"]
     expected = np.mean(nll.sum(1) / batch["mask_ratio"] / answer.sum(1))
@@ -102,10 +118,19 @@ def test_unigram_entropy_of_uniform_tokens():
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    cfg = BertConfig(vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=32, type_vocab_size=1)
+    cfg = BertConfig(
+        vocab_size=48,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        type_vocab_size=1,
+    )
     ids = jnp.zeros((1, 8), jnp.int32)
-    params = nn.unbox(BertForPreTraining(cfg, next_sentence=False).init(jax.random.key(0), ids)["params"])
+    params = nn.unbox(
+        BertForPreTraining(cfg, next_sentence=False).init(jax.random.key(0), ids)["params"]
+    )
     return cfg, params
 
 
@@ -114,16 +139,25 @@ PROMPT = np.array([[CLS, 10, 11, 12], [CLS, 20, 21, 22]], np.int32)
 
 def test_sampler_follows_schedule_and_keeps_prompt(tiny_model):
     cfg, params = tiny_model
-    ids, history = diffusion.generate(cfg, params, PROMPT, answer_length=8, steps=6, block_length=4,
-                                      temperature=1.0, rng=jax.random.key(1), mask_id=MASK,
-                                      return_history=True)
+    ids, history = diffusion.generate(
+        cfg,
+        params,
+        PROMPT,
+        answer_length=8,
+        steps=6,
+        block_length=4,
+        temperature=1.0,
+        rng=jax.random.key(1),
+        mask_id=MASK,
+        return_history=True,
+    )
     ids, history = np.asarray(ids), np.asarray(history)
     assert history.shape == (6, 2, 12) and (history[-1] == ids).all()
     assert (ids[:, :4] == PROMPT).all() and (history[:, :, :4] == PROMPT).all()
     # 2 blocks x 3 steps; a block's 4 masks commit as 2, 1, 1 (remainder first).
     masks = (history[:, :, 4:] == MASK).sum(-1)
     assert (masks == np.array([6, 5, 4, 2, 1, 0])[:, None]).all()
-    assert ((history[:3, :, 8:] == MASK)).all()  # the second block waits for the first
+    assert (history[:3, :, 8:] == MASK).all()  # the second block waits for the first
     previous = np.concatenate([PROMPT, np.full((2, 8), MASK)], 1)
     for x in history:  # a committed token never changes
         kept = previous != MASK
@@ -134,6 +168,7 @@ def test_sampler_follows_schedule_and_keeps_prompt(tiny_model):
 
 def test_sampler_seeds_and_remasking(tiny_model):
     cfg, params = tiny_model
+
     def run(seed, **kw):
         kw = {"answer_length": 8, "steps": 8, "block_length": 4, **kw}
         return np.asarray(diffusion.generate(cfg, params, PROMPT, rng=jax.random.key(seed), **kw))
@@ -152,7 +187,9 @@ def test_sampler_seeds_and_remasking(tiny_model):
 def test_diffusion_tiny_recipe_trains_and_generates(tmp_path, capsys):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("diffusion_tiny", os.path.join(ROOT, "configs", "diffusion_tiny.py"))
+    spec = importlib.util.spec_from_file_location(
+        "diffusion_tiny", os.path.join(ROOT, "configs", "diffusion_tiny.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert "Run:" in module.__doc__ and "Expect:" in module.__doc__
@@ -168,6 +205,18 @@ def test_diffusion_tiny_recipe_trains_and_generates(tmp_path, capsys):
     summary = trainer.train_and_evaluate(config, str(tmp_path))
     assert summary["step"] == 3 and np.isfinite(summary["train/loss"])
     assert summary["eval/nll_bound"] > 0 and 0 <= summary["eval/mlm_accuracy"] <= 1
-    texts = diffusion.main(["--workdir", str(tmp_path), "--prompt", "The module",
-                            "--answer_length", "8", "--steps", "4", "--block_length", "4"])
+    texts = diffusion.main(
+        [
+            "--workdir",
+            str(tmp_path),
+            "--prompt",
+            "The module",
+            "--answer_length",
+            "8",
+            "--steps",
+            "4",
+            "--block_length",
+            "4",
+        ]
+    )
     assert len(texts) == 1 and "The module |||" in capsys.readouterr().out

@@ -1,34 +1,45 @@
 """Distillation tests: the triple loss, student init from teacher layers, a frozen teacher."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import two_process_worker as setup
 
 import bertjax
-import two_process_worker as setup
 from bertjax import checkpoint, distill, sharding, step
 
 LENGTH, PREDICTIONS, VOCAB = 16, 4, 128
 
 
 def _cfg(layers):
-    return bertjax.BertConfig.preset("tiny", vocab_size=VOCAB, hidden_size=32, num_attention_heads=2,
-                                     intermediate_size=64, num_hidden_layers=layers,
-                                     max_position_embeddings=LENGTH, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
+    return bertjax.BertConfig.preset(
+        "tiny",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        max_position_embeddings=LENGTH,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
 def _batch(seed=0, batch=8):
     rs = np.random.RandomState(seed)
     attention_mask = np.ones((batch, LENGTH), np.int32)
-    attention_mask[::3, LENGTH - 5:] = 0
+    attention_mask[::3, LENGTH - 5 :] = 0
     weights = np.ones((batch, PREDICTIONS), np.float32)
     weights[::2, -1] = 0.0
-    return dict(input_ids=rs.randint(5, VOCAB, (batch, LENGTH)).astype(np.int32),
-                token_type_ids=np.zeros((batch, LENGTH), np.int32), attention_mask=attention_mask,
-                masked_positions=rs.randint(0, LENGTH - 5, (batch, PREDICTIONS)).astype(np.int32),
-                masked_ids=rs.randint(5, VOCAB, (batch, PREDICTIONS)).astype(np.int32),
-                masked_weights=weights)
+    return dict(
+        input_ids=rs.randint(5, VOCAB, (batch, LENGTH)).astype(np.int32),
+        token_type_ids=np.zeros((batch, LENGTH), np.int32),
+        attention_mask=attention_mask,
+        masked_positions=rs.randint(0, LENGTH - 5, (batch, PREDICTIONS)).astype(np.int32),
+        masked_ids=rs.randint(5, VOCAB, (batch, PREDICTIONS)).astype(np.int32),
+        masked_weights=weights,
+    )
 
 
 def _distill_config(teacher=""):
@@ -40,7 +51,9 @@ def _distill_config(teacher=""):
 
 
 def _leaves(tree):
-    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+    return {
+        jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(tree)
+    }
 
 
 def test_loss_matches_a_numpy_reference():
@@ -49,11 +62,21 @@ def test_loss_matches_a_numpy_reference():
     s_hidden, t_hidden = rs.randn(2, 4, 6).astype(np.float32), rs.randn(2, 4, 6).astype(np.float32)
     ids, weights = rs.randint(0, 5, (2, 3)), np.array([[1, 1, 0], [1, 0, 0]], np.float32)
     mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.int32)
-    batch = dict(input_ids=np.zeros((2, 4), np.int32), attention_mask=mask, masked_ids=ids,
-                 masked_weights=weights)
-    outputs = dict(mlm_logits=s_logits, teacher_mlm_logits=t_logits, sequence_output=s_hidden,
-                   teacher_sequence_output=t_hidden)
-    objective = distill.DistillObjective(temperature=2.0, alpha_ce=5.0, alpha_mlm=2.0, alpha_cos=1.0)
+    batch = dict(
+        input_ids=np.zeros((2, 4), np.int32),
+        attention_mask=mask,
+        masked_ids=ids,
+        masked_weights=weights,
+    )
+    outputs = dict(
+        mlm_logits=s_logits,
+        teacher_mlm_logits=t_logits,
+        sequence_output=s_hidden,
+        teacher_sequence_output=t_hidden,
+    )
+    objective = distill.DistillObjective(
+        temperature=2.0, alpha_ce=5.0, alpha_mlm=2.0, alpha_cos=1.0
+    )
     metrics = objective.metrics(objective.loss_sums(outputs, batch), objective.normalizers(batch))
 
     def log_softmax(x):
@@ -61,12 +84,26 @@ def test_loss_matches_a_numpy_reference():
         return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
     p_t, log_p_s = np.exp(log_softmax(t_logits / 2)), log_softmax(s_logits / 2)
-    kl = sum(weights[b, i] * np.sum(p_t[b, i] * (np.log(p_t[b, i]) - log_p_s[b, i]))
-             for b in range(2) for i in range(3)) / weights.sum()
+    kl = (
+        sum(
+            weights[b, i] * np.sum(p_t[b, i] * (np.log(p_t[b, i]) - log_p_s[b, i]))
+            for b in range(2)
+            for i in range(3)
+        )
+        / weights.sum()
+    )
     nll = -np.take_along_axis(log_softmax(s_logits), ids[..., None], -1)[..., 0]
     mlm = (nll * weights).sum() / weights.sum()
-    cos = [1 - s_hidden[b, t] @ t_hidden[b, t] / np.linalg.norm(s_hidden[b, t]) / np.linalg.norm(t_hidden[b, t])
-           for b in range(2) for t in range(4) if mask[b, t]]
+    cos = [
+        1
+        - s_hidden[b, t]
+        @ t_hidden[b, t]
+        / np.linalg.norm(s_hidden[b, t])
+        / np.linalg.norm(t_hidden[b, t])
+        for b in range(2)
+        for t in range(4)
+        if mask[b, t]
+    ]
     cos = np.mean(cos)
     np.testing.assert_allclose(metrics["distill_kl"], kl, rtol=1e-5)
     np.testing.assert_allclose(metrics["mlm_loss"], mlm, rtol=1e-5)
@@ -92,8 +129,15 @@ def distilled(tmp_path_factory):
     teacher_config.batch_size = 8
     teacher = step.init_train_state(teacher_config, _cfg(4), mesh, jax.random.key(1))
     ckpt = checkpoint.Checkpointer(str(root / "checkpoints"), async_save=False)
-    ckpt.save(teacher, {"model_config": _cfg(4).to_dict(), "tokenizer_file": "spm.model",
-                        "tokenizer_bytes": "", "tokenizer_fingerprint": "none"})
+    ckpt.save(
+        teacher,
+        {
+            "model_config": _cfg(4).to_dict(),
+            "tokenizer_file": "spm.model",
+            "tokenizer_bytes": "",
+            "tokenizer_fingerprint": "none",
+        },
+    )
     ckpt.close()
     config = _distill_config(str(root))
     fresh = step.init_train_state(config, _cfg(2), mesh, jax.random.key(0))
@@ -125,8 +169,9 @@ def test_teacher_is_frozen_through_a_train_step_and_checkpoint(distilled, tmp_pa
     mesh, config, _, _, loaded = distilled
     before_teacher, before_student = _leaves(loaded.frozen), _leaves(loaded.params)
     steps = step.jit_steps(loaded, mesh)
-    state, metrics = steps.train(jax.tree.map(jnp.copy, loaded),
-                                 sharding.global_batch(_batch(), mesh, 8), jax.random.key(0))
+    state, metrics = steps.train(
+        jax.tree.map(jnp.copy, loaded), sharding.global_batch(_batch(), mesh, 8), jax.random.key(0)
+    )
     assert np.isfinite(float(metrics["loss"])) and float(metrics["nonfinite"]) == 0
     for key, value in _leaves(state.frozen).items():
         np.testing.assert_array_equal(value, before_teacher[key], err_msg=key)

@@ -1,4 +1,5 @@
 """Fine-tuning: task metrics, BIO alignment, best checkpoint, FGM, init_from (bertjax and HF)."""
+
 import json
 
 import jax
@@ -7,17 +8,21 @@ import numpy as np
 import pytest
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import evaluation, finetune, sharding, step as step_lib, tasks_data, trainer
+from bertjax import evaluation, finetune, sharding, tasks_data, trainer
+from bertjax import step as step_lib
 from bertjax.config import BertConfig
 from bertjax.data.tokenizer import Tokenizer
 
-WORDS = ("the a is of to and file socket thread lock read write open close send receive data "
-         "path line loop task wait run start stop error value name call").split()
+WORDS = (
+    "the a is of to and file socket thread lock read write open close send receive data "
+    "path line loop task wait run start stop error value name call"
+).split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PIECES = SPECIALS + WORDS + ["##s", "##ing", "##ed", ".", ","] + [f"w{i}" for i in range(40)]
 
 
 # ---- metrics against hand-computed values ----
+
 
 def test_classification_metrics_by_hand():
     pred, gold = [1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0]  # tp=2 fp=1 fn=1 tn=2
@@ -38,14 +43,18 @@ def test_correlations_by_hand():
     # ranks x: 1,2,3,4; ranks y with a tie: 1, 2.5, 2.5, 4 -> Pearson of those
     ranks_y = np.array([1, 2.5, 2.5, 4])
     assert evaluation.spearman(x, [1, 3, 3, 7]) == pytest.approx(
-        evaluation.pearson([1, 2, 3, 4], ranks_y))
+        evaluation.pearson([1, 2, 3, 4], ranks_y)
+    )
     assert evaluation.spearman(x, [1, 3, 3, 7]) == pytest.approx(4.5 / np.sqrt(5 * 4.5))
     assert evaluation.pearson([1, 1, 1], [1, 2, 3]) == 0.0
 
 
 def test_entity_f1_exact_span_match():
     assert evaluation.bio_spans(["B-PER", "I-PER", "O", "B-LOC", "I-ORG"]) == {
-        (0, 2, "PER"), (3, 4, "LOC"), (4, 5, "ORG")}
+        (0, 2, "PER"),
+        (3, 4, "LOC"),
+        (4, 5, "ORG"),
+    }
     assert evaluation.bio_spans(["I-LOC", "I-LOC"]) == {(0, 2, "LOC")}  # seqeval's lenient start
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
     pred = [["B-PER", "O", "O", "B-LOC"], ["B-ORG", "O"]]  # PER span cut short: a miss
@@ -62,6 +71,7 @@ def test_sequence_metrics_and_better():
 
 
 # ---- data ----
+
 
 @pytest.fixture(scope="module")
 def vocab_file(tmp_path_factory):
@@ -80,7 +90,9 @@ def test_bio_first_piece_labelling(vocab_file):
     np.testing.assert_array_equal(rows["label_weights"][0][:8], [0, 1, 0, 1, 0, 1, 0, 0])
     np.testing.assert_array_equal(rows["labels"][0][[1, 3, 5]], tags)
     np.testing.assert_array_equal(rows["word_positions"][0][:4], [1, 3, 5, -1])
-    cut = tasks_data.encode_words(tok, [words], [tags], 5)  # [CLS] read ##ing [SEP]: only word 1 fits
+    cut = tasks_data.encode_words(
+        tok, [words], [tags], 5
+    )  # [CLS] read ##ing [SEP]: only word 1 fits
     assert cut["label_weights"][0].sum() == 1 and cut["input_ids"][0][3] == tok.sep_id
 
 
@@ -88,7 +100,11 @@ def test_pairs_cut_longest_first(vocab_file):
     tok = Tokenizer(vocab_file)
     rows = tasks_data.encode_pairs(tok, ["the file is open and data"], ["lock"], 8)
     ids, types = rows["input_ids"][0], rows["token_type_ids"][0]
-    assert ids[0] == tok.cls_id and list(ids).count(tok.sep_id) == 2 and rows["attention_mask"][0].sum() == 8
+    assert (
+        ids[0] == tok.cls_id
+        and list(ids).count(tok.sep_id) == 2
+        and rows["attention_mask"][0].sum() == 8
+    )
     np.testing.assert_array_equal(types, [0, 0, 0, 0, 0, 0, 1, 1])
 
 
@@ -103,9 +119,14 @@ def test_builtin_code_span_tags():
 
 # ---- best checkpoint ----
 
+
 class _State:
     def __init__(self, step):
-        self.step, self.params, self.opt_state = jnp.int32(step), {"w": jnp.full((2,), step, jnp.float32)}, {}
+        self.step, self.params, self.opt_state = (
+            jnp.int32(step),
+            {"w": jnp.full((2,), step, jnp.float32)},
+            {},
+        )
 
     def replace(self, **kw):
         new = _State(0)
@@ -135,7 +156,9 @@ def test_best_checkpoint_keeps_the_best_dev_metric(tmp_path):
     np.testing.assert_array_equal(state.params["w"], [2, 2])
     ckpt.close()
     again = evaluation.BestCheckpoint(str(tmp_path), "accuracy")  # a resumed run remembers it
-    assert again.value == 0.7 and not again.update(4, {"eval/accuracy": 0.65}, _State(4), {}, writer)
+    assert again.value == 0.7 and not again.update(
+        4, {"eval/accuracy": 0.65}, _State(4), {}, writer
+    )
     with pytest.raises(KeyError, match="config.task.metric"):
         again.update(5, {"eval/f1": 0.9}, _State(5), {}, writer)
     again.close()
@@ -143,9 +166,16 @@ def test_best_checkpoint_keeps_the_best_dev_metric(tmp_path):
 
 # ---- FGM ----
 
-TINY = dict(vocab_size=len(PIECES), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0)
+TINY = dict(
+    vocab_size=len(PIECES),
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def _ft_config(objective="classification", num_labels=3, **loss):
@@ -162,24 +192,33 @@ def tiny_state():
     mesh = sharding.make_mesh(_ft_config().mesh, devices=jax.devices()[:1])
     state = step_lib.init_train_state(_ft_config(), cfg, mesh, jax.random.key(0))
     rng = np.random.default_rng(0)
-    batch = {"input_ids": jnp.asarray(rng.integers(5, len(PIECES), (4, 10)), jnp.int32),
-             "token_type_ids": jnp.zeros((4, 10), jnp.int32),
-             "attention_mask": jnp.ones((4, 10), jnp.int32),
-             "labels": jnp.asarray([0, 1, 2, 1], jnp.int32), "label_weights": jnp.ones(4)}
+    batch = {
+        "input_ids": jnp.asarray(rng.integers(5, len(PIECES), (4, 10)), jnp.int32),
+        "token_type_ids": jnp.zeros((4, 10), jnp.int32),
+        "attention_mask": jnp.ones((4, 10), jnp.int32),
+        "labels": jnp.asarray([0, 1, 2, 1], jnp.int32),
+        "label_weights": jnp.ones(4),
+    }
     return cfg, state, batch
 
 
 @jax.jit
 def _fgm_grads(state, batch):
     """(step gradients at eps=0, plain jax.grad of the loss, step gradients at eps=0.5): one compile."""
+
     def step_grads(epsilon):
         spec = step_lib.StepSpec(state.spec.model_cfg, finetune.Classification(3, epsilon))
         return step_lib._gradients(state.replace(spec=spec), batch, jax.random.key(1))[0]
 
     objective = finetune.Classification(3, 0.0)
-    direct = jax.grad(lambda p: objective.total_loss(
-        objective.loss_sums(objective.apply(state.spec.model(), {"params": p}, batch, None, True), batch),
-        objective.normalizers(batch)))(state.params)
+    direct = jax.grad(
+        lambda p: objective.total_loss(
+            objective.loss_sums(
+                objective.apply(state.spec.model(), {"params": p}, batch, None, True), batch
+            ),
+            objective.normalizers(batch),
+        )
+    )(state.params)
     return step_grads(0.0), direct, step_grads(0.5)
 
 
@@ -197,6 +236,7 @@ def test_fgm_changes_the_gradient_and_is_off_at_zero(tiny_state):
 
 # ---- init_from ----
 
+
 def _assert_tree_equal(a, b):
     assert jax.tree.structure(a) == jax.tree.structure(b)
     jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
@@ -213,13 +253,17 @@ def test_init_from_bertjax_checkpoint_loads_exactly_the_encoder(tmp_path, vocab_
     ckpt.save(pre_state, {"model_config": pre_cfg.to_dict(), **checkpoint_lib.tokenizer_meta(tok)})
     ckpt.close()
     config = _ft_config()
-    model_cfg, tokenizer, load = finetune.read_init_source(str(tmp_path / "pre"), config, str(tmp_path / "ft"))
+    model_cfg, tokenizer, load = finetune.read_init_source(
+        str(tmp_path / "pre"), config, str(tmp_path / "ft")
+    )
     assert model_cfg == pre_cfg and tokenizer.fingerprint() == tok.fingerprint()
     merged = finetune.merge_encoder(ft_state.params, load(), "pre")
     _assert_tree_equal(merged["bert"], pre_state.params["bert"])
     _assert_tree_equal(merged["classifier"], ft_state.params["classifier"])
-    no_pooler = {**ft_state.params, "bert": {k: v for k, v in ft_state.params["bert"].items()
-                                              if k != "pooler"}}  # a token-classification model
+    no_pooler = {
+        **ft_state.params,
+        "bert": {k: v for k, v in ft_state.params["bert"].items() if k != "pooler"},
+    }  # a token-classification model
     assert "pooler" not in finetune.merge_encoder(no_pooler, load(), "pre")["bert"]
     wrong = load()
     wrong["embeddings"]["word_embeddings"] = wrong["embeddings"]["word_embeddings"][:10]
@@ -231,11 +275,18 @@ def test_init_from_bertjax_checkpoint_loads_exactly_the_encoder(tmp_path, vocab_
 def hf_dir(tmp_path_factory, vocab_file):
     import torch
     import transformers
+
     path = tmp_path_factory.mktemp("hf_bert")
     vocab = open(vocab_file).read().split("\n")[:-1]
-    hf_cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64,
-                                     max_position_embeddings=40, num_labels=2)
+    hf_cfg = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        num_labels=2,
+    )
     torch.manual_seed(0)
     transformers.BertForSequenceClassification(hf_cfg).save_pretrained(str(path))
     (path / "vocab.txt").write_text(open(vocab_file).read())
@@ -250,12 +301,18 @@ def test_hf_checkpoint_fine_tunes_end_to_end(tmp_path, hf_dir):
             for _ in range(n):
                 label = int(rng.integers(2))
                 words = rng.choice(WORDS[6:12] if label else WORDS[12:18], 5)
-                f.write(f"{' '.join(words)}\t{' '.join(rng.choice(WORDS, 3))}\t{'yes' if label else 'no'}\n")
+                f.write(
+                    f"{' '.join(words)}\t{' '.join(rng.choice(WORDS, 3))}\t{'yes' if label else 'no'}\n"
+                )
     config = _ft_config(num_labels=2)
     config.init_from = hf_dir
-    config.task.update(source="files", train_file=str(tmp_path / "train.tsv"),
-                       dev_file=str(tmp_path / "dev.tsv"), text_column="sentence",
-                       text_pair_column="other")
+    config.task.update(
+        source="files",
+        train_file=str(tmp_path / "train.tsv"),
+        dev_file=str(tmp_path / "dev.tsv"),
+        text_column="sentence",
+        text_pair_column="other",
+    )
     config.data.max_seq_length = 16
     config.eval_every, config.checkpoint_every, config.log_every = 2, 0, 1
     summary = trainer.train_and_evaluate(config, str(tmp_path / "run"))
@@ -265,5 +322,6 @@ def test_hf_checkpoint_fine_tunes_end_to_end(tmp_path, hf_dir):
     assert len(lines) == 11 and lines[0].split("\t") == ["text", "text_pair", "predicted", "gold"]
     cfg, tokenizer, load = finetune.read_init_source(hf_dir, config, str(tmp_path / "x"))
     from bertjax import convert
+
     _assert_tree_equal(load(), convert.from_hf(hf_dir)[1]["bert"])
     assert tokenizer.path.endswith("vocab.txt") and cfg.vocab_size == tokenizer.vocab_size

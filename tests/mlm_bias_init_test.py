@@ -1,19 +1,23 @@
 """A new model's non-BERT initial values: the MLM output bias at the corpus' log unigram
 frequencies, and (when configured) first-layer heads pointed at relative offsets."""
+
+import jax
 import numpy as np
 import pytest
 
-import jax
-
-from bertjax import sharding, step as step_lib, trainer
+from bertjax import sharding, trainer
+from bertjax import step as step_lib
 from bertjax.data import corpus, make_pipeline
 from bertjax.data.tokenizer import train_sentencepiece
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    spm = train_sentencepiece((s for _, d in corpus.iter_documents("builtin") for s in d),
-                              str(tmp_path_factory.mktemp("spm")), vocab_size=400)
+    spm = train_sentencepiece(
+        (s for _, d in corpus.iter_documents("builtin") for s in d),
+        str(tmp_path_factory.mktemp("spm")),
+        vocab_size=400,
+    )
     config = trainer.default_run_config()
     config.batch_size = 8
     config.data.tokenizer_model = spm
@@ -42,7 +46,9 @@ def test_prior_is_the_smoothed_token_frequency(setup):
     assert np.argmax(prior) == top
     # Ratios of frequencies are ratios of (count + 1).
     a, b = normal[:2]
-    np.testing.assert_allclose(prior[a] - prior[b], np.log((counts[a] + 1) / (counts[b] + 1)), rtol=1e-5)
+    np.testing.assert_allclose(
+        prior[a] - prior[b], np.log((counts[a] + 1) / (counts[b] + 1)), rtol=1e-5
+    )
     # A strided sample of a big store keeps the estimate.
     sampled = pipeline.unigram_log_prior(max_tokens=len(pipeline.store.tokens) // 4)
     assert np.argmax(sampled) == top and np.corrcoef(sampled[normal], prior[normal])[0, 1] > 0.95
@@ -85,7 +91,8 @@ def test_train_state_gets_local_attention_heads_on_a_tensor_parallel_mesh(setup)
     config.mesh.tensor = 2  # heads split over 2 devices
     mesh = sharding.make_mesh(config.mesh)
     model_cfg = trainer.model_config(config, pipeline.tokenizer).replace(
-        position_embedding_init="fourier", local_attention_offsets=(-1, 1))
+        position_embedding_init="fourier", local_attention_offsets=(-1, 1)
+    )
     state = step_lib.init_train_state(config, model_cfg, mesh, jax.random.key(0))
     attention = state.params["bert"]["encoder"]["layer_0"]["attention"]
     query, key = np.asarray(attention["query_kernel"]), np.asarray(attention["key_kernel"])
@@ -96,10 +103,16 @@ def test_train_state_gets_local_attention_heads_on_a_tensor_parallel_mesh(setup)
         np.testing.assert_allclose(query[:head_dim, head], gain * np.eye(head_dim), atol=1e-6)
         # Key rows rotate each (cos, sin) pair back by w_i * offset.
         omega = np.pi * (np.arange(head_dim // 2) + 0.5) / (head_dim // 2)
-        np.testing.assert_allclose(key[0:head_dim:2, head, 0:head_dim:2].diagonal(),
-                                   gain * np.cos(omega * offset), atol=1e-6)
-        np.testing.assert_allclose(key[1:head_dim:2, head, 0:head_dim:2].diagonal(),
-                                   gain * np.sin(omega * offset), atol=1e-6)
+        np.testing.assert_allclose(
+            key[0:head_dim:2, head, 0:head_dim:2].diagonal(),
+            gain * np.cos(omega * offset),
+            atol=1e-6,
+        )
+        np.testing.assert_allclose(
+            key[1:head_dim:2, head, 0:head_dim:2].diagonal(),
+            gain * np.sin(omega * offset),
+            atol=1e-6,
+        )
     assert len(attention["query_kernel"].sharding.device_set) == 8
     other = state.params["bert"]["encoder"]["layer_1"]["attention"]["query_kernel"]
     assert abs(float(np.asarray(other)[:head_dim, 0].std()) - model_cfg.initializer_range) < 0.02

@@ -1,4 +1,5 @@
 """Behaviour of the encoder itself: padding, packing, scan, sharing, gradients, configs."""
+
 import dataclasses
 
 import jax
@@ -14,8 +15,15 @@ from bertjax.model import make_attention_mask
 from bertjax.position_init import init_local_attention
 from bertjax.products import exact_attention, project, tied_decoder
 
-SMALL = dict(vocab_size=61, hidden_size=32, num_attention_heads=4, intermediate_size=48,
-             max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SMALL = dict(
+    vocab_size=61,
+    hidden_size=32,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def _cfg(**overrides):
@@ -44,10 +52,15 @@ def test_padding_never_changes_real_positions(bert):
     types = jnp.asarray([[0, 0, 0, 1, 1, 1, 1]] * 2, jnp.int32)
     short = model.apply({"params": params}, ids, types, jnp.ones((2, 7), jnp.int32))
     pad = jnp.zeros((2, 5), jnp.int32)
-    padded = model.apply({"params": params}, jnp.concatenate([ids, pad + 9], 1),
-                         jnp.concatenate([types, pad], 1),
-                         jnp.concatenate([jnp.ones((2, 7), jnp.int32), pad], 1))
-    np.testing.assert_allclose(padded["sequence_output"][:, :7], short["sequence_output"], atol=1e-5)
+    padded = model.apply(
+        {"params": params},
+        jnp.concatenate([ids, pad + 9], 1),
+        jnp.concatenate([types, pad], 1),
+        jnp.concatenate([jnp.ones((2, 7), jnp.int32), pad], 1),
+    )
+    np.testing.assert_allclose(
+        padded["sequence_output"][:, :7], short["sequence_output"], atol=1e-5
+    )
     np.testing.assert_allclose(padded["mlm_logits"][:, :7], short["mlm_logits"], atol=1e-5)
     np.testing.assert_allclose(padded["nsp_logits"], short["nsp_logits"], atol=1e-5)
 
@@ -67,8 +80,9 @@ def test_packed_row_equals_separate_sequences(bert):
     assert np.max(np.abs(leaky[:, 5:9] - alone_b)) > 1e-3
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(embedding_size=16, num_hidden_groups=1,
-                                                     num_hidden_layers=4)])
+@pytest.mark.parametrize(
+    "overrides", [dict(), dict(embedding_size=16, num_hidden_groups=1, num_hidden_layers=4)]
+)
 def test_scan_and_remat_match_the_loop(overrides):
     cfg = _cfg(**overrides)
     ids = _ids(3, (2, 9))
@@ -88,7 +102,9 @@ def test_scan_and_remat_match_the_loop(overrides):
 
     g_loop = jax.grad(loss)(params, loop)
     g_scan = convert.unstack_layers(scan_cfg, jax.grad(loss)(stacked, scanned))
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5), g_loop, g_scan)
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5), g_loop, g_scan
+    )
 
 
 def test_albert_one_group_has_one_layer_of_parameters():
@@ -103,8 +119,9 @@ def test_albert_one_group_has_one_layer_of_parameters():
     assert params["bert"]["embeddings"]["projection"]["kernel"].shape == (16, 32)
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(embedding_size=16, num_hidden_groups=1),
-                                       dict(pre_layer_norm=True)])
+@pytest.mark.parametrize(
+    "overrides", [dict(), dict(embedding_size=16, num_hidden_groups=1), dict(pre_layer_norm=True)]
+)
 def test_every_parameter_gets_a_gradient(overrides):
     cfg = _cfg(**overrides)
     model = bertjax.BertForPreTraining(cfg)
@@ -118,7 +135,8 @@ def test_every_parameter_gets_a_gradient(overrides):
         out = model.apply({"params": p}, ids, types, masked_positions=positions)
         mlm = optax.softmax_cross_entropy_with_integer_labels(out["mlm_logits"], labels).mean()
         nsp = optax.softmax_cross_entropy_with_integer_labels(
-            out["nsp_logits"], jnp.asarray([0, 1, 0, 1])).mean()
+            out["nsp_logits"], jnp.asarray([0, 1, 0, 1])
+        ).mean()
         return mlm + nsp
 
     grads = jax.grad(loss)(params)
@@ -133,7 +151,10 @@ def test_every_parameter_gets_a_gradient(overrides):
         assert float(jnp.max(jnp.abs(g))) > 0, f"zero gradient for {name}"
     word = grads["bert"]["embeddings"]["word_embeddings"]
     assert float(jnp.min(jnp.max(jnp.abs(word), axis=1))) > 0  # tied decoder reaches every row
-    assert float(jnp.min(jnp.max(jnp.abs(grads["bert"]["embeddings"]["token_type_embeddings"]), 1))) > 0
+    assert (
+        float(jnp.min(jnp.max(jnp.abs(grads["bert"]["embeddings"]["token_type_embeddings"]), 1)))
+        > 0
+    )
 
 
 def test_exact_attention_equals_fused():
@@ -151,13 +172,16 @@ def test_tied_decoder_backward_equals_autodiff_of_the_plain_product():
     """The hand-written VJP (table gradient as one product, bias gradient as ones x rows) gives
     what autodiff of x @ table.T + bias gives, in float64 on numpy's side."""
     rng = np.random.default_rng(3)
-    x, table, bias, cotangent = (rng.normal(size=shape) for shape in
-                                 [(2, 3, 8), (11, 8), (11,), (2, 3, 11)])
+    x, table, bias, cotangent = (
+        rng.normal(size=shape) for shape in [(2, 3, 8), (11, 8), (11,), (2, 3, 11)]
+    )
     out, vjp = jax.vjp(tied_decoder, *(jnp.asarray(a, jnp.float32) for a in (x, table, bias)))
     np.testing.assert_allclose(out, x @ table.T + bias, rtol=1e-5, atol=1e-5)
     d_x, d_table, d_bias = vjp(jnp.asarray(cotangent, jnp.float32))
     np.testing.assert_allclose(d_x, cotangent @ table, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(d_table, np.einsum("btv,bte->ve", cotangent, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        d_table, np.einsum("btv,bte->ve", cotangent, x), rtol=1e-5, atol=1e-5
+    )
     np.testing.assert_allclose(d_bias, cotangent.sum((0, 1)), rtol=1e-5, atol=1e-5)
 
 
@@ -168,6 +192,7 @@ def test_project_backward_equals_autodiff_of_the_plain_products(explicit, monkey
     operand product) gives the float64 products' gradients; so does a bf16 call within bf16's
     rounding."""
     from bertjax import products
+
     monkeypatch.setattr(products, "_transpose_explicitly", lambda: explicit)
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 5, 8))
@@ -196,16 +221,19 @@ def test_bf16_matmuls_read_bf16_and_accumulate_in_float32():
     kernels = [rng.normal(size=(16, n)) for n in (32, 8)]
     cotangents = [rng.normal(size=(3, 4, k.shape[1])) for k in kernels]
     r = lambda a: np.float64(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16))  # bf16 rounding
-    outs, vjp = jax.vjp(lambda *a: project(*a, operand_dtype="bfloat16"),
-                        *(jnp.asarray(a, jnp.float32) for a in [x, *kernels]))
+    outs, vjp = jax.vjp(
+        lambda *a: project(*a, operand_dtype="bfloat16"),
+        *(jnp.asarray(a, jnp.float32) for a in [x, *kernels]),
+    )
     d_x, *d_kernels = vjp(tuple(jnp.asarray(c, jnp.float32) for c in cotangents))
     for out, kernel in zip(outs, kernels):
         assert out.dtype == jnp.float32
         np.testing.assert_allclose(out, r(x) @ r(kernel), rtol=1e-5, atol=1e-4)
         assert np.abs(np.float64(out) - x @ kernel).max() > 1e-3  # rounded operands, not fp32
     assert d_x.dtype == jnp.float32 and all(d.dtype == jnp.float32 for d in d_kernels)
-    np.testing.assert_allclose(d_x, sum(r(c) @ r(k).T for c, k in zip(cotangents, kernels)),
-                               rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        d_x, sum(r(c) @ r(k).T for c, k in zip(cotangents, kernels)), rtol=1e-5, atol=1e-4
+    )
     for got, c in zip(d_kernels, cotangents):
         np.testing.assert_allclose(got, np.einsum("btk,btn->kn", r(x), r(c)), rtol=1e-5, atol=1e-4)
 
@@ -227,12 +255,18 @@ def test_dense_layers_and_attention_go_through_project(bert, monkeypatch):
     """Every Dense product and the Q/K/V and output projections of a layer use `project` (Q, K and V
     in one call sharing x's transpose), and the model's outputs equal plain products'."""
     from bertjax import products
+
     cfg, model, params = bert
     ids = _ids(12, (2, 7))
     fast = model.apply({"params": params}, ids)["mlm_logits"]
     calls = []
-    monkeypatch.setattr(products, "project", lambda x, *kernels, operand_dtype: calls.append(
-        len(kernels)) or tuple(jnp.einsum("...k,kn->...n", x, k) for k in kernels))
+    monkeypatch.setattr(
+        products,
+        "project",
+        lambda x, *kernels, operand_dtype: (
+            calls.append(len(kernels)) or tuple(jnp.einsum("...k,kn->...n", x, k) for k in kernels)
+        ),
+    )
     plain = model.apply({"params": params}, ids)["mlm_logits"]
     layers = cfg.num_hidden_layers
     # per layer: Q/K/V (3 kernels), attention output, intermediate, output; then the MLM transform
@@ -269,8 +303,9 @@ def test_dropout_is_active_only_when_asked(bert):
     b = model.apply({"params": params}, ids)["mlm_logits"]
     np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(a, bert[1].apply({"params": params}, ids)["mlm_logits"], atol=1e-6)
-    c = model.apply({"params": params}, ids, deterministic=False,
-                    rngs={"dropout": jax.random.key(1)})["mlm_logits"]
+    c = model.apply(
+        {"params": params}, ids, deterministic=False, rngs={"dropout": jax.random.key(1)}
+    )["mlm_logits"]
     assert np.max(np.abs(np.asarray(c) - np.asarray(a))) > 1e-3
 
 
@@ -297,22 +332,25 @@ def test_token_classification_and_sequence_classification_shapes(bert):
     assert tok.apply({"params": tok_params}, ids).shape == (3, 8, 7)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("hidden_size", 30, "hidden_size .* divisible by num_attention_heads"),
-    ("hidden_act", "gelu_fast", "hidden_act"),
-    ("num_hidden_layers", -1, "num_hidden_layers"),
-    ("vocab_size", 0, "vocab_size"),
-    ("hidden_dropout_prob", 1.5, "hidden_dropout_prob"),
-    ("num_hidden_groups", 5, "num_hidden_groups"),
-    ("dtype", "float8", "dtype"),
-    ("matmul_dtype", "int8", "matmul_dtype"),
-    ("remat", "everything", "remat"),
-    ("mask_token_id", 100, "mask_token_id"),
-    ("position_embedding_init", "rotary", "position_embedding_init"),
-    ("local_attention_offsets", (-1, 1), "needs position_embedding_init='fourier'"),
-    ("local_attention_offsets", (-1, 1, 2, 3, 4), "5 offsets for 4 heads"),
-    ("local_attention_offsets", (8,), "shorter than head_dim"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("hidden_size", 30, "hidden_size .* divisible by num_attention_heads"),
+        ("hidden_act", "gelu_fast", "hidden_act"),
+        ("num_hidden_layers", -1, "num_hidden_layers"),
+        ("vocab_size", 0, "vocab_size"),
+        ("hidden_dropout_prob", 1.5, "hidden_dropout_prob"),
+        ("num_hidden_groups", 5, "num_hidden_groups"),
+        ("dtype", "float8", "dtype"),
+        ("matmul_dtype", "int8", "matmul_dtype"),
+        ("remat", "everything", "remat"),
+        ("mask_token_id", 100, "mask_token_id"),
+        ("position_embedding_init", "rotary", "position_embedding_init"),
+        ("local_attention_offsets", (-1, 1), "needs position_embedding_init='fourier'"),
+        ("local_attention_offsets", (-1, 1, 2, 3, 4), "5 offsets for 4 heads"),
+        ("local_attention_offsets", (8,), "shorter than head_dim"),
+    ],
+)
 def test_bad_config_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         _cfg(**{field: value})
@@ -330,22 +368,30 @@ def test_sinusoidal_position_init_is_sin_cos_at_the_configured_scale():
     # Only the position table changes: the word embeddings are the normal init of the same seed.
     normal = _init(bertjax.BertModel(_cfg(initializer_range=0.05)))["embeddings"]
     np.testing.assert_array_equal(
-        _init(bertjax.BertModel(cfg))["embeddings"]["word_embeddings"], normal["word_embeddings"])
+        _init(bertjax.BertModel(cfg))["embeddings"]["word_embeddings"], normal["word_embeddings"]
+    )
     assert not np.allclose(normal["position_embeddings"], table, atol=1e-3)
 
 
-LOCAL = dict(hidden_size=64, num_attention_heads=2, intermediate_size=64, initializer_range=0.05,
-             position_embedding_init="fourier")
+LOCAL = dict(
+    hidden_size=64,
+    num_attention_heads=2,
+    intermediate_size=64,
+    initializer_range=0.05,
+    position_embedding_init="fourier",
+)
 
 
 def test_fourier_position_rows_are_orthogonal_within_head_dim():
     cfg = _cfg(**LOCAL)
-    table = np.asarray(_init(bertjax.BertModel(cfg))["embeddings"]["position_embeddings"], np.float64)
+    table = np.asarray(
+        _init(bertjax.BertModel(cfg))["embeddings"]["position_embeddings"], np.float64
+    )
     head_dim = cfg.head_dim
     assert not table[:, head_dim:].any()
     gram = table @ table.T
     # Rows as long as a normal(0.05) row of width 64; orthogonal for 0 < |t - s| < head_dim.
-    np.testing.assert_allclose(np.diag(gram), 0.05 ** 2 * 64, rtol=1e-5)
+    np.testing.assert_allclose(np.diag(gram), 0.05**2 * 64, rtol=1e-5)
     t, s = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
     near = (np.abs(t - s) > 0) & (np.abs(t - s) < head_dim)
     np.testing.assert_allclose(gram[near], 0.0, atol=1e-6)
@@ -357,8 +403,14 @@ def _first_layer_attention(cfg, params, ids):
     """Layer-0 attention probabilities [B, heads, T, S] computed from the parameters by hand."""
     model = bertjax.BertModel(cfg)
     positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-    x = model.apply({"params": params}, ids, jnp.zeros_like(ids), positions, True,
-                    method=lambda m, *a: m.embeddings(*a))
+    x = model.apply(
+        {"params": params},
+        ids,
+        jnp.zeros_like(ids),
+        positions,
+        True,
+        method=lambda m, *a: m.embeddings(*a),
+    )
     attention = params["encoder"]["layer_0"]["attention"]
     q = jnp.einsum("bte,enh->btnh", x, attention["query_kernel"]) + attention["query_bias"]
     k = jnp.einsum("bte,enh->btnh", x, attention["key_kernel"]) + attention["key_bias"]
@@ -378,27 +430,36 @@ def test_local_attention_init_points_first_layer_heads_at_their_offsets():
     before = np.asarray(_first_layer_attention(cfg, random_init["bert"], ids))
     assert before[:, :, t, t - 1].mean() < 0.1  # BERT's init: about uniform over 32 positions
     # Only the first layer's query/key kernels change, and only their position rows.
-    changed = jax.tree_util.tree_map(lambda a, b: not np.array_equal(a, b), random_init["bert"], params)
-    flat = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(changed)}
+    changed = jax.tree_util.tree_map(
+        lambda a, b: not np.array_equal(a, b), random_init["bert"], params
+    )
+    flat = {
+        jax.tree_util.keystr(path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(changed)
+    }
     assert {k for k, v in flat.items() if v} == {
         "['encoder']['layer_0']['attention']['query_kernel']",
-        "['encoder']['layer_0']['attention']['key_kernel']"}
+        "['encoder']['layer_0']['attention']['key_kernel']",
+    }
     kernel = params["encoder"]["layer_0"]["attention"]["query_kernel"]
-    np.testing.assert_array_equal(kernel[cfg.head_dim:],
-                                  random_init["bert"]["encoder"]["layer_0"]["attention"]["query_kernel"][cfg.head_dim:])
+    np.testing.assert_array_equal(
+        kernel[cfg.head_dim :],
+        random_init["bert"]["encoder"]["layer_0"]["attention"]["query_kernel"][cfg.head_dim :],
+    )
 
 
 def test_local_attention_init_on_a_scanned_stack_sets_layer_zero_only():
     cfg = _cfg(**LOCAL, num_hidden_layers=3, local_attention_offsets=(1,))
     scanned_cfg = cfg.replace(scan_layers=True)
     loop = init_local_attention({"bert": _init(bertjax.BertModel(cfg))}, cfg)
-    stack = init_local_attention({"bert": _init(bertjax.BertModel(scanned_cfg))},
-                                               scanned_cfg)
+    stack = init_local_attention({"bert": _init(bertjax.BertModel(scanned_cfg))}, scanned_cfg)
     for name in ("query_kernel", "key_kernel"):
         stacked = stack["bert"]["encoder"]["layers"]["attention"][name]
-        np.testing.assert_array_equal(stacked[0, :cfg.head_dim, :1],
-                                      loop["bert"]["encoder"]["layer_0"]["attention"][name][:cfg.head_dim, :1])
-        assert not np.allclose(stacked[1, :cfg.head_dim, :1], stacked[0, :cfg.head_dim, :1])
+        np.testing.assert_array_equal(
+            stacked[0, : cfg.head_dim, :1],
+            loop["bert"]["encoder"]["layer_0"]["attention"][name][: cfg.head_dim, :1],
+        )
+        assert not np.allclose(stacked[1, : cfg.head_dim, :1], stacked[0, : cfg.head_dim, :1])
 
 
 def test_config_rejects_unknown_keys_and_presets():
@@ -408,10 +469,13 @@ def test_config_rejects_unknown_keys_and_presets():
         bertjax.BertConfig.preset("huge")
     with pytest.raises(dataclasses.FrozenInstanceError):
         _cfg().hidden_size = 64
-    sizes = {name: bertjax.BertConfig.preset(name) for name in
-             ("tiny", "mini", "small", "medium", "base", "large")}
-    assert [(c.num_hidden_layers, c.hidden_size, c.num_attention_heads) for c in sizes.values()] == [
-        (2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8), (12, 768, 12), (24, 1024, 16)]
+    sizes = {
+        name: bertjax.BertConfig.preset(name)
+        for name in ("tiny", "mini", "small", "medium", "base", "large")
+    }
+    assert [
+        (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) for c in sizes.values()
+    ] == [(2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8), (12, 768, 12), (24, 1024, 16)]
 
 
 def test_sequence_longer_than_positions_is_refused(bert):
@@ -447,7 +511,8 @@ def test_products_attention_equals_float64_attention_and_its_gradient(chains, dr
     keep, rate = (rng.random((b, n, t, t)) > 0.3, 0.3) if dropout else (None, 0.0)
     f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
     fn = lambda q_, k_, v_: products.attention(  # noqa: E731
-        q_, k_, v_, jnp.asarray(mask), None if keep is None else jnp.asarray(keep), rate, chains)
+        q_, k_, v_, jnp.asarray(mask), None if keep is None else jnp.asarray(keep), rate, chains
+    )
     out, vjp = jax.vjp(fn, f32(q), f32(k), f32(v))
     np.testing.assert_allclose(out, _np_attention(q, k, v, mask, keep, rate), atol=2e-5)
     grads = vjp(f32(cot))
@@ -455,12 +520,17 @@ def test_products_attention_equals_float64_attention_and_its_gradient(chains, dr
     for i, (arg, grad) in enumerate(zip((q, k, v), grads)):
         for _ in range(3):  # directional derivatives of <out, cot>
             direction = rng.normal(size=arg.shape)
-            moved = lambda s: [a + s * eps * direction if j == i else a  # noqa: E731
-                               for j, a in enumerate((q, k, v))]
-            numeric = ((_np_attention(*moved(1), mask, keep, rate) * cot).sum()
-                       - (_np_attention(*moved(-1), mask, keep, rate) * cot).sum()) / (2 * eps)
-            np.testing.assert_allclose(float(jnp.sum(grad * f32(direction))), numeric,
-                                       rtol=1e-4, atol=1e-4)
+            moved = lambda s: [
+                a + s * eps * direction if j == i else a  # noqa: E731
+                for j, a in enumerate((q, k, v))
+            ]
+            numeric = (
+                (_np_attention(*moved(1), mask, keep, rate) * cot).sum()
+                - (_np_attention(*moved(-1), mask, keep, rate) * cot).sum()
+            ) / (2 * eps)
+            np.testing.assert_allclose(
+                float(jnp.sum(grad * f32(direction))), numeric, rtol=1e-4, atol=1e-4
+            )
 
 
 def test_cpu_attention_path_equals_dot_product_attention(bert):
@@ -473,10 +543,15 @@ def test_cpu_attention_path_equals_dot_product_attention(bert):
     fused = bertjax.BertForPreTraining(dataclasses.replace(cfg, attention_implementation="xla"))
 
     def loss(m, p):
-        return jnp.sum(m.apply({"params": p}, ids, attention_mask=attention_mask)["mlm_logits"] ** 2)
+        return jnp.sum(
+            m.apply({"params": p}, ids, attention_mask=attention_mask)["mlm_logits"] ** 2
+        )
 
     np.testing.assert_allclose(loss(model, params), loss(fused, params), rtol=1e-5)
-    ours, theirs = jax.grad(lambda p: loss(model, p))(params), jax.grad(lambda p: loss(fused, p))(params)
+    ours, theirs = (
+        jax.grad(lambda p: loss(model, p))(params),
+        jax.grad(lambda p: loss(fused, p))(params),
+    )
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -522,7 +597,9 @@ def test_dropout_module_scales_kept_values_and_is_identity_when_deterministic():
     kept = y != 0
     np.testing.assert_allclose(y[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
     assert 0.6 < kept.mean() < 0.9
-    np.testing.assert_array_equal(Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(1)}), 0)
+    np.testing.assert_array_equal(
+        Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(1)}), 0
+    )
 
 
 def test_erf_gelu_and_its_derivative_equal_float64():
@@ -532,19 +609,26 @@ def test_erf_gelu_and_its_derivative_equal_float64():
 
     xs = np.linspace(-9, 9, 2001)
     want = np.asarray([x * 0.5 * (1 + erf(x / sqrt(2))) for x in xs])
-    slope = np.asarray([0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x * x / 2) / sqrt(2 * pi) for x in xs])
+    slope = np.asarray(
+        [0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x * x / 2) / sqrt(2 * pi) for x in xs]
+    )
     x32 = jnp.asarray(xs, jnp.float32)
     np.testing.assert_allclose(erf_gelu(x32), want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(erf_gelu(x)))(x32), slope, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        jax.grad(lambda x: jnp.sum(erf_gelu(x)))(x32), slope, rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(erf_gelu(x32), jax.nn.gelu(x32, approximate=False), atol=2e-6)
 
 
-@pytest.mark.parametrize("overrides,packed,nsp", [
-    (dict(), False, True),
-    (dict(pre_layer_norm=True), True, False),
-    (dict(num_hidden_layers=3, num_hidden_groups=1), True, True),  # ALBERT: one shared layer
-    (dict(remat="dots"), False, True),
-])
+@pytest.mark.parametrize(
+    "overrides,packed,nsp",
+    [
+        (dict(), False, True),
+        (dict(pre_layer_norm=True), True, False),
+        (dict(num_hidden_layers=3, num_hidden_groups=1), True, True),  # ALBERT: one shared layer
+        (dict(remat="dots"), False, True),
+    ],
+)
 def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides, packed, nsp):
     """The last layer run only at the masked positions (and [CLS]) against the full model:
     fp32 both, same parameters; tolerance 1e-5 of each output's / gradient's largest entry."""
@@ -553,14 +637,23 @@ def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides,
     sparse = full.clone(sparse_last_layer=True)
     ids = _ids(1, (3, 16))
     segments = jnp.asarray(np.repeat([[1] * 6 + [2] * 7 + [0] * 3], 3, 0)) if packed else None
-    mask = None if packed else jnp.asarray(np.arange(16)[None] < np.array([[16], [11], [7]]), jnp.int32)
+    mask = (
+        None
+        if packed
+        else jnp.asarray(np.arange(16)[None] < np.array([[16], [11], [7]]), jnp.int32)
+    )
     positions = jnp.asarray([[1, 4, 4, 0], [2, 9, 3, 5], [6, 1, 0, 0]], jnp.int32)  # repeats, pads
     params = nn.unbox(full.init(jax.random.key(0), ids, masked_positions=positions)["params"])
     weights = jax.random.normal(jax.random.key(2), (3, 4, cfg.vocab_size))
 
     def loss(model, p):
-        out = model.apply({"params": p}, ids, attention_mask=mask, segment_ids=segments,
-                          masked_positions=positions)
+        out = model.apply(
+            {"params": p},
+            ids,
+            attention_mask=mask,
+            segment_ids=segments,
+            masked_positions=positions,
+        )
         total = jnp.sum(out["mlm_logits"] * weights)
         return total + (jnp.sum(out["nsp_logits"] ** 2) if nsp else 0.0), out
 
@@ -571,8 +664,9 @@ def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides,
         scale = float(jnp.max(jnp.abs(want[key])))
         np.testing.assert_allclose(got[key], want[key], atol=1e-5 * scale, rtol=0)
     top = max(float(jnp.max(jnp.abs(w))) for w in jax.tree_util.tree_leaves(want_grads))
-    for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want_grads),
-                            jax.tree_util.tree_leaves(got_grads)):
+    for (path, w), g in zip(
+        jax.tree_util.tree_leaves_with_path(want_grads), jax.tree_util.tree_leaves(got_grads)
+    ):
         # the key bias's gradient is zero in exact arithmetic (softmax ignores a shift per row):
         # leaves that small are held to 1e-4 of the largest gradient instead of their own size
         scale = max(float(jnp.max(jnp.abs(w))), 1e-4 * top)
@@ -584,6 +678,7 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
     metrics.train_flops_per_sequence subtracts for it (its fwd + bwd count / 3, products only):
     XLA's count also has the skipped rows' LayerNorms, GELUs and softmax, so up to 20% more."""
     from bertjax import metrics
+
     cfg = _cfg()
     batch, length, masked = 4, 32, 5
     full = bertjax.BertForPreTraining(cfg)
@@ -597,10 +692,20 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
 
     rows = sparse.last_layer_rows(masked)
     assert rows == masked + 1 and full.last_layer_rows(masked) is None
-    assert bertjax.BertForPreTraining(cfg.replace(scan_layers=True), sparse_last_layer=True
-                                      ).last_layer_rows(masked) is None
-    counted = batch * (metrics.train_flops_per_sequence(cfg, length, masked)
-                       - metrics.train_flops_per_sequence(cfg, length, masked, rows)) / 3
+    assert (
+        bertjax.BertForPreTraining(
+            cfg.replace(scan_layers=True), sparse_last_layer=True
+        ).last_layer_rows(masked)
+        is None
+    )
+    counted = (
+        batch
+        * (
+            metrics.train_flops_per_sequence(cfg, length, masked)
+            - metrics.train_flops_per_sequence(cfg, length, masked, rows)
+        )
+        / 3
+    )
     measured = flops(full) - flops(sparse)
     assert counted > 0
     assert counted <= measured <= 1.2 * counted, (measured, counted)
@@ -608,6 +713,7 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
 
 def test_pretraining_objective_runs_the_sparse_last_layer_unless_configured_off():
     from bertjax import objectives
+
     loss = objectives.default_loss_config()
     assert objectives.make_objective(loss).model(_cfg()).sparse_last_layer
     loss.sparse_last_layer = False

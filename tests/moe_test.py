@@ -1,11 +1,12 @@
 """Mixture-of-experts: dense equivalence, capacity, balancing loss, expert-parallel parity."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 import two_process_worker as setup
+
 from bertjax import BertConfig, convert, moe, sharding, step
 from bertjax.model import BertModel
 
@@ -13,32 +14,43 @@ BATCH, LENGTH, PREDICTIONS, VOCAB = 8, 16, 3, 128
 
 
 def _cfg(**overrides):
-    fields = dict(vocab_size=VOCAB, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                  num_hidden_layers=2, max_position_embeddings=LENGTH, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        max_position_embeddings=LENGTH,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertConfig(**{**fields, **overrides})
 
 
 def _batch(seed=0):
     rs = np.random.RandomState(seed)
     mask = np.ones((BATCH, LENGTH), np.int32)
-    mask[::3, LENGTH - 4:] = 0
-    return dict(input_ids=rs.randint(5, VOCAB, (BATCH, LENGTH)).astype(np.int32),
-                token_type_ids=np.zeros((BATCH, LENGTH), np.int32), attention_mask=mask,
-                masked_positions=rs.randint(1, LENGTH - 4, (BATCH, PREDICTIONS)).astype(np.int32),
-                masked_ids=rs.randint(5, VOCAB, (BATCH, PREDICTIONS)).astype(np.int32),
-                masked_weights=np.ones((BATCH, PREDICTIONS), np.float32),
-                next_sentence_label=rs.randint(0, 2, (BATCH,)).astype(np.int32))
+    mask[::3, LENGTH - 4 :] = 0
+    return dict(
+        input_ids=rs.randint(5, VOCAB, (BATCH, LENGTH)).astype(np.int32),
+        token_type_ids=np.zeros((BATCH, LENGTH), np.int32),
+        attention_mask=mask,
+        masked_positions=rs.randint(1, LENGTH - 4, (BATCH, PREDICTIONS)).astype(np.int32),
+        masked_ids=rs.randint(5, VOCAB, (BATCH, PREDICTIONS)).astype(np.int32),
+        masked_weights=np.ones((BATCH, PREDICTIONS), np.float32),
+        next_sentence_label=rs.randint(0, 2, (BATCH,)).astype(np.int32),
+    )
 
 
 def test_config_validates_moe_fields():
-    for fields, name in [(dict(num_experts=-1), "num_experts"),
-                         (dict(num_experts=2, experts_per_token=3), "experts_per_token"),
-                         (dict(num_experts=2, expert_capacity_factor=0.0), "expert_capacity_factor"),
-                         (dict(router_z_loss_weight=-1.0), "router_z_loss_weight"),
-                         (dict(num_experts=2, moe_layer_interval=2, scan_layers=True),
-                          "moe_layer_interval"),
-                         (dict(num_experts=2, moe_layer_interval=3), "moe_layer_interval")]:
+    for fields, name in [
+        (dict(num_experts=-1), "num_experts"),
+        (dict(num_experts=2, experts_per_token=3), "experts_per_token"),
+        (dict(num_experts=2, expert_capacity_factor=0.0), "expert_capacity_factor"),
+        (dict(router_z_loss_weight=-1.0), "router_z_loss_weight"),
+        (dict(num_experts=2, moe_layer_interval=2, scan_layers=True), "moe_layer_interval"),
+        (dict(num_experts=2, moe_layer_interval=3), "moe_layer_interval"),
+    ]:
         with pytest.raises(ValueError, match=f"BertConfig.{name}"):
             _cfg(**fields)
     cfg = _cfg(num_hidden_layers=4, num_experts=2, moe_layer_interval=2)
@@ -60,7 +72,8 @@ def test_one_expert_top1_equals_dense_feed_forward():
             "intermediate_kernel": mlp["intermediate"]["kernel"][None],
             "intermediate_bias": mlp["intermediate"]["bias"][None],
             "output_kernel": mlp["output"]["kernel"][None],
-            "output_bias": mlp["output"]["bias"][None]}
+            "output_bias": mlp["output"]["bias"][None],
+        }
     want, _ = BertModel(dense_cfg).apply({"params": dense_params}, ids)
     (got, _), state = BertModel(moe_cfg).apply({"params": params}, ids, mutable=["intermediates"])
     assert float(moe.collect_stats(state)["dropped_fraction"]) == 0.0
@@ -90,8 +103,9 @@ def test_route_respects_capacity_and_drops_overflow():
     dispatch, _, stats = moe.route(logits, 2, capacity, jnp.asarray(valid))
     assert np.asarray(dispatch)[:, 10:].sum() == 0
     np.testing.assert_allclose(np.asarray(stats["expert_load"]).sum(), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(stats["dropped_fraction"],
-                               1.0 - np.asarray(dispatch).sum() / (3 * 10 * 2), rtol=1e-6)
+    np.testing.assert_allclose(
+        stats["dropped_fraction"], 1.0 - np.asarray(dispatch).sum() / (3 * 10 * 2), rtol=1e-6
+    )
 
 
 def test_expert_choice_experts_take_their_top_tokens_and_never_padding():
@@ -111,7 +125,9 @@ def test_expert_choice_experts_take_their_top_tokens_and_never_padding():
             # The expert's C most probable real tokens (all of them when fewer), each in one slot.
             want = real[np.argsort(-probs[g, real, e], kind="stable")[:capacity]]
             assert sorted(taken) == sorted(want), (g, e)
-            np.testing.assert_allclose(combine[g, taken, e, :].sum(-1), probs[g, taken, e], rtol=1e-6)
+            np.testing.assert_allclose(
+                combine[g, taken, e, :].sum(-1), probs[g, taken, e], rtol=1e-6
+            )
     assert dispatch[1, 10:].sum() == 0 and dispatch[2, 3:].sum() == 0
     np.testing.assert_allclose(np.asarray(stats["expert_load"]), 0.25, rtol=1e-6)  # balanced
     np.testing.assert_allclose(stats["balance_loss"], 1.0, rtol=1e-6)
@@ -130,7 +146,10 @@ def test_expert_choice_experts_take_their_top_tokens_and_never_padding():
     for g, s in [(0, 0), (1, 7), (1, 15)]:
         want = np.zeros(32)
         for e in np.flatnonzero(np.asarray(dispatch)[g, s].sum(-1)):
-            h = gelu(np.asarray(x[g, s]) @ params["intermediate_kernel"][e] + params["intermediate_bias"][e])
+            h = gelu(
+                np.asarray(x[g, s]) @ params["intermediate_kernel"][e]
+                + params["intermediate_bias"][e]
+            )
             want += p[g, s, e] * (h @ params["output_kernel"][e] + params["output_bias"][e])
         np.testing.assert_allclose(y[g, s], want, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="moe_routing"):
@@ -195,10 +214,12 @@ def test_expert_parallel_step_equals_one_device(routing):
     # Same tolerances as tests/sharding_test.py: only cross-device reduction order differs.
     for key in ("loss", "grad_norm", "moe_aux_loss", "moe_dropped_fraction"):
         np.testing.assert_allclose(got[key], ref[key], rtol=1e-5, err_msg=key)
-    for (path, leaf), want in zip(jax.tree_util.tree_leaves_with_path(state.params),
-                                  jax.tree.leaves(ref_state.params)):
-        np.testing.assert_allclose(leaf, want, rtol=1e-5, atol=5e-6,
-                                   err_msg=jax.tree_util.keystr(path))
+    for (path, leaf), want in zip(
+        jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(ref_state.params)
+    ):
+        np.testing.assert_allclose(
+            leaf, want, rtol=1e-5, atol=5e-6, err_msg=jax.tree_util.keystr(path)
+        )
     kernel = state.params["bert"]["encoder"]["layer_0"]["mlp"]["intermediate_kernel"]
     assert kernel.sharding.shard_shape(kernel.shape) == (1, 32, 64)  # one expert per device
 
@@ -210,10 +231,12 @@ def test_diffusion_objective_adds_the_router_losses():
     cfg = _cfg(num_experts=4, experts_per_token=1)
     batch = _batch()
     rs = np.random.RandomState(1)
-    batch.update(masked_positions=np.tile(np.arange(LENGTH, dtype=np.int32), (BATCH, 1)),
-                 masked_ids=batch["input_ids"],
-                 masked_weights=(rs.rand(BATCH, LENGTH) < 0.5).astype(np.float32),
-                 mask_ratio=np.full((BATCH,), 0.5, np.float32))
+    batch.update(
+        masked_positions=np.tile(np.arange(LENGTH, dtype=np.int32), (BATCH, 1)),
+        masked_ids=batch["input_ids"],
+        masked_weights=(rs.rand(BATCH, LENGTH) < 0.5).astype(np.float32),
+        mask_ratio=np.full((BATCH,), 0.5, np.float32),
+    )
     objective, model = MaskedDiffusion(), BertForPreTraining(cfg, next_sentence=False)
     variables = objective.apply(model, None, batch, jax.random.key(0), True, init=True)
     outputs = objective.apply(model, variables, batch, None, True)
@@ -231,10 +254,14 @@ def test_finetuning_objectives_add_the_router_losses(tokens):
 
     cfg = _cfg(num_experts=4, experts_per_token=1)
     rs = np.random.RandomState(2)
-    batch = {k: v for k, v in _batch().items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+    batch = {
+        k: v for k, v in _batch().items() if k in ("input_ids", "token_type_ids", "attention_mask")
+    }
     shape = (BATCH, LENGTH) if tokens else (BATCH,)
-    batch.update(labels=rs.randint(0, 3, shape).astype(np.int32),
-                 label_weights=(rs.rand(*shape) < 0.7).astype(np.float32))
+    batch.update(
+        labels=rs.randint(0, 3, shape).astype(np.int32),
+        label_weights=(rs.rand(*shape) < 0.7).astype(np.float32),
+    )
     objective = (TokenClassification if tokens else Classification)(num_labels=3)
     model = objective.model(cfg)
     variables = objective.apply(model, None, batch, jax.random.key(0), True, init=True)
@@ -248,8 +275,13 @@ def test_finetuning_objectives_add_the_router_losses(tokens):
     assert objective.predictions(outputs).shape == shape
     # The dense model's outputs stay a bare array and its loss has no router term.
     dense_model = objective.model(_cfg())
-    dense = objective.apply(dense_model, objective.apply(dense_model, None, batch, jax.random.key(0),
-                                                         True, init=True), batch, None, True)
+    dense = objective.apply(
+        dense_model,
+        objective.apply(dense_model, None, batch, jax.random.key(0), True, init=True),
+        batch,
+        None,
+        True,
+    )
     dense_sums = objective.loss_sums(dense, batch)
     assert not isinstance(dense, dict) and "moe_aux_loss" not in dense_sums
 

@@ -1,4 +1,5 @@
 """Two processes x 2 CPU devices (jax.distributed on localhost) match one process with 4 devices."""
+
 import json
 import os
 import pathlib
@@ -9,8 +10,8 @@ import sys
 import jax
 import numpy as np
 import pytest
-
 import two_process_worker as worker
+
 from bertjax import sharding
 
 WORKER = pathlib.Path(worker.__file__).resolve()
@@ -34,9 +35,17 @@ def _child_env() -> dict:
 
 def _start_two_processes(out_path: pathlib.Path) -> list:
     port = _free_port()
-    return [subprocess.Popen([sys.executable, str(WORKER), str(port), str(i), "2", str(out_path)],
-                             cwd=REPO, env=_child_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    return [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(port), str(i), "2", str(out_path)],
+            cwd=REPO,
+            env=_child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
 
 
 def _wait(procs: list, out_path: pathlib.Path) -> tuple[bool, str]:

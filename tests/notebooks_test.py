@@ -1,8 +1,8 @@
 """The Colab notebooks execute top to bottom on CPU with tiny settings (QUICK mode), so they never rot."""
+
 import os
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -13,10 +13,18 @@ def _run(name, tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     notebook = nbformat.read(os.path.join(ROOT, "colab", name), as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    return "\n".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
-                     for out in cell.get("outputs", []))
+    NotebookClient(
+        notebook,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
+    return "\n".join(
+        out.get("text", "")
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+    )
 
 
 def test_quickstart_runs(tmp_path, monkeypatch):
@@ -30,4 +38,6 @@ def test_quickstart_runs(tmp_path, monkeypatch):
 
 def test_pretrain_tpu_runs(tmp_path, monkeypatch):
     text = _run("pretrain_tpu.ipynb", tmp_path, monkeypatch)
-    assert "effective peak LR" in text and "stopped at step 4" in text and "resumed to step 6" in text
+    assert (
+        "effective peak LR" in text and "stopped at step 4" in text and "resumed to step 6" in text
+    )

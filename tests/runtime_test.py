@@ -1,26 +1,33 @@
 """bertjax.runtime: the restart with glibc malloc on transparent huge pages."""
+
 import subprocess
 import sys
 
 from bertjax import runtime
 
-PROBE = ("import os, sys; from bertjax.runtime import reexec_with_hugepage_malloc; "
-         "print('start', flush=True); reexec_with_hugepage_malloc(); "
-         "print(os.environ.get('GLIBC_TUNABLES', ''), sys.argv[1:])")
+PROBE = (
+    "import os, sys; from bertjax.runtime import reexec_with_hugepage_malloc; "
+    "print('start', flush=True); reexec_with_hugepage_malloc(); "
+    "print(os.environ.get('GLIBC_TUNABLES', ''), sys.argv[1:])"
+)
 
 
 def test_environment_adds_the_tunable_once_and_respects_the_user(monkeypatch):
     monkeypatch.setattr(runtime, "hugepage_malloc_supported", lambda: True)
     monkeypatch.setattr(runtime, "accelerator_present", lambda: False)
-    ours = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
-            "glibc.malloc.trim_threshold=34359738368")
+    ours = (
+        "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+        "glibc.malloc.trim_threshold=34359738368"
+    )
     assert runtime.hugepage_malloc_environment({"A": "1"}) == {"A": "1", "GLIBC_TUNABLES": ours}
     # Other tunables are kept; a user's own setting of any of ours (even hugetlb=0) and the
     # opt-out win.
     env = runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=9"})
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=9:" + ours
     assert runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
-    assert runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}) is None
+    assert (
+        runtime.hugepage_malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}) is None
+    )
     assert runtime.hugepage_malloc_environment({"BERTJAX_HUGEPAGE_MALLOC": "0"}) is None
     # A GPU/TPU host keeps glibc's arenas and trimming: only the huge pages.
     monkeypatch.setattr(runtime, "accelerator_present", lambda: True)
@@ -30,17 +37,32 @@ def test_environment_adds_the_tunable_once_and_respects_the_user(monkeypatch):
 
 
 def test_process_restarts_once_with_the_same_arguments():
-    env = {k: v for k, v in __import__("os").environ.items()
-           if k not in ("GLIBC_TUNABLES", "BERTJAX_HUGEPAGE_MALLOC")}
-    out = subprocess.run([sys.executable, "-c", PROBE, "--flag=x"], env=env, capture_output=True,
-                         text=True, check=True, timeout=120).stdout.splitlines()
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k not in ("GLIBC_TUNABLES", "BERTJAX_HUGEPAGE_MALLOC")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, "--flag=x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.splitlines()
     if runtime.hugepage_malloc_supported():  # this machine: glibc 2.36, THP "madvise"
         ours = runtime.TUNABLES[:1] if runtime.accelerator_present() else runtime.TUNABLES
         assert out == ["start", "start", ":".join(ours) + " ['--flag=x']"]
     else:
         assert out == ["start", " ['--flag=x']"]
-    off = subprocess.run([sys.executable, "-c", PROBE], env={**env, "BERTJAX_HUGEPAGE_MALLOC": "0"},
-                         capture_output=True, text=True, check=True, timeout=120).stdout.splitlines()
+    off = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**env, "BERTJAX_HUGEPAGE_MALLOC": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.splitlines()
     assert off == ["start", " []"]
 
 
@@ -70,8 +92,16 @@ def test_tunables_keep_freed_memory_mapped():
 
     def faults(tunables):
         run_env = dict(env, **({"GLIBC_TUNABLES": tunables} if tunables else {}))
-        return int(subprocess.run([sys.executable, "-c", FAULTS], env=run_env, capture_output=True,
-                                  text=True, check=True, timeout=120).stdout)
+        return int(
+            subprocess.run(
+                [sys.executable, "-c", FAULTS],
+                env=run_env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
+        )
 
     assert faults(":".join(runtime.TUNABLES)) < 50
     # 3 x 256 MiB faulted in again: 3 x 128 faults in 2 MiB pages (numpy madvises big arrays

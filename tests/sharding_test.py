@@ -1,10 +1,11 @@
 """Sharding tests: mesh config, DP/FSDP/TP layouts, and parity with one device."""
+
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-
 import two_process_worker as setup
+
 from bertjax import sharding, step
 
 STEPS = 2
@@ -15,7 +16,7 @@ SPLIT_AXIS = {"embed": 1, "vocab": 2, "heads": 2, "mlp": 2}
 
 def _run(mesh_shape):
     """State after STEPS train steps on the given mesh, plus per-step losses."""
-    devices = jax.devices()[:int(np.prod(mesh_shape))]
+    devices = jax.devices()[: int(np.prod(mesh_shape))]
     config = setup.step_config(**dict(zip(sharding.MESH_AXES, mesh_shape)))
     mesh = sharding.make_mesh(config.mesh, devices)
     state = step.init_train_state(config, setup.tiny_model_config(), mesh, jax.random.key(0))
@@ -66,8 +67,14 @@ def test_mesh_shape_fills_and_validates():
 
 
 def test_every_logical_name_has_a_rule(logical_specs):
-    names = {n for spec in jax.tree.leaves(logical_specs, is_leaf=lambda x: isinstance(
-        x, jax.sharding.PartitionSpec)) for n in spec if n}
+    names = {
+        n
+        for spec in jax.tree.leaves(
+            logical_specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+        )
+        for n in spec
+        if n
+    }
     names |= {"act_batch", "act_len", "act_embed", "act_heads", "act_kv", "act_mlp", "act_vocab"}
     ruled = {name for name, _ in sharding.logical_axis_rules()}
     assert names <= ruled, names - ruled
@@ -94,18 +101,24 @@ def test_same_loss_and_params_as_one_device(strategy, reference, logical_specs):
     # and gradient norms agree to 1e-5 relative. Parameters get atol 5e-6 = 0.5% of one Adam
     # step (lr 1e-3): Adam's g / (sqrt(v) + eps) magnifies that noise where g is nearly 0.
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(state.params),
-                                 jax.tree.leaves(ref_params)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=5e-6,
-                                   err_msg=jax.tree_util.keystr(path))
+    for (path, got), want in zip(
+        jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(ref_params)
+    ):
+        np.testing.assert_allclose(
+            got, want, rtol=1e-5, atol=5e-6, err_msg=jax.tree_util.keystr(path)
+        )
 
     # Each strategy's promise, checked on the arrays the init created (not resharded later).
-    spec_leaves = jax.tree.leaves(logical_specs, is_leaf=lambda x: isinstance(
-        x, jax.sharding.PartitionSpec))
+    spec_leaves = jax.tree.leaves(
+        logical_specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+    )
     mu = state.opt_state[1].mu  # chain(clip, scale_by_adam, ...): its first moment mirrors params
     for (path, param), names, init_sharding, moment in zip(
-            jax.tree_util.tree_leaves_with_path(state.params), spec_leaves,
-            jax.tree.leaves(initial.params), jax.tree.leaves(mu)):
+        jax.tree_util.tree_leaves_with_path(state.params),
+        spec_leaves,
+        jax.tree.leaves(initial.params),
+        jax.tree.leaves(mu),
+    ):
         want = _expected_shard(param.shape, names, mesh_shape)
         where = jax.tree_util.keystr(path)
         assert init_sharding.shard_shape(param.shape) == want, where
@@ -127,7 +140,9 @@ def test_same_loss_and_params_as_one_device(strategy, reference, logical_specs):
         assert shard(layer["mlp"]["output"]["kernel"]) == (32, 32)
     data_shards = mesh_shape[0] * mesh_shape[1]
     assert batch["input_ids"].sharding.shard_shape(batch["input_ids"].shape) == (
-        setup.BATCH // data_shards, setup.LENGTH)
+        setup.BATCH // data_shards,
+        setup.LENGTH,
+    )
 
 
 def test_global_batch_rejects_wrong_rows():

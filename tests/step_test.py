@@ -1,16 +1,17 @@
 """Train/eval step tests: losses, accumulation, compile-once, non-finite skipping, bf16."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 import two_process_worker as setup
+
 from bertjax import objectives, optim, sharding, step
 
 
 def _mesh(shape):
     config = setup.step_config(**dict(zip(sharding.MESH_AXES, shape)))
-    return sharding.make_mesh(config.mesh, jax.devices()[:int(np.prod(shape))])
+    return sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
 
 
 def _copy(state):
@@ -22,8 +23,9 @@ def _copy(state):
 def single():
     """One-device state and steps, jitted once for the whole module."""
     mesh = _mesh((1, 1, 1))
-    state = step.init_train_state(setup.step_config(), setup.tiny_model_config(), mesh,
-                                  jax.random.key(0))
+    state = step.init_train_state(
+        setup.step_config(), setup.tiny_model_config(), mesh, jax.random.key(0)
+    )
     return mesh, state, step.jit_steps(state, mesh)
 
 
@@ -89,8 +91,17 @@ def test_train_step_compiles_once_and_eval_agrees(single):
     assert steps.train._cache_size() == 1
     assert steps.eval._cache_size() == 1
     assert int(state.step) == 3
-    expected = {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "grad_norm",
-                "param_norm", "learning_rate", "nonfinite"}
+    expected = {
+        "loss",
+        "mlm_loss",
+        "mlm_accuracy",
+        "nsp_loss",
+        "nsp_accuracy",
+        "grad_norm",
+        "param_norm",
+        "learning_rate",
+        "nonfinite",
+    }
     assert set(history[0]) == expected
     # No dropout: the first train step's loss is the eval loss at the initial params.
     for key in ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss"):
@@ -104,8 +115,9 @@ def test_nonfinite_loss_skips_the_update(single):
     before = jax.tree.map(np.asarray, (state.params, state.opt_state))
     bad = setup.synthetic_batch(0)
     bad["masked_weights"][0, 0] = np.nan
-    after, metrics = steps.train(_copy(state), sharding.global_batch(bad, mesh, setup.BATCH),
-                                 jax.random.key(0))
+    after, metrics = steps.train(
+        _copy(state), sharding.global_batch(bad, mesh, setup.BATCH), jax.random.key(0)
+    )
     assert float(metrics["nonfinite"]) == 1.0
     assert int(after.step) == int(state.step) + 1
     for got, want in zip(jax.tree.leaves((after.params, after.opt_state)), jax.tree.leaves(before)):
@@ -119,8 +131,9 @@ def test_gradient_accumulation_equals_the_whole_batch(single):
     config = setup.step_config(data=4, fsdp=2, tensor=1)
     config.optim.grad_accum_steps = 2
     accum_mesh = _mesh((4, 2, 1))
-    accum_state = step.init_train_state(config, setup.tiny_model_config(), accum_mesh,
-                                        jax.random.key(0))
+    accum_state = step.init_train_state(
+        config, setup.tiny_model_config(), accum_mesh, jax.random.key(0)
+    )
     accum_steps = step.jit_steps(accum_state, accum_mesh)
     accum, accum_metrics = accum_steps.train(accum_state, _batch(accum_mesh, 0), jax.random.key(0))
     # Sums over microbatches under whole-batch normalizers: equal up to fp32 summation order.
@@ -137,20 +150,32 @@ def test_bf16_compute_keeps_fp32_master_params_and_scales_lr():
     config.loss.next_sentence = False
     config.optim.update(lr_scaling="sqrt", base_batch_size=4)
     fp32_cfg = setup.tiny_model_config()
-    state = step.init_train_state(config, fp32_cfg.replace(dtype="bfloat16"), mesh,
-                                  jax.random.key(0))
+    state = step.init_train_state(
+        config, fp32_cfg.replace(dtype="bfloat16"), mesh, jax.random.key(0)
+    )
     assert "nsp_head" not in state.params and "pooler" not in state.params["bert"]
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
-    reference = jax.jit(step.eval_step)(state.replace(spec=state.spec.__class__(
-        fp32_cfg, objectives.Pretraining(next_sentence=False))), _batch(mesh, 0))
-    new_state, metrics = step.jit_steps(state, mesh).train(state, _batch(mesh, 0),
-                                                           jax.random.key(0))
-    assert set(metrics) == {"loss", "mlm_loss", "mlm_accuracy", "grad_norm", "param_norm",
-                            "learning_rate", "nonfinite"}
+    reference = jax.jit(step.eval_step)(
+        state.replace(
+            spec=state.spec.__class__(fp32_cfg, objectives.Pretraining(next_sentence=False))
+        ),
+        _batch(mesh, 0),
+    )
+    new_state, metrics = step.jit_steps(state, mesh).train(
+        state, _batch(mesh, 0), jax.random.key(0)
+    )
+    assert set(metrics) == {
+        "loss",
+        "mlm_loss",
+        "mlm_accuracy",
+        "grad_norm",
+        "param_norm",
+        "learning_rate",
+        "nonfinite",
+    }
     assert metrics["loss"].dtype == jnp.float32
     np.testing.assert_allclose(metrics["loss"], reference["loss"], rtol=2e-2)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new_state.params))
     schedule = optim.make_schedule(config.optim, setup.BATCH)
-    np.testing.assert_allclose(metrics["learning_rate"], 1e-3 * (setup.BATCH / 4) ** 0.5,
-                               rtol=1e-6)
+    np.testing.assert_allclose(metrics["learning_rate"], 1e-3 * (setup.BATCH / 4) ** 0.5, rtol=1e-6)
     np.testing.assert_allclose(metrics["learning_rate"], schedule(0), rtol=1e-6)

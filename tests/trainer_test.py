@@ -4,6 +4,7 @@ SIGTERM checkpointing, resume on another device count, metrics, and bad-input er
 Each run is a real `train.py` subprocess on a shrunken BERT-tiny (the built-in corpus,
 a 400-piece SentencePiece model, T=32, B=8), so signals hit a real process.
 """
+
 import json
 import os
 import signal
@@ -16,11 +17,18 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHRINK = [
-    "--config.batch_size=8", "--config.data.max_seq_length=32", "--config.data.max_predictions=5",
-    "--config.data.vocab_size=400", "--config.model.hidden_size=32",
-    "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
-    "--config.optim.warmup_steps=5", "--config.log_every=5", "--config.eval_every=0",
-    "--config.progress_bar=False", "--config.data.prefetch=1",
+    "--config.batch_size=8",
+    "--config.data.max_seq_length=32",
+    "--config.data.max_predictions=5",
+    "--config.data.vocab_size=400",
+    "--config.model.hidden_size=32",
+    "--config.model.num_attention_heads=2",
+    "--config.model.intermediate_size=64",
+    "--config.optim.warmup_steps=5",
+    "--config.log_every=5",
+    "--config.eval_every=0",
+    "--config.progress_bar=False",
+    "--config.data.prefetch=1",
 ]
 
 
@@ -32,16 +40,28 @@ def _env(devices=1):
 
 
 def _command(workdir, steps=30, every=10, extra=()):
-    return [sys.executable, os.path.join(ROOT, "train.py"), f"--workdir={workdir}",
-            f"--config.num_train_steps={steps}", f"--config.checkpoint_every={every}",
-            *SHRINK, *extra]
+    return [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        f"--workdir={workdir}",
+        f"--config.num_train_steps={steps}",
+        f"--config.checkpoint_every={every}",
+        *SHRINK,
+        *extra,
+    ]
 
 
 def _run(workdir, devices=1, **kwargs):
-    result = subprocess.run(_command(workdir, **kwargs), env=_env(devices), cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        _command(workdir, **kwargs),
+        env=_env(devices),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout[result.stdout.index("{"):])
+    return json.loads(result.stdout[result.stdout.index("{") :])
 
 
 def _steps(workdir):
@@ -87,16 +107,23 @@ def test_metrics_are_written_for_tensorboard_and_jsonl(reference):
     acc = event_accumulator.EventAccumulator(reference)
     acc.Reload()
     losses = [e.value for e in acc.Scalars("train/loss")]
-    np.testing.assert_allclose(losses, [r["train/loss"] for r in records if "train/loss" in r],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        losses, [r["train/loss"] for r in records if "train/loss" in r], rtol=1e-6
+    )
     assert losses[-1] < losses[0]  # it learns
     assert {"perf/tokens_per_second", "perf/mfu", "train/learning_rate"} <= set(records[0])
 
 
 def test_sigkill_mid_training_then_resume_is_bit_identical(reference, tmp_path):
     workdir = str(tmp_path)
-    process = subprocess.Popen(_command(workdir), env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        _command(workdir),
+        env=_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(lambda: 10 in _steps(workdir), process)
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -105,8 +132,9 @@ def test_sigkill_mid_training_then_resume_is_bit_identical(reference, tmp_path):
     assert summary["step"] == 30
     import jax
 
-    jax.tree.map(np.testing.assert_array_equal, _final_params(reference, 30),
-                 _final_params(workdir, 30))
+    jax.tree.map(
+        np.testing.assert_array_equal, _final_params(reference, 30), _final_params(workdir, 30)
+    )
 
 
 def test_sigkill_mid_save_falls_back_to_last_complete_checkpoint(reference, tmp_path):
@@ -123,29 +151,43 @@ def test_sigkill_mid_save_falls_back_to_last_complete_checkpoint(reference, tmp_
         "    return started\n"
         "checkpoint.Checkpointer.save = save\n"
         "sys.argv = sys.argv[1:]\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    result = subprocess.run([sys.executable, "-c", killer] + _command(workdir)[1:], env=_env(),
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", killer] + _command(workdir)[1:],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
     assert 20 not in _steps(workdir) and 10 in _steps(workdir)
     summary = _run(workdir)
     assert summary["step"] == 30
     import jax
 
-    jax.tree.map(np.testing.assert_array_equal, _final_params(reference, 30),
-                 _final_params(workdir, 30))
+    jax.tree.map(
+        np.testing.assert_array_equal, _final_params(reference, 30), _final_params(workdir, 30)
+    )
 
 
 def test_sigterm_saves_the_current_step(tmp_path):
     workdir = str(tmp_path)
-    process = subprocess.Popen(_command(workdir, steps=2000, every=1000), env=_env(), cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        _command(workdir, steps=2000, every=1000),
+        env=_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     jsonl = os.path.join(workdir, "metrics.jsonl")
     _wait_for(lambda: os.path.exists(jsonl) and os.path.getsize(jsonl) > 0, process)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err[-2000:]
-    summary = json.loads(out[out.index("{"):])
+    summary = json.loads(out[out.index("{") :])
     assert 0 < summary["step"] < 2000
     assert _steps(workdir) == [summary["step"]]
 
@@ -166,8 +208,14 @@ def test_saved_on_four_devices_resumes_on_two(tmp_path):
 
 
 def test_unknown_config_key_is_rejected(tmp_path):
-    result = subprocess.run(_command(str(tmp_path), extra=["--config.optim.lr=1e-3"]),
-                            env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        _command(str(tmp_path), extra=["--config.optim.lr=1e-3"]),
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "unknown config key 'config.optim.lr'" in result.stderr
     assert "learning_rate" in result.stderr  # the message lists the keys that do exist
@@ -199,14 +247,16 @@ def test_missing_corpus_and_unwritable_workdir_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no_such_corpus"):
         trainer.train_and_evaluate(
             _in_process_config(**{"data.corpus": str(tmp_path / "no_such_corpus*.txt")}),
-            str(tmp_path / "w1"))
+            str(tmp_path / "w1"),
+        )
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ValueError, match="not writable"):
         trainer.train_and_evaluate(_in_process_config(), str(blocker / "sub"))
     with pytest.raises(ValueError, match="next_sentence"):
-        trainer.train_and_evaluate(_in_process_config(**{"data.objective": "full_sentences"}),
-                                   str(tmp_path / "w2"))
+        trainer.train_and_evaluate(
+            _in_process_config(**{"data.objective": "full_sentences"}), str(tmp_path / "w2")
+        )
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
@@ -215,8 +265,14 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     workdir = str(tmp_path)
     good = _in_process_config(checkpoint_every=2, num_train_steps=2)
     trainer.train_and_evaluate(good, workdir)
-    bad = _in_process_config(**{"checkpoint_every": 2, "num_train_steps": 8,
-                                "skip_nonfinite_updates": False, "optim.learning_rate": 1e30})
+    bad = _in_process_config(
+        **{
+            "checkpoint_every": 2,
+            "num_train_steps": 8,
+            "skip_nonfinite_updates": False,
+            "optim.learning_rate": 1e30,
+        }
+    )
     with pytest.raises(FloatingPointError, match="last good checkpoint \\(2\\)"):
         trainer.train_and_evaluate(bad, workdir)
     assert _steps(workdir) == [2]

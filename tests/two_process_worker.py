@@ -4,6 +4,7 @@ As a script: ``python two_process_worker.py PORT PROCESS_ID NUM_PROCESSES OUT_JS
 localhost `jax.distributed` run with 2 CPU devices per process, trains a few steps on its
 rows of the global batch, and (process 0) writes the per-step losses to OUT_JSON.
 """
+
 import json
 import sys
 
@@ -17,9 +18,15 @@ def tiny_model_config(**overrides):
     """BERT-tiny shrunk further; 4 heads so tensor=4 divides them; no dropout."""
     import bertjax
 
-    fields = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-                  max_position_embeddings=LENGTH, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=LENGTH,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     fields.update(overrides)
     return bertjax.BertConfig.preset("tiny", **fields)
 
@@ -42,11 +49,11 @@ def synthetic_batch(seed: int, batch: int = BATCH) -> dict:
     """A pretraining batch with padding rows and zero-weight prediction slots."""
     rs = np.random.RandomState(seed)
     attention_mask = np.ones((batch, LENGTH), np.int32)
-    attention_mask[::3, LENGTH - 7:] = 0
+    attention_mask[::3, LENGTH - 7 :] = 0
     weights = np.ones((batch, PREDICTIONS), np.float32)
     weights[::2, -2:] = 0.0
     token_types = np.zeros((batch, LENGTH), np.int32)
-    token_types[:, LENGTH // 2:] = 1
+    token_types[:, LENGTH // 2 :] = 1
     return dict(
         input_ids=rs.randint(5, VOCAB, (batch, LENGTH)).astype(np.int32),
         token_type_ids=token_types,
@@ -71,8 +78,9 @@ def train_losses(mesh) -> list:
     losses = []
     for index in range(NUM_STEPS):
         local = {k: v[rows] for k, v in synthetic_batch(index).items()}
-        state, metrics = steps.train(state, sharding.global_batch(local, mesh, BATCH),
-                                     jax.random.key(1))
+        state, metrics = steps.train(
+            state, sharding.global_batch(local, mesh, BATCH), jax.random.key(1)
+        )
         losses.append(metrics["loss"])
     return [float(loss) for loss in losses]
 
@@ -82,8 +90,12 @@ def main(port: int, process_id: int, num_processes: int, out_path: str) -> None:
 
     jax.config.update("jax_num_cpu_devices", 2)
     jax.config.update("jax_default_matmul_precision", "highest")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=num_processes,
-                               process_id=process_id, initialization_timeout=60)
+    jax.distributed.initialize(
+        f"127.0.0.1:{port}",
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=60,
+    )
     from bertjax import sharding
 
     mesh = sharding.make_mesh(step_config(data=-1).mesh)
@@ -91,9 +103,15 @@ def main(port: int, process_id: int, num_processes: int, out_path: str) -> None:
     if process_id == 0:
         with open(out_path, "w") as f:
             rows = sharding.process_batch_rows(mesh, BATCH)
-            json.dump({"losses": losses, "devices": jax.device_count(),
-                       "local_devices": jax.local_device_count(),
-                       "rows": [rows.start, rows.stop]}, f)
+            json.dump(
+                {
+                    "losses": losses,
+                    "devices": jax.device_count(),
+                    "local_devices": jax.local_device_count(),
+                    "rows": [rows.start, rows.stop],
+                },
+                f,
+            )
     jax.distributed.shutdown()
 
 

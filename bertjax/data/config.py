@@ -1,4 +1,5 @@
 """The data sub-config (`config.data`) and the checks that reject bad values by key."""
+
 from __future__ import annotations
 
 import ml_collections
@@ -9,120 +10,170 @@ PAIR_OBJECTIVES = ("nsp", "sop")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-  """The data sub-config with defaults; embed it as `config.data` beside `config.seed/batch_size`."""
-  c = ml_collections.ConfigDict()
-  c.corpus = "builtin"  # "builtin" | file path or glob (comma-separated ok) | "tfds:NAME[:SPLIT]"
-  c.corpus_format = "sentences"  # files: "sentences" (line = sentence, blank line = new doc) | "documents" (line = doc)
-  c.text_feature = "text"  # tfds: name of the string feature that holds a document
-  c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
-  c.language = "en"  # "en" | "zh" (zh: word boundaries from jieba, `pip install bertjax[zh]`)
-  c.tokenizer_model = ""  # path to a SentencePiece .model ("" = train one into WORKDIR/tokenizer/)
-  c.hf_vocab = ""  # path to a Hugging Face vocab.txt or tokenizer.json (overrides tokenizer_model)
-  c.lowercase = True  # hf vocab.txt only: lowercase + strip accents (uncased BERT)
-  c.vocab_size = 8000  # size of the SentencePiece model trained when none is given
-  c.tokenizer_type = "unigram"  # "unigram" | "bpe" for the trained SentencePiece model
-  c.max_seq_length = 128  # longest row length T, [CLS] and [SEP]s included
-  c.objective = "nsp"  # "nsp" | "sop" | "full_sentences" | "doc_sentences" | "mlm" | "diffusion"
-  c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
-  c.masking = "token"  # "token" | "whole_word" | "ngram" | "diffusion"
-  c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
-  c.max_predictions = 20  # P, width of masked_positions/ids/weights (diffusion: always T)
-  c.eval_mask_rate = 0.0  # held-out batches: mask rate (0 = mask_rate; BERT's 0.15 keeps evals comparable)
-  c.eval_max_predictions = 0  # held-out batches: P (0 = max_predictions)
-  c.mask_token_prob = 0.8  # of predicted tokens: replaced by [MASK] (or a similar token if correction)
-  c.random_token_prob = 0.1  # of predicted tokens: replaced by a random token (the rest stay as is)
-  c.ngram_max = 3  # ngram masking: spans of 1..ngram_max whole words
-  c.ngram_weights = ()  # ngram masking: weight per n (() = proportional to 1/n, as ALBERT)
-  c.correction = False  # MacBERT: replace with a similar token instead of [MASK]
-  c.similar_words_file = ""  # correction: TSV "word<TAB>sim1 sim2 ..." or .npy embedding matrix [V, D]
-  c.diffusion_eps = 1e-3  # diffusion: t ~ U(eps, 1) per row
-  c.pack_rows = False  # pack several short samples per row (segment_ids 1, 2, ...; 0 = pad)
-  c.length_schedule = ()  # () = always max_seq_length; else ((fraction_of_steps, length), ...)
-  c.mixed_lengths = False  # False: schedule is consecutive phases; True: per-step choice by fraction
-  c.heldout_fraction = 0.02  # fraction of documents (by hash of their id) kept for eval
-  c.num_workers = 0  # tokenization processes while preparing the store (0 = in-process)
-  c.prefetch = 2  # batches computed ahead in a background thread (0 = none)
-  c.lock()  # a misspelled key is an error, not a new field
-  return c
+    """The data sub-config with defaults; embed it as `config.data` beside `config.seed/batch_size`."""
+    c = ml_collections.ConfigDict()
+    c.corpus = "builtin"  # "builtin" | file path or glob (comma-separated ok) | "tfds:NAME[:SPLIT]"
+    c.corpus_format = "sentences"  # files: "sentences" (line = sentence, blank line = new doc) | "documents" (line = doc)
+    c.text_feature = "text"  # tfds: name of the string feature that holds a document
+    c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
+    c.language = "en"  # "en" | "zh" (zh: word boundaries from jieba, `pip install bertjax[zh]`)
+    c.tokenizer_model = (
+        ""  # path to a SentencePiece .model ("" = train one into WORKDIR/tokenizer/)
+    )
+    c.hf_vocab = (
+        ""  # path to a Hugging Face vocab.txt or tokenizer.json (overrides tokenizer_model)
+    )
+    c.lowercase = True  # hf vocab.txt only: lowercase + strip accents (uncased BERT)
+    c.vocab_size = 8000  # size of the SentencePiece model trained when none is given
+    c.tokenizer_type = "unigram"  # "unigram" | "bpe" for the trained SentencePiece model
+    c.max_seq_length = 128  # longest row length T, [CLS] and [SEP]s included
+    c.objective = "nsp"  # "nsp" | "sop" | "full_sentences" | "doc_sentences" | "mlm" | "diffusion"
+    c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
+    c.masking = "token"  # "token" | "whole_word" | "ngram" | "diffusion"
+    c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
+    c.max_predictions = 20  # P, width of masked_positions/ids/weights (diffusion: always T)
+    c.eval_mask_rate = (
+        0.0  # held-out batches: mask rate (0 = mask_rate; BERT's 0.15 keeps evals comparable)
+    )
+    c.eval_max_predictions = 0  # held-out batches: P (0 = max_predictions)
+    c.mask_token_prob = (
+        0.8  # of predicted tokens: replaced by [MASK] (or a similar token if correction)
+    )
+    c.random_token_prob = (
+        0.1  # of predicted tokens: replaced by a random token (the rest stay as is)
+    )
+    c.ngram_max = 3  # ngram masking: spans of 1..ngram_max whole words
+    c.ngram_weights = ()  # ngram masking: weight per n (() = proportional to 1/n, as ALBERT)
+    c.correction = False  # MacBERT: replace with a similar token instead of [MASK]
+    c.similar_words_file = (
+        ""  # correction: TSV "word<TAB>sim1 sim2 ..." or .npy embedding matrix [V, D]
+    )
+    c.diffusion_eps = 1e-3  # diffusion: t ~ U(eps, 1) per row
+    c.pack_rows = False  # pack several short samples per row (segment_ids 1, 2, ...; 0 = pad)
+    c.length_schedule = ()  # () = always max_seq_length; else ((fraction_of_steps, length), ...)
+    c.mixed_lengths = (
+        False  # False: schedule is consecutive phases; True: per-step choice by fraction
+    )
+    c.heldout_fraction = 0.02  # fraction of documents (by hash of their id) kept for eval
+    c.num_workers = 0  # tokenization processes while preparing the store (0 = in-process)
+    c.prefetch = 2  # batches computed ahead in a background thread (0 = none)
+    c.lock()  # a misspelled key is an error, not a new field
+    return c
 
 
 def _fail(key: str, value, why: str):
-  raise ValueError(f"config.data.{key}={value!r}: {why}")
+    raise ValueError(f"config.data.{key}={value!r}: {why}")
 
 
 def _check_prob(c, key):
-  v = c[key]
-  if not 0.0 <= v <= 1.0:
-    _fail(key, v, "must be in [0, 1]")
+    v = c[key]
+    if not 0.0 <= v <= 1.0:
+        _fail(key, v, "must be in [0, 1]")
 
 
 def validate(config) -> None:
-  """Raises ValueError naming the key for any invalid data-config value."""
-  if "data" not in config:
-    raise ValueError("config has no `data` field: set config.data = bertjax.data.default_data_config()")
-  for key in ("seed", "batch_size"):
-    if key not in config:
-      raise ValueError(f"config.{key} is missing: the data pipeline needs config.seed and config.batch_size")
-  if config.batch_size < 1:
-    raise ValueError(f"config.batch_size={config.batch_size!r}: must be >= 1")
-  c = config.data
-  if c.corpus_format not in ("sentences", "documents"):
-    _fail("corpus_format", c.corpus_format, "must be 'sentences' or 'documents'")
-  if c.language not in ("en", "zh"):
-    _fail("language", c.language, "must be 'en' or 'zh'")
-  if c.tokenizer_type not in ("unigram", "bpe"):
-    _fail("tokenizer_type", c.tokenizer_type, "must be 'unigram' or 'bpe'")
-  if c.vocab_size < 16:
-    _fail("vocab_size", c.vocab_size, "must be >= 16")
-  if c.max_seq_length < 8:
-    _fail("max_seq_length", c.max_seq_length, "must be >= 8")
-  if c.objective not in OBJECTIVES:
-    _fail("objective", c.objective, f"must be one of {OBJECTIVES}")
-  if c.masking not in MASKINGS:
-    _fail("masking", c.masking, f"must be one of {MASKINGS}")
-  if (c.objective == "diffusion") != (c.masking == "diffusion"):
-    _fail("masking", c.masking, f"objective={c.objective!r}: use objective='diffusion' together with masking='diffusion'")
-  for key in ("short_seq_prob", "mask_rate", "mask_token_prob", "random_token_prob", "heldout_fraction"):
-    _check_prob(c, key)
-  if c.mask_rate == 0:
-    _fail("mask_rate", c.mask_rate, "must be > 0")
-  if c.mask_token_prob + c.random_token_prob > 1.0 + 1e-9:
-    _fail("random_token_prob", c.random_token_prob, "mask_token_prob + random_token_prob must be <= 1")
-  if c.max_predictions < 1:
-    _fail("max_predictions", c.max_predictions, "must be >= 1")
-  if not 0.0 <= c.eval_mask_rate <= 1.0:
-    _fail("eval_mask_rate", c.eval_mask_rate, "must be in [0, 1] (0: use mask_rate)")
-  if c.eval_max_predictions < 0:
-    _fail("eval_max_predictions", c.eval_max_predictions, "must be >= 0 (0: use max_predictions)")
-  if c.ngram_max < 1:
-    _fail("ngram_max", c.ngram_max, "must be >= 1")
-  weights = tuple(c.ngram_weights)
-  if weights and (len(weights) != c.ngram_max or min(weights) < 0 or sum(weights) <= 0):
-    _fail("ngram_weights", weights, f"need {c.ngram_max} non-negative weights (one per n) with a positive sum")
-  if not 0.0 < c.diffusion_eps < 1.0:
-    _fail("diffusion_eps", c.diffusion_eps, "must be in (0, 1)")
-  if c.correction and not c.similar_words_file:
-    _fail("similar_words_file", c.similar_words_file, "correction=True needs a similarity file (TSV or .npy)")
-  if c.pack_rows and c.objective in PAIR_OBJECTIVES:
-    _fail("pack_rows", c.pack_rows, f"objective={c.objective!r} has one sentence label per row; packing needs a single-segment objective")
-  schedule = tuple(tuple(p) for p in c.length_schedule)
-  if schedule:
-    if any(len(p) != 2 for p in schedule):
-      _fail("length_schedule", schedule, "must be pairs (fraction_of_steps, length)")
-    fractions = [f for f, _ in schedule]
-    if min(fractions) <= 0 or abs(sum(fractions) - 1.0) > 1e-6:
-      _fail("length_schedule", schedule, "fractions must be positive and sum to 1")
-    for _, length in schedule:
-      if not 8 <= length <= c.max_seq_length:
-        _fail("length_schedule", schedule, f"every length must be in [8, max_seq_length={c.max_seq_length}]")
-  if c.num_workers < 0:
-    _fail("num_workers", c.num_workers, "must be >= 0")
-  if c.prefetch < 0:
-    _fail("prefetch", c.prefetch, "must be >= 0")
+    """Raises ValueError naming the key for any invalid data-config value."""
+    if "data" not in config:
+        raise ValueError(
+            "config has no `data` field: set config.data = bertjax.data.default_data_config()"
+        )
+    for key in ("seed", "batch_size"):
+        if key not in config:
+            raise ValueError(
+                f"config.{key} is missing: the data pipeline needs config.seed and config.batch_size"
+            )
+    if config.batch_size < 1:
+        raise ValueError(f"config.batch_size={config.batch_size!r}: must be >= 1")
+    c = config.data
+    if c.corpus_format not in ("sentences", "documents"):
+        _fail("corpus_format", c.corpus_format, "must be 'sentences' or 'documents'")
+    if c.language not in ("en", "zh"):
+        _fail("language", c.language, "must be 'en' or 'zh'")
+    if c.tokenizer_type not in ("unigram", "bpe"):
+        _fail("tokenizer_type", c.tokenizer_type, "must be 'unigram' or 'bpe'")
+    if c.vocab_size < 16:
+        _fail("vocab_size", c.vocab_size, "must be >= 16")
+    if c.max_seq_length < 8:
+        _fail("max_seq_length", c.max_seq_length, "must be >= 8")
+    if c.objective not in OBJECTIVES:
+        _fail("objective", c.objective, f"must be one of {OBJECTIVES}")
+    if c.masking not in MASKINGS:
+        _fail("masking", c.masking, f"must be one of {MASKINGS}")
+    if (c.objective == "diffusion") != (c.masking == "diffusion"):
+        _fail(
+            "masking",
+            c.masking,
+            f"objective={c.objective!r}: use objective='diffusion' together with masking='diffusion'",
+        )
+    for key in (
+        "short_seq_prob",
+        "mask_rate",
+        "mask_token_prob",
+        "random_token_prob",
+        "heldout_fraction",
+    ):
+        _check_prob(c, key)
+    if c.mask_rate == 0:
+        _fail("mask_rate", c.mask_rate, "must be > 0")
+    if c.mask_token_prob + c.random_token_prob > 1.0 + 1e-9:
+        _fail(
+            "random_token_prob",
+            c.random_token_prob,
+            "mask_token_prob + random_token_prob must be <= 1",
+        )
+    if c.max_predictions < 1:
+        _fail("max_predictions", c.max_predictions, "must be >= 1")
+    if not 0.0 <= c.eval_mask_rate <= 1.0:
+        _fail("eval_mask_rate", c.eval_mask_rate, "must be in [0, 1] (0: use mask_rate)")
+    if c.eval_max_predictions < 0:
+        _fail(
+            "eval_max_predictions", c.eval_max_predictions, "must be >= 0 (0: use max_predictions)"
+        )
+    if c.ngram_max < 1:
+        _fail("ngram_max", c.ngram_max, "must be >= 1")
+    weights = tuple(c.ngram_weights)
+    if weights and (len(weights) != c.ngram_max or min(weights) < 0 or sum(weights) <= 0):
+        _fail(
+            "ngram_weights",
+            weights,
+            f"need {c.ngram_max} non-negative weights (one per n) with a positive sum",
+        )
+    if not 0.0 < c.diffusion_eps < 1.0:
+        _fail("diffusion_eps", c.diffusion_eps, "must be in (0, 1)")
+    if c.correction and not c.similar_words_file:
+        _fail(
+            "similar_words_file",
+            c.similar_words_file,
+            "correction=True needs a similarity file (TSV or .npy)",
+        )
+    if c.pack_rows and c.objective in PAIR_OBJECTIVES:
+        _fail(
+            "pack_rows",
+            c.pack_rows,
+            f"objective={c.objective!r} has one sentence label per row; packing needs a single-segment objective",
+        )
+    schedule = tuple(tuple(p) for p in c.length_schedule)
+    if schedule:
+        if any(len(p) != 2 for p in schedule):
+            _fail("length_schedule", schedule, "must be pairs (fraction_of_steps, length)")
+        fractions = [f for f, _ in schedule]
+        if min(fractions) <= 0 or abs(sum(fractions) - 1.0) > 1e-6:
+            _fail("length_schedule", schedule, "fractions must be positive and sum to 1")
+        for _, length in schedule:
+            if not 8 <= length <= c.max_seq_length:
+                _fail(
+                    "length_schedule",
+                    schedule,
+                    f"every length must be in [8, max_seq_length={c.max_seq_length}]",
+                )
+    if c.num_workers < 0:
+        _fail("num_workers", c.num_workers, "must be >= 0")
+    if c.prefetch < 0:
+        _fail("prefetch", c.prefetch, "must be >= 0")
 
 
 def ngram_probabilities(c) -> tuple[float, ...]:
-  """Probability of each span length n = 1..ngram_max (1/n-proportional unless weights are given)."""
-  weights = tuple(c.ngram_weights) or tuple(1.0 / n for n in range(1, c.ngram_max + 1))
-  total = float(sum(weights))
-  return tuple(float(w) / total for w in weights)
+    """Probability of each span length n = 1..ngram_max (1/n-proportional unless weights are given)."""
+    weights = tuple(c.ngram_weights) or tuple(1.0 / n for n in range(1, c.ngram_max + 1))
+    total = float(sum(weights))
+    return tuple(float(w) / total for w in weights)

@@ -7,6 +7,7 @@ and reported in the store's meta.json):
 - a sentence longer than MAX_SENTENCE_CHARS characters (e.g. a 1 MB line) is cut into pieces of at
   most that length, at the last whitespace before the limit when there is one (`long_sentences_split`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,7 @@ import glob
 import hashlib
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 MAX_SENTENCE_CHARS = 4096
 # A sentence ends after . ! ? followed by whitespace, or right after Chinese 。！？；
@@ -26,163 +27,190 @@ Document = list[str]
 
 @dataclasses.dataclass
 class CorpusStats:
-  """What a pass over a corpus saw and skipped; stored in the store's meta.json."""
+    """What a pass over a corpus saw and skipped; stored in the store's meta.json."""
 
-  files: int = 0
-  documents: int = 0
-  sentences: int = 0
-  empty_files: list[str] = dataclasses.field(default_factory=list)
-  long_sentences_split: int = 0
+    files: int = 0
+    documents: int = 0
+    sentences: int = 0
+    empty_files: list[str] = dataclasses.field(default_factory=list)
+    long_sentences_split: int = 0
 
-  def as_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def split_sentences(text: str) -> list[str]:
-  """Splits running text into sentences on English .!? (+ space) and Chinese 。！？； punctuation."""
-  return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+    """Splits running text into sentences on English .!? (+ space) and Chinese 。！？； punctuation."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
 def cut_long(sentence: str, stats: CorpusStats | None = None) -> list[str]:
-  """Cuts a sentence longer than MAX_SENTENCE_CHARS at whitespace (or hard) into bounded pieces."""
-  if len(sentence) <= MAX_SENTENCE_CHARS:
-    return [sentence]
-  if stats is not None:
-    stats.long_sentences_split += 1
-  pieces = []
-  while len(sentence) > MAX_SENTENCE_CHARS:
-    cut = sentence.rfind(" ", MAX_SENTENCE_CHARS // 2, MAX_SENTENCE_CHARS + 1)
-    cut = cut if cut > 0 else MAX_SENTENCE_CHARS
-    pieces.append(sentence[:cut].strip())
-    sentence = sentence[cut:].strip()
-  if sentence:
-    pieces.append(sentence)
-  return [p for p in pieces if p]
+    """Cuts a sentence longer than MAX_SENTENCE_CHARS at whitespace (or hard) into bounded pieces."""
+    if len(sentence) <= MAX_SENTENCE_CHARS:
+        return [sentence]
+    if stats is not None:
+        stats.long_sentences_split += 1
+    pieces = []
+    while len(sentence) > MAX_SENTENCE_CHARS:
+        cut = sentence.rfind(" ", MAX_SENTENCE_CHARS // 2, MAX_SENTENCE_CHARS + 1)
+        cut = cut if cut > 0 else MAX_SENTENCE_CHARS
+        pieces.append(sentence[:cut].strip())
+        sentence = sentence[cut:].strip()
+    if sentence:
+        pieces.append(sentence)
+    return [p for p in pieces if p]
 
 
 def is_heldout(doc_id: str, fraction: float) -> bool:
-  """Whether a document belongs to the eval split: a stable hash of its id, below `fraction`."""
-  digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
-  return int.from_bytes(digest, "little") / 2.0**64 < fraction
+    """Whether a document belongs to the eval split: a stable hash of its id, below `fraction`."""
+    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64 < fraction
 
 
 def expand_paths(spec: str) -> list[str]:
-  """Comma-separated paths/globs → sorted file list; a missing path or empty glob is an error."""
-  paths: list[str] = []
-  for part in [p.strip() for p in spec.split(",") if p.strip()]:
-    if _GLOB_CHARS.search(part):
-      matched = sorted(p for p in glob.glob(part, recursive=True) if os.path.isfile(p))
-      if not matched:
-        raise FileNotFoundError(f"corpus glob {part!r} matched no files")
-      paths.extend(matched)
-    elif os.path.isdir(part):
-      raise ValueError(f"corpus path {part!r} is a directory: use a glob such as {os.path.join(part, '*.txt')!r}")
-    elif not os.path.isfile(part):
-      raise FileNotFoundError(f"corpus file {part!r} does not exist")
-    else:
-      paths.append(part)
-  if not paths:
-    raise ValueError(f"corpus {spec!r} names no files")
-  return paths
+    """Comma-separated paths/globs → sorted file list; a missing path or empty glob is an error."""
+    paths: list[str] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if _GLOB_CHARS.search(part):
+            matched = sorted(p for p in glob.glob(part, recursive=True) if os.path.isfile(p))
+            if not matched:
+                raise FileNotFoundError(f"corpus glob {part!r} matched no files")
+            paths.extend(matched)
+        elif os.path.isdir(part):
+            raise ValueError(
+                f"corpus path {part!r} is a directory: use a glob such as {os.path.join(part, '*.txt')!r}"
+            )
+        elif not os.path.isfile(part):
+            raise FileNotFoundError(f"corpus file {part!r} does not exist")
+        else:
+            paths.append(part)
+    if not paths:
+        raise ValueError(f"corpus {spec!r} names no files")
+    return paths
 
 
 def _read_lines(path: str) -> Iterator[tuple[int, str]]:
-  """(line number, text) for each line of a UTF-8 file; invalid bytes raise naming file and line."""
-  with open(path, "rb") as f:
-    for lineno, raw in enumerate(f, 1):
-      try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path}:{lineno}: invalid UTF-8 (byte {e.start} of the line: {raw[e.start:e.start + 4]!r}); "
-            "re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`") from None
-      if lineno == 1:
-        line = line.lstrip("\ufeff")
-      yield lineno, line.rstrip("\r\n")
+    """(line number, text) for each line of a UTF-8 file; invalid bytes raise naming file and line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}:{lineno}: invalid UTF-8 (byte {e.start} of the line: {raw[e.start : e.start + 4]!r}); "
+                    "re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
+                ) from None
+            if lineno == 1:
+                line = line.lstrip("\ufeff")
+            yield lineno, line.rstrip("\r\n")
 
 
-def file_documents(path: str, corpus_format: str, stats: CorpusStats) -> Iterator[tuple[str, Document]]:
-  """Documents of one file in "sentences" (BERT) or "documents" (one per line) format."""
-  stats.files += 1
-  found = 0
-  if corpus_format == "documents":
-    for lineno, line in _read_lines(path):
-      doc = [p for s in split_sentences(line) for p in cut_long(s, stats)]
-      if doc:
-        found += 1
-        yield f"{path}#{lineno}", doc
-  else:
-    doc: Document = []
-    start = 1
-    for lineno, line in _read_lines(path):
-      line = line.strip()
-      if line:
-        doc.extend(cut_long(line, stats))
-      elif doc:
-        found += 1
-        yield f"{path}#{start}", doc
-        doc, start = [], lineno + 1
-      else:
-        start = lineno + 1
-    if doc:
-      found += 1
-      yield f"{path}#{start}", doc
-  if not found:
-    stats.empty_files.append(path)
-
-
-def tfds_documents(spec: str, text_feature: str, data_dir: str,
-                   stats: CorpusStats) -> Iterator[tuple[str, Document]]:
-  """Documents of `tfds:NAME[:SPLIT]` read through tfds.data_source (ArrayRecord, no TensorFlow)."""
-  try:
-    import tensorflow_datasets as tfds
-  except ImportError:
-    raise ImportError(f"corpus {spec!r} needs tensorflow-datasets: pip install 'bertjax[tfds]'") from None
-  parts = spec.split(":")
-  if len(parts) not in (2, 3) or not parts[1]:
-    raise ValueError(f"corpus {spec!r}: expected 'tfds:NAME' or 'tfds:NAME:SPLIT'")
-  name, split = parts[1], (parts[2] if len(parts) == 3 else "train")
-  try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-  except Exception as e:  # tfds raises several types for a dataset that is not prepared
-    raise FileNotFoundError(f"corpus {spec!r}: cannot open tfds dataset {name!r} split {split!r} "
-                            f"(data_dir={data_dir or 'tfds default'}): {e}") from e
-  stats.files += 1
-  for i in range(len(source)):
-    example = source[i]
-    if text_feature not in example:
-      raise ValueError(f"corpus {spec!r}: no feature {text_feature!r} (config.data.text_feature); "
-                       f"available: {sorted(example)}")
-    text = example[text_feature]
-    text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-    doc = [p for line in text.split("\n") for s in split_sentences(line) for p in cut_long(s, stats)]
-    if doc:
-      yield f"tfds:{name}:{split}#{i}", doc
-
-
-def iter_documents(spec: str, corpus_format: str = "sentences", *, text_feature: str = "text",
-                   tfds_data_dir: str = "", stats: CorpusStats | None = None) -> Iterator[tuple[str, Document]]:
-  """All (doc_id, sentences) of a corpus spec, in a fixed order; counts go into `stats`."""
-  stats = stats if stats is not None else CorpusStats()
-  if spec == "builtin":
-    from bertjax.data import builtin_corpus
+def file_documents(
+    path: str, corpus_format: str, stats: CorpusStats
+) -> Iterator[tuple[str, Document]]:
+    """Documents of one file in "sentences" (BERT) or "documents" (one per line) format."""
     stats.files += 1
-    source = builtin_corpus.documents()
-  elif spec.startswith("tfds:"):
-    source = tfds_documents(spec, text_feature, tfds_data_dir, stats)
-  else:
-    source = (d for path in expand_paths(spec) for d in file_documents(path, corpus_format, stats))
-  for doc_id, doc in source:
-    stats.documents += 1
-    stats.sentences += len(doc)
-    yield doc_id, doc
+    found = 0
+    if corpus_format == "documents":
+        for lineno, line in _read_lines(path):
+            doc = [p for s in split_sentences(line) for p in cut_long(s, stats)]
+            if doc:
+                found += 1
+                yield f"{path}#{lineno}", doc
+    else:
+        doc: Document = []
+        start = 1
+        for lineno, line in _read_lines(path):
+            line = line.strip()
+            if line:
+                doc.extend(cut_long(line, stats))
+            elif doc:
+                found += 1
+                yield f"{path}#{start}", doc
+                doc, start = [], lineno + 1
+            else:
+                start = lineno + 1
+        if doc:
+            found += 1
+            yield f"{path}#{start}", doc
+    if not found:
+        stats.empty_files.append(path)
+
+
+def tfds_documents(
+    spec: str, text_feature: str, data_dir: str, stats: CorpusStats
+) -> Iterator[tuple[str, Document]]:
+    """Documents of `tfds:NAME[:SPLIT]` read through tfds.data_source (ArrayRecord, no TensorFlow)."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise ImportError(
+            f"corpus {spec!r} needs tensorflow-datasets: pip install 'bertjax[tfds]'"
+        ) from None
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not parts[1]:
+        raise ValueError(f"corpus {spec!r}: expected 'tfds:NAME' or 'tfds:NAME:SPLIT'")
+    name, split = parts[1], (parts[2] if len(parts) == 3 else "train")
+    try:
+        source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+    except Exception as e:  # tfds raises several types for a dataset that is not prepared
+        raise FileNotFoundError(
+            f"corpus {spec!r}: cannot open tfds dataset {name!r} split {split!r} "
+            f"(data_dir={data_dir or 'tfds default'}): {e}"
+        ) from e
+    stats.files += 1
+    for i in range(len(source)):
+        example = source[i]
+        if text_feature not in example:
+            raise ValueError(
+                f"corpus {spec!r}: no feature {text_feature!r} (config.data.text_feature); "
+                f"available: {sorted(example)}"
+            )
+        text = example[text_feature]
+        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        doc = [
+            p
+            for line in text.split("\n")
+            for s in split_sentences(line)
+            for p in cut_long(s, stats)
+        ]
+        if doc:
+            yield f"tfds:{name}:{split}#{i}", doc
+
+
+def iter_documents(
+    spec: str,
+    corpus_format: str = "sentences",
+    *,
+    text_feature: str = "text",
+    tfds_data_dir: str = "",
+    stats: CorpusStats | None = None,
+) -> Iterator[tuple[str, Document]]:
+    """All (doc_id, sentences) of a corpus spec, in a fixed order; counts go into `stats`."""
+    stats = stats if stats is not None else CorpusStats()
+    if spec == "builtin":
+        from bertjax.data import builtin_corpus
+
+        stats.files += 1
+        source = builtin_corpus.documents()
+    elif spec.startswith("tfds:"):
+        source = tfds_documents(spec, text_feature, tfds_data_dir, stats)
+    else:
+        source = (
+            d for path in expand_paths(spec) for d in file_documents(path, corpus_format, stats)
+        )
+    for doc_id, doc in source:
+        stats.documents += 1
+        stats.sentences += len(doc)
+        yield doc_id, doc
 
 
 def describe(spec: str, corpus_format: str, text_feature: str) -> str:
-  """A one-line description of a corpus, stored in meta.json and compared on reuse."""
-  if spec == "builtin":
-    import sys
-    return f"builtin (CPython {sys.version.split()[0]})"
-  if spec.startswith("tfds:"):
-    return f"{spec} feature={text_feature}"
-  return f"files {spec} format={corpus_format}"
+    """A one-line description of a corpus, stored in meta.json and compared on reuse."""
+    if spec == "builtin":
+        import sys
+
+        return f"builtin (CPython {sys.version.split()[0]})"
+    if spec.startswith("tfds:"):
+        return f"{spec} feature={text_feature}"
+    return f"files {spec} format={corpus_format}"

@@ -17,6 +17,7 @@ column, so a row masks the same way whatever batch, host or worker it lands in.
 - diffusion (LLaDA): t ~ U(eps, 1) per row, each maskable token becomes [MASK] with probability t;
   all masked positions are listed (max_predictions = row width) and t is returned as mask_ratio.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,189 +32,217 @@ _PRIORITY, _ACTION, _RANDOM_ID, _NGRAM, _DIFFUSION, _SIMILAR, _THRESHOLD = range
 
 @dataclasses.dataclass(frozen=True)
 class MaskSpec:
-  """What to mask and how; built from config.data by the pipeline."""
+    """What to mask and how; built from config.data by the pipeline."""
 
-  mode: str = "token"
-  rate: float = 0.15
-  max_predictions: int = 20
-  mask_token_prob: float = 0.8
-  random_token_prob: float = 0.1
-  ngram_probs: tuple[float, ...] = (1.0,)
-  diffusion_eps: float = 1e-3
+    mode: str = "token"
+    rate: float = 0.15
+    max_predictions: int = 20
+    mask_token_prob: float = 0.8
+    random_token_prob: float = 0.1
+    ngram_probs: tuple[float, ...] = (1.0,)
+    diffusion_eps: float = 1e-3
 
 
 def budget(maskable: np.ndarray, spec: MaskSpec) -> np.ndarray:
-  """Tokens to predict per row: min(P, max(1, round(rate * n)), n)."""
-  n = maskable.sum(1)
-  return np.minimum(np.minimum(spec.max_predictions, np.maximum(1, np.rint(spec.rate * n))), n).astype(np.int64)
+    """Tokens to predict per row: min(P, max(1, round(rate * n)), n)."""
+    n = maskable.sum(1)
+    return np.minimum(
+        np.minimum(spec.max_predictions, np.maximum(1, np.rint(spec.rate * n))), n
+    ).astype(np.int64)
 
 
 def _word_starts(maskable: np.ndarray, word_starts: np.ndarray) -> np.ndarray:
-  """Word starts restricted to maskable tokens; a maskable token after a special one starts a word."""
-  after_special = np.ones_like(maskable)
-  after_special[:, 1:] = ~maskable[:, :-1]
-  return maskable & (word_starts | after_special)
+    """Word starts restricted to maskable tokens; a maskable token after a special one starts a word."""
+    after_special = np.ones_like(maskable)
+    after_special[:, 1:] = ~maskable[:, :-1]
+    return maskable & (word_starts | after_special)
 
 
 def _ngram_units(maskable, starts, row_keys, probs) -> tuple[np.ndarray, np.ndarray]:
-  """Splits each row's words into consecutive spans of n words: (span starts [B,T], words per span)."""
-  batch, width = maskable.shape
-  num_words = starts.sum(1)
-  max_words = int(num_words.max(initial=0))
-  # Word-level arrays [B, max_words]: start position, segment run, sampled n.
-  rows, cols = np.nonzero(starts)
-  word_index = np.cumsum(starts, 1)[rows, cols] - 1
-  position = np.zeros((batch, max_words), np.int64)
-  position[rows, word_index] = cols
-  run_start = maskable & ~np.concatenate([np.zeros((batch, 1), bool), maskable[:, :-1]], 1)
-  run = np.cumsum(run_start, 1)
-  word_run = np.full((batch, max_words), width + 1, np.int64)
-  word_run[rows, word_index] = run[rows, cols]
-  # First word of the next run: number of words whose run is <= this word's run.
-  per_run = np.zeros((batch, width + 2), np.int64)
-  np.add.at(per_run, (rows, run[rows, cols]), 1)
-  run_end = np.take_along_axis(np.cumsum(per_run, 1), np.minimum(word_run, width + 1), 1)
-  draw = keys_lib.uniform(row_keys, width, _NGRAM)[rows, cols]
-  n_of_word = np.zeros((batch, max_words), np.int64)
-  n_of_word[rows, word_index] = 1 + np.searchsorted(np.cumsum(probs)[:-1], draw, side="right")
-  span_words = np.zeros((batch, max_words + 1), np.int64)
-  current = np.zeros(batch, np.int64)
-  all_rows = np.arange(batch)
-  active = current < num_words
-  while active.any():
-    r, c = all_rows[active], current[active]
-    nxt = np.minimum(c + n_of_word[r, c], run_end[r, c])
-    span_words[r, c] = nxt - c
-    current[active] = nxt
+    """Splits each row's words into consecutive spans of n words: (span starts [B,T], words per span)."""
+    batch, width = maskable.shape
+    num_words = starts.sum(1)
+    max_words = int(num_words.max(initial=0))
+    # Word-level arrays [B, max_words]: start position, segment run, sampled n.
+    rows, cols = np.nonzero(starts)
+    word_index = np.cumsum(starts, 1)[rows, cols] - 1
+    position = np.zeros((batch, max_words), np.int64)
+    position[rows, word_index] = cols
+    run_start = maskable & ~np.concatenate([np.zeros((batch, 1), bool), maskable[:, :-1]], 1)
+    run = np.cumsum(run_start, 1)
+    word_run = np.full((batch, max_words), width + 1, np.int64)
+    word_run[rows, word_index] = run[rows, cols]
+    # First word of the next run: number of words whose run is <= this word's run.
+    per_run = np.zeros((batch, width + 2), np.int64)
+    np.add.at(per_run, (rows, run[rows, cols]), 1)
+    run_end = np.take_along_axis(np.cumsum(per_run, 1), np.minimum(word_run, width + 1), 1)
+    draw = keys_lib.uniform(row_keys, width, _NGRAM)[rows, cols]
+    n_of_word = np.zeros((batch, max_words), np.int64)
+    n_of_word[rows, word_index] = 1 + np.searchsorted(np.cumsum(probs)[:-1], draw, side="right")
+    span_words = np.zeros((batch, max_words + 1), np.int64)
+    current = np.zeros(batch, np.int64)
+    all_rows = np.arange(batch)
     active = current < num_words
-  unit_start = np.zeros((batch, width), bool)
-  words_at = np.zeros((batch, width), np.int64)
-  is_span = span_words[rows, word_index] > 0
-  unit_start[rows[is_span], cols[is_span]] = True
-  words_at[rows[is_span], cols[is_span]] = span_words[rows, word_index][is_span]
-  return unit_start, words_at
+    while active.any():
+        r, c = all_rows[active], current[active]
+        nxt = np.minimum(c + n_of_word[r, c], run_end[r, c])
+        span_words[r, c] = nxt - c
+        current[active] = nxt
+        active = current < num_words
+    unit_start = np.zeros((batch, width), bool)
+    words_at = np.zeros((batch, width), np.int64)
+    is_span = span_words[rows, word_index] > 0
+    unit_start[rows[is_span], cols[is_span]] = True
+    words_at[rows[is_span], cols[is_span]] = span_words[rows, word_index][is_span]
+    return unit_start, words_at
 
 
-def _select_units(maskable, unit_start, row_keys, k, max_predictions: int,
-                  exact: bool) -> tuple[np.ndarray, np.ndarray]:
-  """Units in random order until the budget is spent: (chosen tokens, accepted unit starts).
+def _select_units(
+    maskable, unit_start, row_keys, k, max_predictions: int, exact: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Units in random order until the budget is spent: (chosen tokens, accepted unit starts).
 
-  exact (whole words, as BERT): a unit that would exceed k is skipped and later ones are tried.
-  Otherwise (n-grams) units are taken up to and including the one that reaches a threshold drawn so
-  that the expected total is k; acceptance then never depends on a unit's own length, so masked
-  spans keep the configured length distribution (ALBERT's exact budget favours short spans).
-  """
-  batch, width = maskable.shape
-  unit_id = np.cumsum(unit_start, 1) - 1
-  num_units = unit_start.sum(1)
-  max_units = int(num_units.max(initial=0))
-  rows, cols = np.nonzero(maskable)
-  lengths = np.zeros((batch, max_units + 1), np.int64)
-  np.add.at(lengths, (rows, unit_id[rows, cols]), 1)
-  priority = np.full((batch, max_units + 1), 2.0)
-  ur, uc = np.nonzero(unit_start)
-  priority[ur, unit_id[ur, uc]] = keys_lib.uniform(row_keys, width, _PRIORITY)[ur, uc]
-  order = np.argsort(priority[:, :max_units], 1, kind="stable")
-  sorted_len = np.take_along_axis(lengths[:, :max_units], order, 1)
-  total = np.cumsum(sorted_len, 1)
-  if not exact:
-    # Expected overshoot of a first passage over the threshold with this row's unit lengths L:
-    # E[L(L-1)] / (2 E[L]); the threshold is k minus that, randomly rounded.
-    present = np.arange(max_units)[None, :] < num_units[:, None]
-    mean = (sorted_len * present).sum(1) / np.maximum(num_units, 1)
-    mean_sq = (sorted_len ** 2 * present).sum(1) / np.maximum(num_units, 1)
-    overshoot = (mean_sq - mean) / (2 * np.maximum(mean, 1))
-    draw = keys_lib.uniform(row_keys, 1, _THRESHOLD)[:, 0]
-    threshold = np.maximum(np.floor(k - overshoot + draw), 1)
-    accepted = np.logical_and.accumulate(
-        ((total - sorted_len) < threshold[:, None]) & (total <= max_predictions) & present, 1)
-  else:
-    accepted = total <= k[:, None]
-  if not exact:
-    first_fail = np.full(batch, max_units)
-  else:
-    first_fail = accepted.sum(1)
-  first_fail = accepted.sum(1)
-  used = (sorted_len * accepted).sum(1)
-  for r in range(int(first_fail.min(initial=0)) + 1, max_units):  # exact: skip-and-continue
-    if not np.any((used < k) & (r < num_units)):
-      break
-    take = (r > first_fail) & (r < num_units) & (used + sorted_len[:, r] <= k)
-    accepted[:, r] |= take
-    used += np.where(take, sorted_len[:, r], 0)
-  unit_accepted = np.zeros((batch, max_units + 1), bool)
-  np.put_along_axis(unit_accepted, order, accepted, 1)
-  chosen = np.zeros((batch, width), bool)
-  chosen[rows, cols] = unit_accepted[rows, unit_id[rows, cols]]
-  return chosen, unit_start & chosen
-
-
-def select(maskable: np.ndarray, word_starts: np.ndarray, row_keys: np.ndarray,
-           spec: MaskSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], mask_ratio [B]."""
-  batch, width = maskable.shape
-  ratio = np.ones(batch, np.float32)
-  if spec.mode == "diffusion":
-    u = keys_lib.uniform(row_keys, 1, _DIFFUSION)[:, 0]
-    ratio = (spec.diffusion_eps + (1.0 - spec.diffusion_eps) * u).astype(np.float32)
-    chosen = maskable & (keys_lib.uniform(row_keys, width, _PRIORITY) < ratio[:, None])
-    return chosen, chosen.astype(np.int64), ratio
-  k = budget(maskable, spec)
-  if spec.mode == "token":
-    priority = np.where(maskable, keys_lib.uniform(row_keys, width, _PRIORITY).astype(np.float32), 2.0)
-    slots = min(spec.max_predictions, width)
-    if slots < width:  # the P smallest priorities, then in order
-      candidates = np.argpartition(priority, slots - 1, 1)[:, :slots]
-      order = np.take_along_axis(candidates, np.argsort(np.take_along_axis(priority, candidates, 1), 1), 1)
+    exact (whole words, as BERT): a unit that would exceed k is skipped and later ones are tried.
+    Otherwise (n-grams) units are taken up to and including the one that reaches a threshold drawn so
+    that the expected total is k; acceptance then never depends on a unit's own length, so masked
+    spans keep the configured length distribution (ALBERT's exact budget favours short spans).
+    """
+    batch, width = maskable.shape
+    unit_id = np.cumsum(unit_start, 1) - 1
+    num_units = unit_start.sum(1)
+    max_units = int(num_units.max(initial=0))
+    rows, cols = np.nonzero(maskable)
+    lengths = np.zeros((batch, max_units + 1), np.int64)
+    np.add.at(lengths, (rows, unit_id[rows, cols]), 1)
+    priority = np.full((batch, max_units + 1), 2.0)
+    ur, uc = np.nonzero(unit_start)
+    priority[ur, unit_id[ur, uc]] = keys_lib.uniform(row_keys, width, _PRIORITY)[ur, uc]
+    order = np.argsort(priority[:, :max_units], 1, kind="stable")
+    sorted_len = np.take_along_axis(lengths[:, :max_units], order, 1)
+    total = np.cumsum(sorted_len, 1)
+    if not exact:
+        # Expected overshoot of a first passage over the threshold with this row's unit lengths L:
+        # E[L(L-1)] / (2 E[L]); the threshold is k minus that, randomly rounded.
+        present = np.arange(max_units)[None, :] < num_units[:, None]
+        mean = (sorted_len * present).sum(1) / np.maximum(num_units, 1)
+        mean_sq = (sorted_len**2 * present).sum(1) / np.maximum(num_units, 1)
+        overshoot = (mean_sq - mean) / (2 * np.maximum(mean, 1))
+        draw = keys_lib.uniform(row_keys, 1, _THRESHOLD)[:, 0]
+        threshold = np.maximum(np.floor(k - overshoot + draw), 1)
+        accepted = np.logical_and.accumulate(
+            ((total - sorted_len) < threshold[:, None]) & (total <= max_predictions) & present, 1
+        )
     else:
-      order = np.argsort(priority, 1)
+        accepted = total <= k[:, None]
+    if not exact:
+        first_fail = np.full(batch, max_units)
+    else:
+        first_fail = accepted.sum(1)
+    first_fail = accepted.sum(1)
+    used = (sorted_len * accepted).sum(1)
+    for r in range(int(first_fail.min(initial=0)) + 1, max_units):  # exact: skip-and-continue
+        if not np.any((used < k) & (r < num_units)):
+            break
+        take = (r > first_fail) & (r < num_units) & (used + sorted_len[:, r] <= k)
+        accepted[:, r] |= take
+        used += np.where(take, sorted_len[:, r], 0)
+    unit_accepted = np.zeros((batch, max_units + 1), bool)
+    np.put_along_axis(unit_accepted, order, accepted, 1)
     chosen = np.zeros((batch, width), bool)
-    take = np.arange(order.shape[1])[None, :] < k[:, None]
-    chosen[np.nonzero(take)[0], order[take]] = True
-    return chosen, chosen.astype(np.int64), ratio
-  starts = _word_starts(maskable, word_starts.astype(bool))
-  if spec.mode == "whole_word":
-    unit_start, words = starts, starts.astype(np.int64)
-  elif spec.mode == "ngram":
-    unit_start, words = _ngram_units(maskable, starts, row_keys, np.asarray(spec.ngram_probs))
-  else:
-    raise ValueError(f"unknown masking mode {spec.mode!r}")
-  chosen, accepted = _select_units(maskable, unit_start, row_keys, k, spec.max_predictions,
-                                   exact=spec.mode == "whole_word")
-  return chosen, np.where(accepted, words, 0), ratio
+    chosen[rows, cols] = unit_accepted[rows, unit_id[rows, cols]]
+    return chosen, unit_start & chosen
 
 
-def mask_batch(input_ids: np.ndarray, maskable: np.ndarray, word_starts: np.ndarray, row_keys: np.ndarray,
-               spec: MaskSpec, *, mask_id: int, normal_ids: np.ndarray,
-               similar: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-  """Masks a batch: new input_ids plus masked_positions/ids/weights [B,P] and mask_ratio [B]."""
-  batch, width = input_ids.shape
-  chosen, _, ratio = select(maskable, word_starts, row_keys, spec)
-  slots = width if spec.mode == "diffusion" else spec.max_predictions
-  count = chosen.sum(1)
-  rows, cols = np.nonzero(chosen)  # row-major: each row's positions ascending
-  slot = np.arange(len(rows)) - np.repeat(np.cumsum(count) - count, count)
-  positions = np.zeros((batch, slots), np.int32)
-  positions[rows, slot] = cols
-  valid = np.arange(slots)[None, :] < count[:, None]
-  masked_ids = np.where(valid, np.take_along_axis(input_ids, positions, 1), 0).astype(np.int32)
-  new_ids = input_ids.copy()
-  if spec.mode == "diffusion":
-    new_ids[chosen] = mask_id
-  else:  # decisions drawn only at the P listed positions (hash of row key and position)
-    action = keys_lib.uniform_at(row_keys, positions, _ACTION)
-    pick = keys_lib.uniform_at(row_keys, positions, _RANDOM_ID)
-    replacement = np.where(action < spec.mask_token_prob + spec.random_token_prob,
-                           normal_ids[(pick * len(normal_ids)).astype(np.int64)], masked_ids)
-    use_mask = action < spec.mask_token_prob
-    if similar is None:
-      replacement = np.where(use_mask, mask_id, replacement)
-    else:  # MacBERT: a similar token in place of [MASK]; the random one when there is none
-      table, counts = similar
-      n_similar = counts[masked_ids]
-      which = (keys_lib.uniform_at(row_keys, positions, _SIMILAR) * np.maximum(n_similar, 1)).astype(np.int64)
-      similar_ids = table[masked_ids, np.minimum(which, table.shape[1] - 1)]
-      replacement = np.where(use_mask & (n_similar > 0), similar_ids, replacement)
-    new_ids[rows, cols] = replacement[valid]
-  return {"input_ids": new_ids, "masked_positions": positions, "masked_ids": masked_ids,
-          "masked_weights": valid.astype(np.float32), "mask_ratio": ratio}
+def select(
+    maskable: np.ndarray, word_starts: np.ndarray, row_keys: np.ndarray, spec: MaskSpec
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], mask_ratio [B]."""
+    batch, width = maskable.shape
+    ratio = np.ones(batch, np.float32)
+    if spec.mode == "diffusion":
+        u = keys_lib.uniform(row_keys, 1, _DIFFUSION)[:, 0]
+        ratio = (spec.diffusion_eps + (1.0 - spec.diffusion_eps) * u).astype(np.float32)
+        chosen = maskable & (keys_lib.uniform(row_keys, width, _PRIORITY) < ratio[:, None])
+        return chosen, chosen.astype(np.int64), ratio
+    k = budget(maskable, spec)
+    if spec.mode == "token":
+        priority = np.where(
+            maskable, keys_lib.uniform(row_keys, width, _PRIORITY).astype(np.float32), 2.0
+        )
+        slots = min(spec.max_predictions, width)
+        if slots < width:  # the P smallest priorities, then in order
+            candidates = np.argpartition(priority, slots - 1, 1)[:, :slots]
+            order = np.take_along_axis(
+                candidates, np.argsort(np.take_along_axis(priority, candidates, 1), 1), 1
+            )
+        else:
+            order = np.argsort(priority, 1)
+        chosen = np.zeros((batch, width), bool)
+        take = np.arange(order.shape[1])[None, :] < k[:, None]
+        chosen[np.nonzero(take)[0], order[take]] = True
+        return chosen, chosen.astype(np.int64), ratio
+    starts = _word_starts(maskable, word_starts.astype(bool))
+    if spec.mode == "whole_word":
+        unit_start, words = starts, starts.astype(np.int64)
+    elif spec.mode == "ngram":
+        unit_start, words = _ngram_units(maskable, starts, row_keys, np.asarray(spec.ngram_probs))
+    else:
+        raise ValueError(f"unknown masking mode {spec.mode!r}")
+    chosen, accepted = _select_units(
+        maskable, unit_start, row_keys, k, spec.max_predictions, exact=spec.mode == "whole_word"
+    )
+    return chosen, np.where(accepted, words, 0), ratio
+
+
+def mask_batch(
+    input_ids: np.ndarray,
+    maskable: np.ndarray,
+    word_starts: np.ndarray,
+    row_keys: np.ndarray,
+    spec: MaskSpec,
+    *,
+    mask_id: int,
+    normal_ids: np.ndarray,
+    similar: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Masks a batch: new input_ids plus masked_positions/ids/weights [B,P] and mask_ratio [B]."""
+    batch, width = input_ids.shape
+    chosen, _, ratio = select(maskable, word_starts, row_keys, spec)
+    slots = width if spec.mode == "diffusion" else spec.max_predictions
+    count = chosen.sum(1)
+    rows, cols = np.nonzero(chosen)  # row-major: each row's positions ascending
+    slot = np.arange(len(rows)) - np.repeat(np.cumsum(count) - count, count)
+    positions = np.zeros((batch, slots), np.int32)
+    positions[rows, slot] = cols
+    valid = np.arange(slots)[None, :] < count[:, None]
+    masked_ids = np.where(valid, np.take_along_axis(input_ids, positions, 1), 0).astype(np.int32)
+    new_ids = input_ids.copy()
+    if spec.mode == "diffusion":
+        new_ids[chosen] = mask_id
+    else:  # decisions drawn only at the P listed positions (hash of row key and position)
+        action = keys_lib.uniform_at(row_keys, positions, _ACTION)
+        pick = keys_lib.uniform_at(row_keys, positions, _RANDOM_ID)
+        replacement = np.where(
+            action < spec.mask_token_prob + spec.random_token_prob,
+            normal_ids[(pick * len(normal_ids)).astype(np.int64)],
+            masked_ids,
+        )
+        use_mask = action < spec.mask_token_prob
+        if similar is None:
+            replacement = np.where(use_mask, mask_id, replacement)
+        else:  # MacBERT: a similar token in place of [MASK]; the random one when there is none
+            table, counts = similar
+            n_similar = counts[masked_ids]
+            which = (
+                keys_lib.uniform_at(row_keys, positions, _SIMILAR) * np.maximum(n_similar, 1)
+            ).astype(np.int64)
+            similar_ids = table[masked_ids, np.minimum(which, table.shape[1] - 1)]
+            replacement = np.where(use_mask & (n_similar > 0), similar_ids, replacement)
+        new_ids[rows, cols] = replacement[valid]
+    return {
+        "input_ids": new_ids,
+        "masked_positions": positions,
+        "masked_ids": masked_ids,
+        "masked_weights": valid.astype(np.float32),
+        "mask_ratio": ratio,
+    }

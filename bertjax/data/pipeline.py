@@ -7,6 +7,7 @@ Rows are masked with keys (seed, epoch, step * B + row), so any host/worker/pref
 restart give the same rows, and each epoch masks differently. An epoch's size is fixed by epoch 0's
 plan; a later epoch with fewer samples wraps around (NSP plans vary slightly per epoch).
 """
+
 from __future__ import annotations
 
 import collections
@@ -14,7 +15,7 @@ import concurrent.futures
 import dataclasses
 import os
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -29,228 +30,341 @@ _CACHE_SIZE = 4  # (length, epoch) plans kept in memory
 
 
 def _corpus_description(c) -> str:
-  return f"{corpus_lib.describe(c.corpus, c.corpus_format, c.text_feature)} heldout={c.heldout_fraction}"
+    return f"{corpus_lib.describe(c.corpus, c.corpus_format, c.text_feature)} heldout={c.heldout_fraction}"
 
 
 def _documents(c, split: str | None, stats=None):
-  """(doc_id, sentences) of the configured corpus; only one split's documents when `split` is given."""
-  for doc_id, doc in corpus_lib.iter_documents(c.corpus, c.corpus_format, text_feature=c.text_feature,
-                                               tfds_data_dir=c.tfds_data_dir, stats=stats):
-    if split is None or (split == "eval") == corpus_lib.is_heldout(doc_id, c.heldout_fraction):
-      yield doc_id, doc
+    """(doc_id, sentences) of the configured corpus; only one split's documents when `split` is given."""
+    for doc_id, doc in corpus_lib.iter_documents(
+        c.corpus,
+        c.corpus_format,
+        text_feature=c.text_feature,
+        tfds_data_dir=c.tfds_data_dir,
+        stats=stats,
+    ):
+        if split is None or (split == "eval") == corpus_lib.is_heldout(doc_id, c.heldout_fraction):
+            yield doc_id, doc
 
 
 def load_tokenizer(config, workdir: str) -> Tokenizer:
-  """The configured tokenizer; trains a SentencePiece model into WORKDIR/tokenizer/ when none is given."""
-  c = config.data
-  if c.hf_vocab:
-    return Tokenizer(c.hf_vocab, language=c.language, lowercase=c.lowercase)
-  path = c.tokenizer_model
-  if not path:
-    sentences = (s for _, doc in _documents(c, "train") for s in doc)
-    path = train_sentencepiece(sentences, os.path.join(workdir, "tokenizer"), vocab_size=c.vocab_size,
-                               model_type=c.tokenizer_type, language=c.language, seed=config.seed)
-  return Tokenizer(path, language=c.language)
+    """The configured tokenizer; trains a SentencePiece model into WORKDIR/tokenizer/ when none is given."""
+    c = config.data
+    if c.hf_vocab:
+        return Tokenizer(c.hf_vocab, language=c.language, lowercase=c.lowercase)
+    path = c.tokenizer_model
+    if not path:
+        sentences = (s for _, doc in _documents(c, "train") for s in doc)
+        path = train_sentencepiece(
+            sentences,
+            os.path.join(workdir, "tokenizer"),
+            vocab_size=c.vocab_size,
+            model_type=c.tokenizer_type,
+            language=c.language,
+            seed=config.seed,
+        )
+    return Tokenizer(path, language=c.language)
 
 
 class _Split:
-  """Plans, their shuffled order and (optionally) packing for one split, cached per (length, epoch)."""
+    """Plans, their shuffled order and (optionally) packing for one split, cached per (length, epoch)."""
 
-  def __init__(self, store: Store, config, batch_size: int, purpose: str):
-    self.store, self.c, self.seed, self.batch_size, self.purpose = store, config.data, config.seed, batch_size, purpose
-    self._cache: collections.OrderedDict = collections.OrderedDict()
-    self._lock = threading.Lock()
-    self._sizes: dict[int, int] = {}
+    def __init__(self, store: Store, config, batch_size: int, purpose: str):
+        self.store, self.c, self.seed, self.batch_size, self.purpose = (
+            store,
+            config.data,
+            config.seed,
+            batch_size,
+            purpose,
+        )
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._sizes: dict[int, int] = {}
 
-  def epoch(self, length: int, epoch: int):
-    """(plan, order of its samples, packed row starts or None) of one epoch at one length."""
-    key = (length, epoch)
-    with self._lock:
-      if key in self._cache:
-        self._cache.move_to_end(key)
-        return self._cache[key]
-      c = self.c
-      plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}")
-      plan = samples.make_plan(self.store, c.objective, length, c.short_seq_prob, plan_rng)
-      order = keys.generator(self.seed, epoch, f"{self.purpose}/order/{length}").permutation(len(plan))
-      packing = rows.pack(plan.lengths(), order, length) if c.pack_rows else None
-      self._cache[key] = (plan, order, packing)
-      if len(self._cache) > _CACHE_SIZE:
-        self._cache.popitem(last=False)
-      return self._cache[key]
+    def epoch(self, length: int, epoch: int):
+        """(plan, order of its samples, packed row starts or None) of one epoch at one length."""
+        key = (length, epoch)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            c = self.c
+            plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}")
+            plan = samples.make_plan(self.store, c.objective, length, c.short_seq_prob, plan_rng)
+            order = keys.generator(self.seed, epoch, f"{self.purpose}/order/{length}").permutation(
+                len(plan)
+            )
+            packing = rows.pack(plan.lengths(), order, length) if c.pack_rows else None
+            self._cache[key] = (plan, order, packing)
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return self._cache[key]
 
-  def num_units(self, length: int, epoch: int) -> int:
-    plan, order, packing = self.epoch(length, epoch)
-    return len(order) if packing is None else len(packing[0]) - 1
+    def num_units(self, length: int, epoch: int) -> int:
+        plan, order, packing = self.epoch(length, epoch)
+        return len(order) if packing is None else len(packing[0]) - 1
 
-  def steps_per_epoch(self, length: int) -> int:
-    if length not in self._sizes:
-      units = self.num_units(length, 0)
-      if units < self.batch_size:
-        raise ValueError(f"store {self.store.directory!r} ({self.store.split}) gives {units} rows of length "
-                         f"{length} per epoch, fewer than the batch size {self.batch_size}: use a bigger corpus "
-                         "or a smaller config.batch_size")
-      self._sizes[length] = units // self.batch_size
-    return self._sizes[length]
+    def steps_per_epoch(self, length: int) -> int:
+        if length not in self._sizes:
+            units = self.num_units(length, 0)
+            if units < self.batch_size:
+                raise ValueError(
+                    f"store {self.store.directory!r} ({self.store.split}) gives {units} rows of length "
+                    f"{length} per epoch, fewer than the batch size {self.batch_size}: use a bigger corpus "
+                    "or a smaller config.batch_size"
+                )
+            self._sizes[length] = units // self.batch_size
+        return self._sizes[length]
 
 
 class Pipeline:
-  """Deterministic, restartable batches for one host; see the module docstring."""
+    """Deterministic, restartable batches for one host; see the module docstring."""
 
-  def __init__(self, config, tokenizer: Tokenizer, store: Store, *, process_index: int, process_count: int,
-               similar=None, eval_store: Store | None = None):
-    c = self.c = config.data
-    self.config, self.tokenizer, self.store = config, tokenizer, store
+    def __init__(
+        self,
+        config,
+        tokenizer: Tokenizer,
+        store: Store,
+        *,
+        process_index: int,
+        process_count: int,
+        similar=None,
+        eval_store: Store | None = None,
+    ):
+        c = self.c = config.data
+        self.config, self.tokenizer, self.store = config, tokenizer, store
+        if config.batch_size % process_count:
+            raise ValueError(
+                f"config.batch_size={config.batch_size} is not divisible by the process count "
+                f"{process_count}: every host must get the same number of rows"
+            )
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} is outside [0, {process_count})")
+        self.global_batch_size = config.batch_size
+        self.host_batch_size = config.batch_size // process_count
+        self.process_index, self.process_count = process_index, process_count
+        self._split = _Split(
+            store, config, config.batch_size, "train" if store.split == "train" else "eval"
+        )
+        self._eval_store = eval_store
+        self._eval_split = None
+        self._schedule = LengthSchedule(
+            c.max_seq_length,
+            c.length_schedule,
+            c.mixed_lengths,
+            config.get("num_train_steps"),
+            config.seed,
+        )
+        self._similar = similar
+        self._mask_spec = masking.MaskSpec(
+            mode=c.masking,
+            rate=c.mask_rate,
+            max_predictions=c.max_predictions,
+            mask_token_prob=c.mask_token_prob,
+            random_token_prob=c.random_token_prob,
+            ngram_probs=config_lib.ngram_probabilities(c),
+            diffusion_eps=c.diffusion_eps,
+        )
+        self._eval_mask_spec = dataclasses.replace(
+            self._mask_spec,
+            rate=c.eval_mask_rate or c.mask_rate,
+            max_predictions=c.eval_max_predictions or c.max_predictions,
+        )
+        self._special_ids = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
+        self._executor = (
+            concurrent.futures.ThreadPoolExecutor(1, "bertjax-data") if c.prefetch else None
+        )
+        self._futures: dict[int, concurrent.futures.Future] = {}
+        self._futures_lock = threading.Lock()
+
+    def unigram_log_prior(self, max_tokens: int = 50_000_000) -> np.ndarray:
+        """[V] float32 log frequency of each token in the training split (add-one smoothed; special
+        tokens get the floor), from an evenly strided sample of at most `max_tokens` tokens.
+
+        The MLM output bias starts here, so a new model predicts the unigram distribution from step 0
+        instead of spending its first steps (and the tied embeddings) learning token frequencies."""
+        tokens = self.store.tokens
+        stride = max(1, -(-len(tokens) // max_tokens))
+        vocab = self.tokenizer.vocab_size
+        counts = np.bincount(np.asarray(tokens[::stride], np.int64), minlength=vocab)[
+            :vocab
+        ].astype(np.float64)
+        never_predicted = (
+            self.tokenizer.special.copy()
+        )  # [CLS], [SEP], [PAD], [MASK]; [UNK] is a real token
+        if self.tokenizer.unk_id is not None:
+            never_predicted[self.tokenizer.unk_id] = False
+        counts[never_predicted] = 0.0
+        return np.log((counts + 1.0) / (counts.sum() + vocab)).astype(np.float32)
+
+    def seq_len(self, step: int) -> int:
+        """Row length T of the batch of `step` (known ahead of time)."""
+        return self._schedule(step)[0]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps per pass over the corpus at config.data.max_seq_length."""
+        return self._split.steps_per_epoch(self.c.max_seq_length)
+
+    def _rows(
+        self, split: _Split, length: int, ordinal: int, step: int, purpose: str
+    ) -> dict[str, np.ndarray]:
+        """Unmasked host rows (with word_starts/maskable) and their masking keys."""
+        per_epoch = split.steps_per_epoch(length)
+        epoch, within = divmod(ordinal, per_epoch)
+        plan, order, packing = split.epoch(length, epoch)
+        host = np.arange(self.host_batch_size) + self.process_index * self.host_batch_size
+        units = (within * self.global_batch_size + host) % split.num_units(length, epoch)
+        store, tok = split.store, self.tokenizer
+        if packing is None:
+            chosen = order[units]
+            cols = (
+                plan.a_start[chosen],
+                plan.a_end[chosen],
+                plan.b_start[chosen],
+                plan.b_end[chosen],
+            )
+            out = rows.pair_rows(
+                store.tokens, store.word_starts, tok.special, cols, length, self._special_ids
+            )
+            out["next_sentence_label"] = plan.label[chosen]
+        else:
+            row_starts, packed, offsets = packing
+            counts = row_starts[units + 1] - row_starts[units]
+            index = np.concatenate([np.arange(row_starts[u], row_starts[u + 1]) for u in units])
+            chosen = packed[index]
+            cols = (
+                plan.a_start[chosen],
+                plan.a_end[chosen],
+                plan.b_start[chosen],
+                plan.b_end[chosen],
+            )
+            out = rows.packed_rows(
+                store.tokens,
+                store.word_starts,
+                tok.special,
+                cols,
+                length,
+                self._special_ids,
+                np.repeat(np.arange(len(units)), counts),
+                offsets[index],
+                len(units),
+            )
+            out["next_sentence_label"] = np.zeros(len(units), np.int32)
+        out["row_keys"] = keys.row_keys(
+            self.config.seed, epoch, purpose, np.int64(step) * self.global_batch_size + host
+        )
+        return out
+
+    def _masked(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
+        masked = masking.mask_batch(
+            out["input_ids"],
+            out["maskable"],
+            out["word_starts"],
+            out["row_keys"],
+            spec or self._mask_spec,
+            mask_id=self.tokenizer.mask_id,
+            normal_ids=self.tokenizer.normal_ids,
+            similar=self._similar,
+        )
+        batch = {
+            "input_ids": masked["input_ids"],
+            "token_type_ids": out["token_type_ids"],
+            "attention_mask": out["attention_mask"],
+        }
+        if "segment_ids" in out:
+            batch["segment_ids"] = out["segment_ids"]
+        for key in ("masked_positions", "masked_ids", "masked_weights"):
+            batch[key] = masked[key]
+        batch["next_sentence_label"] = out["next_sentence_label"].astype(np.int32)
+        batch["mask_ratio"] = masked["mask_ratio"]
+        return batch
+
+    def compute_batch(self, step: int) -> dict[str, np.ndarray]:
+        """This host's rows of global batch `step`, computed now (no prefetch)."""
+        length, ordinal = self._schedule(step)
+        return self._masked(self._rows(self._split, length, ordinal, step, "mask"))
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """This host's rows of global batch `step`; the next `prefetch` steps are computed in the background."""
+        step = int(step)
+        if self._executor is None:
+            return self.compute_batch(step)
+        with self._futures_lock:
+            future = self._futures.pop(step, None)
+            for old in [s for s in self._futures if s < step or s > step + self.c.prefetch]:
+                self._futures.pop(old).cancel()
+            for ahead in range(step + 1, step + 1 + self.c.prefetch):
+                if ahead not in self._futures:
+                    self._futures[ahead] = self._executor.submit(self.compute_batch, ahead)
+        return future.result() if future is not None else self.compute_batch(step)
+
+    def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
+        """`num_batches` fixed batches (same every call) of the held-out split at max_seq_length."""
+        if self._eval_store is None:
+            raise ValueError("this pipeline has no held-out split")
+        if self._eval_split is None:
+            self._eval_split = _Split(self._eval_store, self.config, self.global_batch_size, "eval")
+        for i in range(num_batches):
+            yield self._masked(
+                self._rows(self._eval_split, self.c.max_seq_length, i, i, "eval-mask"),
+                self._eval_mask_spec,
+            )
+
+    def close(self):
+        """Stops background prefetching."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def make_pipeline(
+    config,
+    workdir: str,
+    *,
+    split: str = "train",
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Pipeline:
+    """Prepares (or reuses) WORKDIR/tokenizer and WORKDIR/store, and returns this host's pipeline."""
+    config_lib.validate(config)
+    c = config.data
+    if process_index is None or process_count is None:
+        import jax
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
     if config.batch_size % process_count:
-      raise ValueError(f"config.batch_size={config.batch_size} is not divisible by the process count "
-                       f"{process_count}: every host must get the same number of rows")
-    if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index={process_index} is outside [0, {process_count})")
-    self.global_batch_size = config.batch_size
-    self.host_batch_size = config.batch_size // process_count
-    self.process_index, self.process_count = process_index, process_count
-    self._split = _Split(store, config, config.batch_size, "train" if store.split == "train" else "eval")
-    self._eval_store = eval_store
-    self._eval_split = None
-    self._schedule = LengthSchedule(c.max_seq_length, c.length_schedule, c.mixed_lengths,
-                                    config.get("num_train_steps"), config.seed)
-    self._similar = similar
-    self._mask_spec = masking.MaskSpec(
-        mode=c.masking, rate=c.mask_rate, max_predictions=c.max_predictions, mask_token_prob=c.mask_token_prob,
-        random_token_prob=c.random_token_prob, ngram_probs=config_lib.ngram_probabilities(c),
-        diffusion_eps=c.diffusion_eps)
-    self._eval_mask_spec = dataclasses.replace(
-        self._mask_spec, rate=c.eval_mask_rate or c.mask_rate,
-        max_predictions=c.eval_max_predictions or c.max_predictions)
-    self._special_ids = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
-    self._executor = concurrent.futures.ThreadPoolExecutor(1, "bertjax-data") if c.prefetch else None
-    self._futures: dict[int, concurrent.futures.Future] = {}
-    self._futures_lock = threading.Lock()
-
-  def unigram_log_prior(self, max_tokens: int = 50_000_000) -> np.ndarray:
-    """[V] float32 log frequency of each token in the training split (add-one smoothed; special
-    tokens get the floor), from an evenly strided sample of at most `max_tokens` tokens.
-
-    The MLM output bias starts here, so a new model predicts the unigram distribution from step 0
-    instead of spending its first steps (and the tied embeddings) learning token frequencies."""
-    tokens = self.store.tokens
-    stride = max(1, -(-len(tokens) // max_tokens))
-    vocab = self.tokenizer.vocab_size
-    counts = np.bincount(np.asarray(tokens[::stride], np.int64), minlength=vocab)[:vocab].astype(np.float64)
-    never_predicted = self.tokenizer.special.copy()  # [CLS], [SEP], [PAD], [MASK]; [UNK] is a real token
-    if self.tokenizer.unk_id is not None:
-      never_predicted[self.tokenizer.unk_id] = False
-    counts[never_predicted] = 0.0
-    return np.log((counts + 1.0) / (counts.sum() + vocab)).astype(np.float32)
-
-  def seq_len(self, step: int) -> int:
-    """Row length T of the batch of `step` (known ahead of time)."""
-    return self._schedule(step)[0]
-
-  @property
-  def steps_per_epoch(self) -> int:
-    """Steps per pass over the corpus at config.data.max_seq_length."""
-    return self._split.steps_per_epoch(self.c.max_seq_length)
-
-  def _rows(self, split: _Split, length: int, ordinal: int, step: int, purpose: str) -> dict[str, np.ndarray]:
-    """Unmasked host rows (with word_starts/maskable) and their masking keys."""
-    per_epoch = split.steps_per_epoch(length)
-    epoch, within = divmod(ordinal, per_epoch)
-    plan, order, packing = split.epoch(length, epoch)
-    host = np.arange(self.host_batch_size) + self.process_index * self.host_batch_size
-    units = (within * self.global_batch_size + host) % split.num_units(length, epoch)
-    store, tok = split.store, self.tokenizer
-    if packing is None:
-      chosen = order[units]
-      cols = (plan.a_start[chosen], plan.a_end[chosen], plan.b_start[chosen], plan.b_end[chosen])
-      out = rows.pair_rows(store.tokens, store.word_starts, tok.special, cols, length, self._special_ids)
-      out["next_sentence_label"] = plan.label[chosen]
-    else:
-      row_starts, packed, offsets = packing
-      counts = row_starts[units + 1] - row_starts[units]
-      index = np.concatenate([np.arange(row_starts[u], row_starts[u + 1]) for u in units])
-      chosen = packed[index]
-      cols = (plan.a_start[chosen], plan.a_end[chosen], plan.b_start[chosen], plan.b_end[chosen])
-      out = rows.packed_rows(store.tokens, store.word_starts, tok.special, cols, length, self._special_ids,
-                             np.repeat(np.arange(len(units)), counts), offsets[index], len(units))
-      out["next_sentence_label"] = np.zeros(len(units), np.int32)
-    out["row_keys"] = keys.row_keys(self.config.seed, epoch, purpose,
-                                    np.int64(step) * self.global_batch_size + host)
-    return out
-
-  def _masked(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
-    masked = masking.mask_batch(out["input_ids"], out["maskable"], out["word_starts"], out["row_keys"],
-                                spec or self._mask_spec, mask_id=self.tokenizer.mask_id,
-                                normal_ids=self.tokenizer.normal_ids, similar=self._similar)
-    batch = {"input_ids": masked["input_ids"], "token_type_ids": out["token_type_ids"],
-             "attention_mask": out["attention_mask"]}
-    if "segment_ids" in out:
-      batch["segment_ids"] = out["segment_ids"]
-    for key in ("masked_positions", "masked_ids", "masked_weights"):
-      batch[key] = masked[key]
-    batch["next_sentence_label"] = out["next_sentence_label"].astype(np.int32)
-    batch["mask_ratio"] = masked["mask_ratio"]
-    return batch
-
-  def compute_batch(self, step: int) -> dict[str, np.ndarray]:
-    """This host's rows of global batch `step`, computed now (no prefetch)."""
-    length, ordinal = self._schedule(step)
-    return self._masked(self._rows(self._split, length, ordinal, step, "mask"))
-
-  def batch(self, step: int) -> dict[str, np.ndarray]:
-    """This host's rows of global batch `step`; the next `prefetch` steps are computed in the background."""
-    step = int(step)
-    if self._executor is None:
-      return self.compute_batch(step)
-    with self._futures_lock:
-      future = self._futures.pop(step, None)
-      for old in [s for s in self._futures if s < step or s > step + self.c.prefetch]:
-        self._futures.pop(old).cancel()
-      for ahead in range(step + 1, step + 1 + self.c.prefetch):
-        if ahead not in self._futures:
-          self._futures[ahead] = self._executor.submit(self.compute_batch, ahead)
-    return future.result() if future is not None else self.compute_batch(step)
-
-  def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
-    """`num_batches` fixed batches (same every call) of the held-out split at max_seq_length."""
-    if self._eval_store is None:
-      raise ValueError("this pipeline has no held-out split")
-    if self._eval_split is None:
-      self._eval_split = _Split(self._eval_store, self.config, self.global_batch_size, "eval")
-    for i in range(num_batches):
-      yield self._masked(self._rows(self._eval_split, self.c.max_seq_length, i, i, "eval-mask"),
-                         self._eval_mask_spec)
-
-  def close(self):
-    """Stops background prefetching."""
-    if self._executor is not None:
-      self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def make_pipeline(config, workdir: str, *, split: str = "train", process_index: int | None = None,
-                  process_count: int | None = None) -> Pipeline:
-  """Prepares (or reuses) WORKDIR/tokenizer and WORKDIR/store, and returns this host's pipeline."""
-  config_lib.validate(config)
-  c = config.data
-  if process_index is None or process_count is None:
-    import jax
-    process_index = jax.process_index() if process_index is None else process_index
-    process_count = jax.process_count() if process_count is None else process_count
-  if config.batch_size % process_count:
-    raise ValueError(f"config.batch_size={config.batch_size} is not divisible by the process count "
-                     f"{process_count}: every host must get the same number of rows")
-  tokenizer = load_tokenizer(config, workdir)
-  store_dir = os.path.join(workdir, "store")
-  description = _corpus_description(c)
-  if not os.path.exists(store_dir):
-    stats = corpus_lib.CorpusStats()
-    prepare_store(store_dir, tokenizer, _documents(c, None, stats), heldout_fraction=c.heldout_fraction,
-                  corpus_description=description, stats=stats, num_workers=c.num_workers)
-  store = Store(store_dir, split, tokenizer, description)
-  eval_store = Store(store_dir, "eval", tokenizer, description)
-  if store.num_documents == 0:
-    raise ValueError(f"store {store_dir!r} has no {split!r} documents (heldout_fraction={c.heldout_fraction}); "
-                     "use a bigger corpus or change config.data.heldout_fraction")
-  similar = similarity.load(c.similar_words_file, tokenizer) if c.correction else None
-  return Pipeline(config, tokenizer, store, process_index=process_index, process_count=process_count,
-                  similar=similar, eval_store=eval_store if eval_store.num_documents else None)
+        raise ValueError(
+            f"config.batch_size={config.batch_size} is not divisible by the process count "
+            f"{process_count}: every host must get the same number of rows"
+        )
+    tokenizer = load_tokenizer(config, workdir)
+    store_dir = os.path.join(workdir, "store")
+    description = _corpus_description(c)
+    if not os.path.exists(store_dir):
+        stats = corpus_lib.CorpusStats()
+        prepare_store(
+            store_dir,
+            tokenizer,
+            _documents(c, None, stats),
+            heldout_fraction=c.heldout_fraction,
+            corpus_description=description,
+            stats=stats,
+            num_workers=c.num_workers,
+        )
+    store = Store(store_dir, split, tokenizer, description)
+    eval_store = Store(store_dir, "eval", tokenizer, description)
+    if store.num_documents == 0:
+        raise ValueError(
+            f"store {store_dir!r} has no {split!r} documents (heldout_fraction={c.heldout_fraction}); "
+            "use a bigger corpus or change config.data.heldout_fraction"
+        )
+    similar = similarity.load(c.similar_words_file, tokenizer) if c.correction else None
+    return Pipeline(
+        config,
+        tokenizer,
+        store,
+        process_index=process_index,
+        process_count=process_count,
+        similar=similar,
+        eval_store=eval_store if eval_store.num_documents else None,
+    )

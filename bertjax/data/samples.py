@@ -22,6 +22,7 @@ A plan lists, per sample, segment A = tokens[a_start:a_end), segment B = tokens[
   than the budget is cut into consecutive full rows and its rest starts the next row.
 - mlm: doc_sentences with BERT's short-sequence randomness (per document target).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,180 +34,207 @@ from bertjax.data.store import Store
 
 @dataclasses.dataclass
 class Plan:
-  """Token ranges and labels of every sample of one epoch at one sequence length."""
+    """Token ranges and labels of every sample of one epoch at one sequence length."""
 
-  a_start: np.ndarray
-  a_end: np.ndarray
-  b_start: np.ndarray
-  b_end: np.ndarray
-  label: np.ndarray
-  skipped: dict = dataclasses.field(default_factory=dict)
+    a_start: np.ndarray
+    a_end: np.ndarray
+    b_start: np.ndarray
+    b_end: np.ndarray
+    label: np.ndarray
+    skipped: dict = dataclasses.field(default_factory=dict)
 
-  def __len__(self) -> int:
-    return len(self.a_start)
+    def __len__(self) -> int:
+        return len(self.a_start)
 
-  def lengths(self) -> np.ndarray:
-    """Row length of each sample with [CLS] and one [SEP] per segment."""
-    b = self.b_end - self.b_start
-    return (self.a_end - self.a_start) + b + 2 + (b > 0)
+    def lengths(self) -> np.ndarray:
+        """Row length of each sample with [CLS] and one [SEP] per segment."""
+        b = self.b_end - self.b_start
+        return (self.a_end - self.a_start) + b + 2 + (b > 0)
 
 
 class _Uniforms:
-  """Uniform floats drawn in bulk from a generator and handed out one at a time (fast in loops)."""
+    """Uniform floats drawn in bulk from a generator and handed out one at a time (fast in loops)."""
 
-  def __init__(self, rng: np.random.Generator, block: int = 1 << 16):
-    self.rng, self.block, self.values, self.i = rng, block, [], 0
+    def __init__(self, rng: np.random.Generator, block: int = 1 << 16):
+        self.rng, self.block, self.values, self.i = rng, block, [], 0
 
-  def __call__(self) -> float:
-    if self.i >= len(self.values):
-      self.values, self.i = self.rng.random(self.block).tolist(), 0
-    self.i += 1
-    return self.values[self.i - 1]
+    def __call__(self) -> float:
+        if self.i >= len(self.values):
+            self.values, self.i = self.rng.random(self.block).tolist(), 0
+        self.i += 1
+        return self.values[self.i - 1]
 
-  def randint(self, low: int, high: int) -> int:
-    """Integer in [low, high], both inclusive (as Python's random.randint)."""
-    return low + int(self() * (high - low + 1))
+    def randint(self, low: int, high: int) -> int:
+        """Integer in [low, high], both inclusive (as Python's random.randint)."""
+        return low + int(self() * (high - low + 1))
 
 
 def _truncate(plan_cols, max_tokens: int, rng: np.random.Generator):
-  """Cuts the longer of A/B one token at a time (front or back at random) until A+B fits."""
-  a0, a1, b0, b1 = plan_cols
-  la, lb = a1 - a0, b1 - b0
-  excess = np.maximum(la + lb - max_tokens, 0)
-  diff = np.abs(la - lb)
-  # The longer side loses tokens until both are equal, then they alternate (B first on ties).
-  shared = np.maximum(excess - diff, 0)
-  longer_cut = np.minimum(excess, diff)
-  cut_a = np.where(la > lb, longer_cut, 0) + shared // 2
-  cut_b = np.where(la > lb, 0, longer_cut) + (shared + 1) // 2
-  front_a = rng.binomial(cut_a, 0.5)
-  front_b = rng.binomial(cut_b, 0.5)
-  return a0 + front_a, a1 - (cut_a - front_a), b0 + front_b, b1 - (cut_b - front_b)
+    """Cuts the longer of A/B one token at a time (front or back at random) until A+B fits."""
+    a0, a1, b0, b1 = plan_cols
+    la, lb = a1 - a0, b1 - b0
+    excess = np.maximum(la + lb - max_tokens, 0)
+    diff = np.abs(la - lb)
+    # The longer side loses tokens until both are equal, then they alternate (B first on ties).
+    shared = np.maximum(excess - diff, 0)
+    longer_cut = np.minimum(excess, diff)
+    cut_a = np.where(la > lb, longer_cut, 0) + shared // 2
+    cut_b = np.where(la > lb, 0, longer_cut) + (shared + 1) // 2
+    front_a = rng.binomial(cut_a, 0.5)
+    front_b = rng.binomial(cut_b, 0.5)
+    return a0 + front_a, a1 - (cut_a - front_a), b0 + front_b, b1 - (cut_b - front_b)
 
 
 def _target(u: _Uniforms, max_tokens: int, short_seq_prob: float) -> int:
-  return u.randint(2, max_tokens) if u() < short_seq_prob else max_tokens
+    return u.randint(2, max_tokens) if u() < short_seq_prob else max_tokens
 
 
-def pair_plan(store: Store, max_seq_length: int, short_seq_prob: float, rng: np.random.Generator,
-              objective: str) -> Plan:
-  """NSP (BERT) or SOP (ALBERT) sentence pairs of every document, in document order."""
-  if objective not in ("nsp", "sop"):
-    raise ValueError(f"objective={objective!r} is not a sentence-pair objective")
-  max_tokens = max_seq_length - 3
-  sent_begin = store.sentences[:, 0].tolist()
-  sent_end = store.sentences[:, 1].tolist()
-  docs = store.documents.tolist()
-  num_docs = len(docs) - 1
-  if objective == "nsp" and num_docs < 2:
-    raise ValueError(f"store {store.directory!r} ({store.split}) has {num_docs} document(s): NSP needs at "
-                     "least 2 to draw random next segments")
-  u = _Uniforms(rng)
-  cols = ([], [], [], [], [])
-  single = dropped = 0
-  for doc in range(num_docs):
-    first, last = docs[doc], docs[doc + 1]
-    if last - first < 2:
-      single += 1
-      continue
-    target = _target(u, max_tokens, short_seq_prob)
-    start, i, length = first, first, 0
-    while i < last:
-      length += sent_end[i] - sent_begin[i]
-      n = i - start + 1
-      done = i == last - 1 or length >= target
-      if objective == "sop" and n < 2:
-        done = False
-        if i == last - 1:
-          dropped += 1
-      if done and n == 1 and length < target:
-        dropped += 1  # a short one-sentence chunk (a document's last sentence): no pair
-      elif done:
-        a_end = start + (u.randint(1, n - 1) if n >= 2 else 1)
-        a_stop = sent_end[a_end - 1]
-        if n == 1:  # one sentence reaching the target alone: split it at a random token
-          a_stop = sent_begin[start] + u.randint(1, length - 1)
-        label = 0
-        if objective == "nsp" and u() < 0.5:
-          label = 1
-          target_b = target - (a_stop - sent_begin[start])
-          other = doc
-          while other == doc:
-            other = u.randint(0, num_docs - 1)
-          j = u.randint(docs[other], docs[other + 1] - 1)
-          b_start = sent_begin[j]
-          while j < docs[other + 1] - 1 and sent_end[j] - b_start < target_b:
-            j += 1
-          b_end = sent_end[j]
-          i = max(i, a_end - 1) if n == 1 else a_end - 1  # the chunk's unused sentences are put back
-        else:
-          b_start, b_end = a_stop if n == 1 else sent_begin[a_end], sent_end[i]
-        for col, v in zip(cols, (sent_begin[start], a_stop, b_start, b_end, label)):
-          col.append(v)
-      if done:
-        start, length = i + 1, 0
-      i += 1
-  a0, a1, b0, b1, label = (np.asarray(c, np.int64) for c in cols)
-  a0, a1, b0, b1 = _truncate((a0, a1, b0, b1), max_tokens, rng)
-  label = label.astype(np.int32)
-  if objective == "sop":
-    swap = rng.random(len(a0)) < 0.5
-    a0, a1, b0, b1 = np.where(swap, b0, a0), np.where(swap, b1, a1), np.where(swap, a0, b0), np.where(swap, a1, b1)
-    label = swap.astype(np.int32)
-  skipped = {"single_sentence_documents": single}
-  skipped["one_sentence_chunks"] = dropped
-  return Plan(a0, a1, b0, b1, label, skipped)
+def pair_plan(
+    store: Store,
+    max_seq_length: int,
+    short_seq_prob: float,
+    rng: np.random.Generator,
+    objective: str,
+) -> Plan:
+    """NSP (BERT) or SOP (ALBERT) sentence pairs of every document, in document order."""
+    if objective not in ("nsp", "sop"):
+        raise ValueError(f"objective={objective!r} is not a sentence-pair objective")
+    max_tokens = max_seq_length - 3
+    sent_begin = store.sentences[:, 0].tolist()
+    sent_end = store.sentences[:, 1].tolist()
+    docs = store.documents.tolist()
+    num_docs = len(docs) - 1
+    if objective == "nsp" and num_docs < 2:
+        raise ValueError(
+            f"store {store.directory!r} ({store.split}) has {num_docs} document(s): NSP needs at "
+            "least 2 to draw random next segments"
+        )
+    u = _Uniforms(rng)
+    cols = ([], [], [], [], [])
+    single = dropped = 0
+    for doc in range(num_docs):
+        first, last = docs[doc], docs[doc + 1]
+        if last - first < 2:
+            single += 1
+            continue
+        target = _target(u, max_tokens, short_seq_prob)
+        start, i, length = first, first, 0
+        while i < last:
+            length += sent_end[i] - sent_begin[i]
+            n = i - start + 1
+            done = i == last - 1 or length >= target
+            if objective == "sop" and n < 2:
+                done = False
+                if i == last - 1:
+                    dropped += 1
+            if done and n == 1 and length < target:
+                dropped += 1  # a short one-sentence chunk (a document's last sentence): no pair
+            elif done:
+                a_end = start + (u.randint(1, n - 1) if n >= 2 else 1)
+                a_stop = sent_end[a_end - 1]
+                if n == 1:  # one sentence reaching the target alone: split it at a random token
+                    a_stop = sent_begin[start] + u.randint(1, length - 1)
+                label = 0
+                if objective == "nsp" and u() < 0.5:
+                    label = 1
+                    target_b = target - (a_stop - sent_begin[start])
+                    other = doc
+                    while other == doc:
+                        other = u.randint(0, num_docs - 1)
+                    j = u.randint(docs[other], docs[other + 1] - 1)
+                    b_start = sent_begin[j]
+                    while j < docs[other + 1] - 1 and sent_end[j] - b_start < target_b:
+                        j += 1
+                    b_end = sent_end[j]
+                    i = (
+                        max(i, a_end - 1) if n == 1 else a_end - 1
+                    )  # the chunk's unused sentences are put back
+                else:
+                    b_start, b_end = a_stop if n == 1 else sent_begin[a_end], sent_end[i]
+                for col, v in zip(cols, (sent_begin[start], a_stop, b_start, b_end, label)):
+                    col.append(v)
+            if done:
+                start, length = i + 1, 0
+            i += 1
+    a0, a1, b0, b1, label = (np.asarray(c, np.int64) for c in cols)
+    a0, a1, b0, b1 = _truncate((a0, a1, b0, b1), max_tokens, rng)
+    label = label.astype(np.int32)
+    if objective == "sop":
+        swap = rng.random(len(a0)) < 0.5
+        a0, a1, b0, b1 = (
+            np.where(swap, b0, a0),
+            np.where(swap, b1, a1),
+            np.where(swap, a0, b0),
+            np.where(swap, a1, b1),
+        )
+        label = swap.astype(np.int32)
+    skipped = {"single_sentence_documents": single}
+    skipped["one_sentence_chunks"] = dropped
+    return Plan(a0, a1, b0, b1, label, skipped)
 
 
-def packed_plan(store: Store, max_seq_length: int, *, cross_documents: bool,
-                short_seq_prob: float = 0.0, rng: np.random.Generator | None = None) -> Plan:
-  """RoBERTa FULL-SENTENCES (cross_documents) / DOC-SENTENCES single segments of whole sentences."""
-  budget = max_seq_length - 2
-  sent_begin = store.sentences[:, 0].tolist()
-  sent_end = store.sentences[:, 1].tolist()
-  docs = store.documents.tolist()
-  u = _Uniforms(rng) if rng is not None else None
-  starts, ends = [], []
-  cur_start = cur_end = -1
-  limit = budget
-  for doc in range(len(docs) - 1):
-    if u is not None and short_seq_prob > 0:
-      limit = _target(u, budget, short_seq_prob)
-    for k in range(docs[doc], docs[doc + 1]):
-      b, e = sent_begin[k], sent_end[k]
-      if cur_start >= 0 and e - cur_start <= limit:
-        cur_end = e  # fits, with the document [SEP] in between when crossing documents
-        continue
-      if cur_start >= 0:
+def packed_plan(
+    store: Store,
+    max_seq_length: int,
+    *,
+    cross_documents: bool,
+    short_seq_prob: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> Plan:
+    """RoBERTa FULL-SENTENCES (cross_documents) / DOC-SENTENCES single segments of whole sentences."""
+    budget = max_seq_length - 2
+    sent_begin = store.sentences[:, 0].tolist()
+    sent_end = store.sentences[:, 1].tolist()
+    docs = store.documents.tolist()
+    u = _Uniforms(rng) if rng is not None else None
+    starts, ends = [], []
+    cur_start = cur_end = -1
+    limit = budget
+    for doc in range(len(docs) - 1):
+        if u is not None and short_seq_prob > 0:
+            limit = _target(u, budget, short_seq_prob)
+        for k in range(docs[doc], docs[doc + 1]):
+            b, e = sent_begin[k], sent_end[k]
+            if cur_start >= 0 and e - cur_start <= limit:
+                cur_end = e  # fits, with the document [SEP] in between when crossing documents
+                continue
+            if cur_start >= 0:
+                starts.append(cur_start)
+                ends.append(cur_end)
+                cur_start = -1
+            while e - b > limit:  # a sentence longer than the row: full pieces, the rest stays open
+                starts.append(b)
+                ends.append(b + limit)
+                b += limit
+            cur_start, cur_end = b, e
+        if not cross_documents and cur_start >= 0:
+            starts.append(cur_start)
+            ends.append(cur_end)
+            cur_start = -1
+    if cur_start >= 0:
         starts.append(cur_start)
         ends.append(cur_end)
-        cur_start = -1
-      while e - b > limit:  # a sentence longer than the row: full pieces, the rest stays open
-        starts.append(b)
-        ends.append(b + limit)
-        b += limit
-      cur_start, cur_end = b, e
-    if not cross_documents and cur_start >= 0:
-      starts.append(cur_start)
-      ends.append(cur_end)
-      cur_start = -1
-  if cur_start >= 0:
-    starts.append(cur_start)
-    ends.append(cur_end)
-  a0, a1 = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
-  zeros = np.zeros(len(a0), np.int64)
-  return Plan(a0, a1, zeros, zeros, zeros.astype(np.int32))
+    a0, a1 = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    zeros = np.zeros(len(a0), np.int64)
+    return Plan(a0, a1, zeros, zeros, zeros.astype(np.int32))
 
 
-def make_plan(store: Store, objective: str, max_seq_length: int, short_seq_prob: float,
-              rng: np.random.Generator) -> Plan:
-  """The plan of one epoch for an objective (diffusion rows are FULL-SENTENCES rows)."""
-  if objective in ("nsp", "sop"):
-    return pair_plan(store, max_seq_length, short_seq_prob, rng, objective)
-  if objective in ("full_sentences", "diffusion"):
-    return packed_plan(store, max_seq_length, cross_documents=True)
-  if objective == "doc_sentences":
-    return packed_plan(store, max_seq_length, cross_documents=False)
-  if objective == "mlm":
-    return packed_plan(store, max_seq_length, cross_documents=False, short_seq_prob=short_seq_prob, rng=rng)
-  raise ValueError(f"unknown objective {objective!r}")
+def make_plan(
+    store: Store,
+    objective: str,
+    max_seq_length: int,
+    short_seq_prob: float,
+    rng: np.random.Generator,
+) -> Plan:
+    """The plan of one epoch for an objective (diffusion rows are FULL-SENTENCES rows)."""
+    if objective in ("nsp", "sop"):
+        return pair_plan(store, max_seq_length, short_seq_prob, rng, objective)
+    if objective in ("full_sentences", "diffusion"):
+        return packed_plan(store, max_seq_length, cross_documents=True)
+    if objective == "doc_sentences":
+        return packed_plan(store, max_seq_length, cross_documents=False)
+    if objective == "mlm":
+        return packed_plan(
+            store, max_seq_length, cross_documents=False, short_seq_prob=short_seq_prob, rng=rng
+        )
+    raise ValueError(f"unknown objective {objective!r}")

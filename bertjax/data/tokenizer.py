@@ -6,6 +6,7 @@ with "▁" (SentencePiece) / does not begin with "##" (WordPiece), or is punctua
 character or a special token; a bare "▁" piece starts the word that the next piece continues.
 In Chinese (language="zh") word boundaries come from jieba, aligned to the pieces by characters.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,206 +14,273 @@ import os
 import re
 import shutil
 import unicodedata
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\u3000-\u303f\uff00-\uffef]")
+_CJK = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\u3000-\u303f\uff00-\uffef]"
+)
 # Names a loaded vocabulary may use for each special token, first match wins.
-_ALIASES = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"), "cls": ("[CLS]", "<s>"),
-            "sep": ("[SEP]", "</s>"), "mask": ("[MASK]", "<mask>")}
+_ALIASES = {
+    "pad": ("[PAD]", "<pad>"),
+    "unk": ("[UNK]", "<unk>"),
+    "cls": ("[CLS]", "<s>"),
+    "sep": ("[SEP]", "</s>"),
+    "mask": ("[MASK]", "<mask>"),
+}
 
 
 def _starts_word(piece: str) -> bool:
-  """Whether a non-special piece starts a word by its spelling alone (English rules)."""
-  if piece.startswith(("▁", "Ġ")):
-    return True
-  if piece.startswith("##"):
-    return False
-  first = piece[0]
-  return unicodedata.category(first)[0] in "PS" or bool(_CJK.match(first))
+    """Whether a non-special piece starts a word by its spelling alone (English rules)."""
+    if piece.startswith(("▁", "Ġ")):
+        return True
+    if piece.startswith("##"):
+        return False
+    first = piece[0]
+    return unicodedata.category(first)[0] in "PS" or bool(_CJK.match(first))
 
 
 def _jieba():
-  try:
-    import jieba
-  except ImportError:
-    raise ImportError("language='zh' needs jieba for word boundaries: pip install 'bertjax[zh]'") from None
-  jieba.setLogLevel(60)
-  return jieba
+    try:
+        import jieba
+    except ImportError:
+        raise ImportError(
+            "language='zh' needs jieba for word boundaries: pip install 'bertjax[zh]'"
+        ) from None
+    jieba.setLogLevel(60)
+    return jieba
 
 
 class Tokenizer:
-  """Encodes text to ids and marks word starts; SentencePiece or Hugging Face vocabularies."""
+    """Encodes text to ids and marks word starts; SentencePiece or Hugging Face vocabularies."""
 
-  def __init__(self, path: str, *, language: str = "en", lowercase: bool = True, num_threads: int = 0):
-    """Loads a SentencePiece `.model`, an HF `vocab.txt` or an HF `tokenizer.json`."""
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
-    if language not in ("en", "zh"):
-      raise ValueError(f"language={language!r}: must be 'en' or 'zh'")
-    self.path, self.language, self.lowercase = path, language, lowercase
-    self.num_threads = num_threads or min(8, os.cpu_count() or 1)
-    with open(path, "rb") as f:
-      self._bytes = f.read()
-    self._sp = self._hf = None
-    if path.endswith(".model"):
-      self._sp = spm.SentencePieceProcessor(model_proto=self._bytes)
-      pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
-      special = [self._sp.is_control(i) or self._sp.is_unknown(i) for i in range(len(pieces))]
-    else:
-      self._hf = self._load_hf(path)
-      vocab = self._hf.get_vocab()
-      pieces = [""] * len(vocab)
-      for piece, i in vocab.items():
-        pieces[i] = piece
-      special = [p in SPECIALS or (p.startswith("<") and p.endswith(">")) for p in pieces]
-    self.pieces = pieces
-    ids = {name: self._find(aliases, pieces) for name, aliases in _ALIASES.items()}
-    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        ids["pad"], ids["unk"], ids["cls"], ids["sep"], ids["mask"])
-    special = np.asarray(special, bool)
-    special[[self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]] = True
-    self.special = special  # [V] bool: never masked, never drawn as a random replacement
-    self.normal_ids = np.flatnonzero(~special).astype(np.int32)
-    wordpiece = self._hf is not None and any(p.startswith("##") for p in pieces)
-    table = np.array([s or (not p.startswith("##") if wordpiece else _starts_word(p)) if p else True
-                      for p, s in zip(pieces, special)], bool)
-    self._start_table = table
-    self._bare_id = pieces.index("▁") if "▁" in pieces else -1
+    def __init__(
+        self, path: str, *, language: str = "en", lowercase: bool = True, num_threads: int = 0
+    ):
+        """Loads a SentencePiece `.model`, an HF `vocab.txt` or an HF `tokenizer.json`."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
+        if language not in ("en", "zh"):
+            raise ValueError(f"language={language!r}: must be 'en' or 'zh'")
+        self.path, self.language, self.lowercase = path, language, lowercase
+        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        with open(path, "rb") as f:
+            self._bytes = f.read()
+        self._sp = self._hf = None
+        if path.endswith(".model"):
+            self._sp = spm.SentencePieceProcessor(model_proto=self._bytes)
+            pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+            special = [self._sp.is_control(i) or self._sp.is_unknown(i) for i in range(len(pieces))]
+        else:
+            self._hf = self._load_hf(path)
+            vocab = self._hf.get_vocab()
+            pieces = [""] * len(vocab)
+            for piece, i in vocab.items():
+                pieces[i] = piece
+            special = [p in SPECIALS or (p.startswith("<") and p.endswith(">")) for p in pieces]
+        self.pieces = pieces
+        ids = {name: self._find(aliases, pieces) for name, aliases in _ALIASES.items()}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            ids["pad"],
+            ids["unk"],
+            ids["cls"],
+            ids["sep"],
+            ids["mask"],
+        )
+        special = np.asarray(special, bool)
+        special[[self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]] = True
+        self.special = special  # [V] bool: never masked, never drawn as a random replacement
+        self.normal_ids = np.flatnonzero(~special).astype(np.int32)
+        wordpiece = self._hf is not None and any(p.startswith("##") for p in pieces)
+        table = np.array(
+            [
+                s or (not p.startswith("##") if wordpiece else _starts_word(p)) if p else True
+                for p, s in zip(pieces, special)
+            ],
+            bool,
+        )
+        self._start_table = table
+        self._bare_id = pieces.index("▁") if "▁" in pieces else -1
 
-  def _load_hf(self, path: str):
-    import tokenizers
-    if path.endswith(".json"):
-      return tokenizers.Tokenizer.from_file(path)
-    from tokenizers.implementations import BertWordPieceTokenizer
-    return BertWordPieceTokenizer(path, lowercase=self.lowercase, strip_accents=self.lowercase)
+    def _load_hf(self, path: str):
+        import tokenizers
 
-  def _find(self, aliases: Sequence[str], pieces: list[str]) -> int:
-    for alias in aliases:
-      if alias in pieces:
-        return pieces.index(alias)
-    if self._sp is not None:  # SentencePiece's own pad/unk/bos/eos ids, when they exist
-      own = {"[PAD]": self._sp.pad_id(), "[UNK]": self._sp.unk_id(), "[CLS]": self._sp.bos_id(),
-             "[SEP]": self._sp.eos_id()}.get(aliases[0], -1)
-      if own >= 0:
-        return own
-    raise ValueError(f"tokenizer {self.path!r} has no {aliases[0]} token (looked for {list(aliases)}); "
-                     "train one with bertjax or add the token to the vocabulary")
+        if path.endswith(".json"):
+            return tokenizers.Tokenizer.from_file(path)
+        from tokenizers.implementations import BertWordPieceTokenizer
 
-  @property
-  def vocab_size(self) -> int:
-    return len(self.pieces)
+        return BertWordPieceTokenizer(path, lowercase=self.lowercase, strip_accents=self.lowercase)
 
-  def fingerprint(self) -> str:
-    """A stable hash of the model/vocab bytes (plus case handling for vocab.txt)."""
-    h = hashlib.sha256(self._bytes)
-    if self._hf is not None and not self.path.endswith(".json"):
-      h.update(b"lowercase=%d" % self.lowercase)
-    return h.hexdigest()[:16]
+    def _find(self, aliases: Sequence[str], pieces: list[str]) -> int:
+        for alias in aliases:
+            if alias in pieces:
+                return pieces.index(alias)
+        if self._sp is not None:  # SentencePiece's own pad/unk/bos/eos ids, when they exist
+            own = {
+                "[PAD]": self._sp.pad_id(),
+                "[UNK]": self._sp.unk_id(),
+                "[CLS]": self._sp.bos_id(),
+                "[SEP]": self._sp.eos_id(),
+            }.get(aliases[0], -1)
+            if own >= 0:
+                return own
+        raise ValueError(
+            f"tokenizer {self.path!r} has no {aliases[0]} token (looked for {list(aliases)}); "
+            "train one with bertjax or add the token to the vocabulary"
+        )
 
-  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """All texts' ids concatenated (int32) and each text's length; multi-threaded."""
-    texts = list(texts)
-    if self._sp is not None:
-      rows = self._sp.encode(texts, out_type=int, num_threads=self.num_threads)
-    else:
-      rows = [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
-    lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
-    flat = np.fromiter((i for r in rows for i in r), np.int32, int(lengths.sum()))
-    return flat, lengths
+    @property
+    def vocab_size(self) -> int:
+        return len(self.pieces)
 
-  def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-    """Ids of each text (no special tokens added), as int32 arrays."""
-    flat, lengths = self.encode_flat(texts)
-    return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    def fingerprint(self) -> str:
+        """A stable hash of the model/vocab bytes (plus case handling for vocab.txt)."""
+        h = hashlib.sha256(self._bytes)
+        if self._hf is not None and not self.path.endswith(".json"):
+            h.update(b"lowercase=%d" % self.lowercase)
+        return h.hexdigest()[:16]
 
-  def decode(self, ids: Iterable[int]) -> str:
-    """Text of a sequence of ids (special tokens dropped)."""
-    ids = [int(i) for i in ids if not self.special[int(i)] or int(i) == self.unk_id]
-    return self._sp.decode(ids) if self._sp is not None else self._hf.decode(ids)
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' ids concatenated (int32) and each text's length; multi-threaded."""
+        texts = list(texts)
+        if self._sp is not None:
+            rows = self._sp.encode(texts, out_type=int, num_threads=self.num_threads)
+        else:
+            rows = [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+        lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
+        flat = np.fromiter((i for r in rows for i in r), np.int32, int(lengths.sum()))
+        return flat, lengths
 
-  def word_starts(self, ids: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
-    """Bool flags, True where a piece starts a word; `lengths` splits a flat array into texts."""
-    ids = np.asarray(ids)
-    if self.language == "zh":
-      lengths = np.array([len(ids)]) if lengths is None else lengths
-      parts = np.split(ids, np.cumsum(lengths)[:-1]) if len(lengths) else []
-      return np.concatenate([self._zh_starts(p) for p in parts] or [np.zeros(0, bool)])
-    starts = self._start_table[ids]
-    if self._bare_id >= 0 and len(ids) > 1:
-      starts[1:] &= ids[:-1] != self._bare_id  # "▁" + "word": the bare ▁ starts it, "word" continues
-      starts |= self.special[ids]
-    if lengths is not None and len(lengths):  # each text's first piece starts a word
-      starts[np.cumsum(lengths)[:-1][lengths[1:] > 0]] = True
-    if len(ids):
-      starts[0] = True
-    return starts
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Ids of each text (no special tokens added), as int32 arrays."""
+        flat, lengths = self.encode_flat(texts)
+        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
-  def _zh_starts(self, ids: np.ndarray) -> np.ndarray:
-    """Word starts of one text from jieba, aligned to pieces by character offsets."""
-    texts = []
-    for i in ids.tolist():
-      piece = "" if self.special[i] and i != self.unk_id else self.pieces[i]
-      if piece.startswith("##"):
-        piece = piece[2:]
-      elif self._hf is not None and texts and not (_CJK.match(piece[:1]) and _CJK.match(texts[-1][-1:])):
-        piece = " " + piece  # WordPiece drops spaces: restore them between non-CJK words
-      texts.append(piece.replace("▁", " "))
-    lengths = np.fromiter((len(t) for t in texts), np.int64, len(texts))
-    begins = np.cumsum(lengths) - lengths
-    leading = np.fromiter((len(t) - len(t.lstrip(" ")) if t.strip(" ") else 0 for t in texts), np.int64,
-                          len(texts))
-    word_begins, position = [], 0
-    for word in _jieba().cut("".join(texts), HMM=False):
-      word_begins.append(position)
-      position += len(word)
-    word_index = np.searchsorted(np.asarray(word_begins, np.int64), begins + leading, side="right")
-    starts = np.ones(len(ids), bool)
-    starts[1:] = word_index[1:] != word_index[:-1]
-    starts |= self.special[ids]
-    if self._bare_id >= 0 and len(ids) > 1:
-      starts[1:] &= ids[:-1] != self._bare_id
-    return starts
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of a sequence of ids (special tokens dropped)."""
+        ids = [int(i) for i in ids if not self.special[int(i)] or int(i) == self.unk_id]
+        return self._sp.decode(ids) if self._sp is not None else self._hf.decode(ids)
+
+    def word_starts(self, ids: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
+        """Bool flags, True where a piece starts a word; `lengths` splits a flat array into texts."""
+        ids = np.asarray(ids)
+        if self.language == "zh":
+            lengths = np.array([len(ids)]) if lengths is None else lengths
+            parts = np.split(ids, np.cumsum(lengths)[:-1]) if len(lengths) else []
+            return np.concatenate([self._zh_starts(p) for p in parts] or [np.zeros(0, bool)])
+        starts = self._start_table[ids]
+        if self._bare_id >= 0 and len(ids) > 1:
+            starts[1:] &= (
+                ids[:-1] != self._bare_id
+            )  # "▁" + "word": the bare ▁ starts it, "word" continues
+            starts |= self.special[ids]
+        if lengths is not None and len(lengths):  # each text's first piece starts a word
+            starts[np.cumsum(lengths)[:-1][lengths[1:] > 0]] = True
+        if len(ids):
+            starts[0] = True
+        return starts
+
+    def _zh_starts(self, ids: np.ndarray) -> np.ndarray:
+        """Word starts of one text from jieba, aligned to pieces by character offsets."""
+        texts = []
+        for i in ids.tolist():
+            piece = "" if self.special[i] and i != self.unk_id else self.pieces[i]
+            if piece.startswith("##"):
+                piece = piece[2:]
+            elif (
+                self._hf is not None
+                and texts
+                and not (_CJK.match(piece[:1]) and _CJK.match(texts[-1][-1:]))
+            ):
+                piece = " " + piece  # WordPiece drops spaces: restore them between non-CJK words
+            texts.append(piece.replace("▁", " "))
+        lengths = np.fromiter((len(t) for t in texts), np.int64, len(texts))
+        begins = np.cumsum(lengths) - lengths
+        leading = np.fromiter(
+            (len(t) - len(t.lstrip(" ")) if t.strip(" ") else 0 for t in texts),
+            np.int64,
+            len(texts),
+        )
+        word_begins, position = [], 0
+        for word in _jieba().cut("".join(texts), HMM=False):
+            word_begins.append(position)
+            position += len(word)
+        word_index = np.searchsorted(
+            np.asarray(word_begins, np.int64), begins + leading, side="right"
+        )
+        starts = np.ones(len(ids), bool)
+        starts[1:] = word_index[1:] != word_index[:-1]
+        starts |= self.special[ids]
+        if self._bare_id >= 0 and len(ids) > 1:
+            starts[1:] &= ids[:-1] != self._bare_id
+        return starts
 
 
-def _train(sentences: Iterable[str], tmp: str, vocab_size: int, model_type: str, language: str) -> None:
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences), model_prefix=os.path.join(tmp, "spm"),
-      vocab_size=vocab_size, model_type=model_type, hard_vocab_limit=False,
-      character_coverage=0.9995 if language == "zh" else 1.0,
-      pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece="[PAD]", unk_piece="[UNK]",
-      bos_piece="[CLS]", eos_piece="[SEP]", user_defined_symbols=["[MASK]"],
-      input_sentence_size=2_000_000, shuffle_input_sentence=True, max_sentence_length=1 << 16,
-      num_threads=min(8, os.cpu_count() or 1), minloglevel=2)
+def _train(
+    sentences: Iterable[str], tmp: str, vocab_size: int, model_type: str, language: str
+) -> None:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_prefix=os.path.join(tmp, "spm"),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        hard_vocab_limit=False,
+        character_coverage=0.9995 if language == "zh" else 1.0,
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        bos_piece="[CLS]",
+        eos_piece="[SEP]",
+        user_defined_symbols=["[MASK]"],
+        input_sentence_size=2_000_000,
+        shuffle_input_sentence=True,
+        max_sentence_length=1 << 16,
+        num_threads=min(8, os.cpu_count() or 1),
+        minloglevel=2,
+    )
 
 
-def train_sentencepiece(sentences: Iterable[str], directory: str, *, vocab_size: int,
-                        model_type: str = "unigram", language: str = "en", seed: int = 0) -> str:
-  """Trains a SentencePiece model with the fixed special ids into `directory`; returns the .model path.
+def train_sentencepiece(
+    sentences: Iterable[str],
+    directory: str,
+    *,
+    vocab_size: int,
+    model_type: str = "unigram",
+    language: str = "en",
+    seed: int = 0,
+) -> str:
+    """Trains a SentencePiece model with the fixed special ids into `directory`; returns the .model path.
 
-  Written into `directory.tmp-<pid>` and renamed, so a half-trained model is never found.
-  """
-  final = os.path.join(directory, "spm.model")
-  if os.path.isfile(final):
+    Written into `directory.tmp-<pid>` and renamed, so a half-trained model is never found.
+    """
+    final = os.path.join(directory, "spm.model")
+    if os.path.isfile(final):
+        return final
+    tmp = f"{directory.rstrip(os.sep)}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    spm.set_random_generator_seed(seed)
+    try:
+        _train(sentences, tmp, vocab_size, model_type, language)
+    except RuntimeError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(
+            f"SentencePiece training for {directory!r} failed with config.data.vocab_size={vocab_size}: "
+            f"{error}. Change config.data.vocab_size (or use a bigger corpus)"
+        ) from error
+    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+    try:
+        os.replace(tmp, directory)
+    except OSError:  # another process finished first: use its model
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not os.path.isfile(final):
+        raise FileExistsError(
+            f"{directory!r} exists but has no spm.model: delete it so the tokenizer can be trained"
+        )
     return final
-  tmp = f"{directory.rstrip(os.sep)}.tmp-{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  spm.set_random_generator_seed(seed)
-  try:
-    _train(sentences, tmp, vocab_size, model_type, language)
-  except RuntimeError as error:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise ValueError(f"SentencePiece training for {directory!r} failed with config.data.vocab_size={vocab_size}: "
-                     f"{error}. Change config.data.vocab_size (or use a bigger corpus)") from error
-  os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
-  try:
-    os.replace(tmp, directory)
-  except OSError:  # another process finished first: use its model
-    shutil.rmtree(tmp, ignore_errors=True)
-  if not os.path.isfile(final):
-    raise FileExistsError(f"{directory!r} exists but has no spm.model: delete it so the tokenizer can be trained")
-  return final
