@@ -2,7 +2,8 @@
 
 Times ``--layers`` layers of self-attention (gradients of a loss of the outputs with respect to
 q, k and v; B, T, N, H as given) for: autodiff of `jax.nn.dot_product_attention` (XLA), autodiff
-of `bertjax.products.exact_attention`, and `bertjax.products.attention` (hand-written backward) with
+of `bertjax.modeling.attention.exact_attention`, and `bertjax.ops.attention.attention` (hand-written
+backward) with
 1, 2 and 4 row chains; and one batched [B, N, T, H] x [B, N, H, T] product alone, to show the
 rate XLA:CPU gets from such small matrices. Medians after one warm-up call.
 
@@ -19,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bertjax import runtime  # noqa: E402
+from bertjax.training import runtime  # noqa: E402
 
 runtime.reexec_with_hugepage_malloc()
 
@@ -28,8 +29,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from step_throughput import time_steps  # noqa: E402  (benchmarks/, this script's folder)
 
-from bertjax import products  # noqa: E402
-from bertjax.products import exact_attention  # noqa: E402
+from bertjax.modeling.attention import exact_attention  # noqa: E402
+from bertjax.ops import attention as products  # noqa: E402
 
 
 def median_ms(fn, *args, repeats: int) -> float:
@@ -65,7 +66,7 @@ def main():
     ]
     variants += [
         (
-            f"products.attention, {c} chain{'s' if c > 1 else ''}",
+            f"ops.attention, {c} chain{'s' if c > 1 else ''}",
             lambda q, k, v, c=c: products.attention(q, k, v, mask, chains=c),
         )
         for c in (1, 2, 4)

@@ -1,7 +1,8 @@
 """Data pipeline throughput: masking alone beside Hugging Face's collator, and end to end.
 
   python benchmarks/data_throughput.py                 # the tables (builtin corpus, batch 256)
-  python benchmarks/data_throughput.py --prepare-mb 50 # prepare a ~50 MB corpus: wall time, peak RSS
+  python benchmarks/data_throughput.py --prepare-mb 50 # prepare a ~50 MB corpus: wall time, peak
+  RSS
 
 Everything runs in one process on the CPU. The HF side gets the very same token rows: its collator
 is given our rows' ids, special-token masks and offsets that encode our word boundaries, with a
@@ -12,6 +13,7 @@ special tokens; nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import sys
@@ -39,7 +41,7 @@ def _config(
             max_seq_length=length,
             max_predictions=20 if length <= 128 else 80,
             masking=mode,
-            objective="diffusion" if mode == "diffusion" else "nsp",
+            sample_plan="full_sentences" if mode == "diffusion" else "nsp",
             prefetch=0,
             tokenizer_model=workdir_model,
         )
@@ -48,7 +50,8 @@ def _config(
 
 
 def _hf_tokenizer(tok: Tokenizer):
-    """A PreTrainedTokenizerFast (WordPiece trained on the builtin corpus) with our special ids and size."""
+    """A PreTrainedTokenizerFast (WordPiece trained on the builtin corpus) with our special ids and
+    size."""
     import tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -114,18 +117,17 @@ def masking_table(pipelines, hf_tokenizer, batch: int, repeats: int):
                 ngram_probs=(6 / 11, 3 / 11, 2 / 11),
             )
             row_keys = keys.row_keys(0, 0, "mask", np.arange(batch))
-            ours = _timed(
-                lambda: masking.mask_batch(
-                    ids,
-                    maskable,
-                    starts,
-                    row_keys,
-                    spec,
-                    mask_id=4,
-                    normal_ids=p.tokenizer.normal_ids,
-                ),
-                repeats,
+            mask = functools.partial(
+                masking.mask_batch,
+                ids,
+                maskable,
+                starts,
+                row_keys,
+                spec,
+                mask_id=4,
+                normal_ids=p.tokenizer.normal_ids,
             )
+            ours = _timed(mask, repeats)
             hf_np = hf_pt = float("nan")
             if mode in ("token", "whole_word"):
                 wwm = mode == "whole_word"
@@ -144,21 +146,23 @@ def masking_table(pipelines, hf_tokenizer, batch: int, repeats: int):
                     pad_to_multiple_of=length,
                     seed=0,
                 )
-                hf_np = _timed(lambda: collate_np(data), max(1, repeats // 4))
-                hf_pt = _timed(lambda: collate_pt(data), max(1, repeats // 4))
+                hf_np = _timed(functools.partial(collate_np, data), max(1, repeats // 4))
+                hf_pt = _timed(functools.partial(collate_pt, data), max(1, repeats // 4))
             best_hf = min(hf_np, hf_pt) if mode in ("token", "whole_word") else float("nan")
             speedup = f"{best_hf / ours:.1f}x" if best_hf == best_hf else "n/a"
             print(
-                f"{length:>5} {mode:<11} {_rate(batch, ours):>10} {_rate(batch, hf_np):>10} {_rate(batch, hf_pt):>10} "
+                f"{length:>5} {mode:<11} {_rate(batch, ours):>10} {_rate(batch, hf_np):>10} "
+                f"{_rate(batch, hf_pt):>10} "
                 f"{speedup:>9}"
             )
 
 
 def end_to_end_table(workdir: str, model: str, batch: int, steps: int):
     print(
-        f"\n(2) end to end (store -> plan -> rows -> masking -> batch), batch {batch}, sequences/s (median)"
+        f"\n(2) end to end (store -> plan -> rows -> masking -> batch), batch {batch}, "
+        "sequences/s (median)"
     )
-    print(f"{'T':>5} {'objective+masking':<20} {'seq/s':>10} {'ms/batch':>9} {'epoch plan s':>12}")
+    print(f"{'T':>5} {'plan+masking':<20} {'seq/s':>10} {'ms/batch':>9} {'epoch plan s':>12}")
     for length in (128, 512):
         for mode in MODES:
             p = make_pipeline(
@@ -168,14 +172,15 @@ def end_to_end_table(workdir: str, model: str, batch: int, steps: int):
             p.compute_batch(0)  # builds the epoch plan
             plan_s = time.perf_counter() - start
             step = iter(range(1, 10**9))
-            per = _timed(lambda: p.compute_batch(next(step)), steps)
-            name = f"{p.c.objective}+{mode}"
+            per = _timed(lambda p=p, step=step: p.compute_batch(next(step)), steps)
+            name = f"{p.c.sample_plan}+{mode}"
             print(f"{length:>5} {name:<20} {batch / per:>10,.0f} {per * 1e3:>9.2f} {plan_s:>12.2f}")
 
 
 def prefetch_table(workdir: str, model: str, batch: int, steps: int, step_ms: float):
     print(
-        f"\n(3) prefetch: a loop that consumes batch(step) then spends {step_ms:.0f} ms on a device step "
+        f"\n(3) prefetch: a loop that consumes batch(step) then spends {step_ms:.0f} ms on a "
+        "device step "
         f"(sleep, GIL released), T=128 nsp+whole_word, batch {batch}"
     )
     for prefetch in (0, 1, 2, 4):
@@ -190,12 +195,14 @@ def prefetch_table(workdir: str, model: str, batch: int, steps: int, step_ms: fl
         per = (time.perf_counter() - start) / steps
         p.close()
         print(
-            f"  prefetch={prefetch}: {per * 1e3:6.2f} ms/step (data stall {max(per * 1e3 - step_ms, 0):5.2f} ms)"
+            f"  prefetch={prefetch}: {per * 1e3:6.2f} ms/step (data stall "
+            f"{max(per * 1e3 - step_ms, 0):5.2f} ms)"
         )
 
 
 def prepare_benchmark(megabytes: float, workdir: str, model: str, workers: int):
-    """Writes a ~N MB corpus (the builtin corpus, repeated with a numbered prefix) and prepares a store."""
+    """Writes a ~N MB corpus (the builtin corpus, repeated with a numbered prefix) and prepares a
+    store."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, f"corpus_{megabytes:g}mb.txt")
     if not os.path.exists(path):
@@ -228,8 +235,10 @@ def prepare_benchmark(megabytes: float, workdir: str, model: str, workers: int):
     size = os.path.getsize(path) / 1e6
     tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["eval"]["tokens"]
     print(
-        f"prepared {size:.1f} MB ({tokens:,} tokens, {stats.documents:,} documents) with num_workers={workers}: "
-        f"{wall:.1f} s, {size / wall:.1f} MB/s; peak RSS {peak_self:.0f} MiB (main), {peak_children:.0f} MiB "
+        f"prepared {size:.1f} MB ({tokens:,} tokens, {stats.documents:,} documents) with "
+        f"num_workers={workers}: "
+        f"{wall:.1f} s, {size / wall:.1f} MB/s; peak RSS {peak_self:.0f} MiB (main), "
+        f"{peak_children:.0f} MiB "
         "(largest worker)"
     )
 
@@ -243,7 +252,8 @@ def main():
     parser.add_argument("--prepare-mb", type=float, default=0)
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args()
-    # The tokenizer (8000-piece unigram on the builtin corpus) and store are prepared once into --workdir.
+    # The tokenizer (8000-piece unigram on the builtin corpus) and store are prepared once into
+    # --workdir.
     base = make_pipeline(
         _config(128, "token", args.batch), args.workdir, process_index=0, process_count=1
     )
@@ -263,7 +273,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from bertjax.runtime import reexec_with_hugepage_malloc
+    from bertjax.training.runtime import reexec_with_hugepage_malloc
 
-    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/training/runtime.py)
     main()

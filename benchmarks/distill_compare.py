@@ -1,8 +1,10 @@
 """Distilled vs plain 1-layer student on the built-in corpus, from a trained BERT-tiny teacher.
 
-  python benchmarks/distill_compare.py --teacher=/tmp/default_run --steps=500   # a `python train.py` workdir
+  python benchmarks/distill_compare.py --teacher=/tmp/default_run --steps=500   # a `python
+  train.py` workdir
 
-Every run uses configs/distilbert.py with the teacher's tokenizer, the same student shape, seed, data
+Every run uses configs/distilbert.py with the teacher's tokenizer, the same student shape, seed,
+data
 order, steps and held-out batches. Variants: "distilled" (teacher-layer init + DistilBERT's triple
 loss), "mlm_only" (random init, plain MLM: the same student without the teacher) and, with
 --init_only, "teacher_init" (teacher-layer init, plain MLM). Prints held-out MLM accuracy of each,
@@ -12,7 +14,6 @@ the teacher's on the same batches, and teacher vs student forward throughput.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -23,24 +24,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bertjax import distill, trainer  # noqa: E402
-from bertjax.heads import BertForPreTraining  # noqa: E402
+from bertjax import (
+    BertForPreTraining,  # noqa: E402
+    trainer,  # noqa: E402
+)
+from bertjax.interop.pretrained import PretrainedSource  # noqa: E402
+from bertjax.objectives import distill  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(args, variant: str):
-    spec = importlib.util.spec_from_file_location(
-        "distilbert", os.path.join(ROOT, "configs", "distilbert.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = trainer.load_config_file(os.path.join(ROOT, "configs", "distilbert.py"))
     config.num_train_steps = config.optim.total_steps = args.steps
     config.eval_every = config.checkpoint_every = args.steps
     config.progress_bar = False
     config.data.tokenizer_model = os.path.join(args.teacher, "tokenizer", "spm.model")
-    teacher_cfg = distill.teacher_model_config(args.teacher)
+    teacher_cfg = PretrainedSource(args.teacher, "--teacher").model_config()
     for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
         config.model[key] = getattr(teacher_cfg, key)
     config.model.num_hidden_layers = args.student_layers
@@ -54,7 +54,8 @@ def _config(args, variant: str):
 
 
 def _summary(workdir: str, steps: int):
-    """Final held-out MLM metrics and mean train steps/s from a run's metrics.jsonl (None: unfinished)."""
+    """Final held-out MLM metrics and mean train steps/s from a run's metrics.jsonl (None:
+    unfinished)."""
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.exists(path):
         return None
@@ -78,13 +79,9 @@ def _run(args, variant: str) -> dict:
     shutil.rmtree(workdir, ignore_errors=True)
     if variant == "mlm_only":  # no teacher at all: plain MLM (the NSP head is built but weighted 0)
         with config.loss.unlocked():
-            for key in distill.DistillObjective.extra_config_keys:
+            for key in distill.Distillation.extra_config_keys:
                 del config.loss[key]
-        config.loss.objective, config.loss.next_sentence, config.loss.nsp_weight = (
-            "pretraining",
-            True,
-            0.0,
-        )
+        config.loss.objective, config.loss.nsp_weight = "pretraining", 0.0
     trainer.train_and_evaluate(config, workdir)
     return _summary(workdir, args.steps)
 
@@ -132,7 +129,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from bertjax.runtime import reexec_with_hugepage_malloc
+    from bertjax.training.runtime import reexec_with_hugepage_malloc
 
-    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/training/runtime.py)
     main()

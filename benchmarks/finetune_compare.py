@@ -1,7 +1,9 @@
 """Pretrained vs random init on the built-in `stdlib_families` task (configs/finetune_glue.py).
 
-  python benchmarks/finetune_compare.py --pretrained=/tmp/default_run   # a `python train.py` workdir
-  python benchmarks/finetune_compare.py                                 # pretrains one first (800 steps)
+  python benchmarks/finetune_compare.py --pretrained=/tmp/default_run   # a `python train.py`
+  workdir
+  python benchmarks/finetune_compare.py                                 # pretrains one first (800
+  steps)
 
 Both runs use the same config, tokenizer (the pretrained run's SentencePiece model), model shape,
 seed and data order; only the encoder's initial weights differ. Prints the best dev metrics of each.
@@ -29,18 +31,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bertjax import trainer  # noqa: E402
-from bertjax.checkpoint import Checkpointer  # noqa: E402
+from bertjax.training.checkpoint import Checkpointer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_config(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return trainer.load_config_file(os.path.join(ROOT, "configs", f"{name}.py"))
 
 
 def _pretrain(workdir: str, steps: int) -> None:
@@ -97,7 +94,7 @@ def main():
     ckpt.close()
     tokenizer_model = os.path.join(args.pretrained, "tokenizer", meta["tokenizer_file"])
     if not os.path.isfile(tokenizer_model):
-        from bertjax.checkpoint import write_tokenizer
+        from bertjax.interop.checkpoints import write_tokenizer
 
         tokenizer_model = write_tokenizer(meta, os.path.join(args.workdir, "tokenizer"))
     shape = (
@@ -129,7 +126,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from bertjax.runtime import reexec_with_hugepage_malloc
+    from bertjax.training.runtime import reexec_with_hugepage_malloc
 
-    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/training/runtime.py)
     main()

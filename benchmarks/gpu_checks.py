@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from step_throughput import single_device_state  # noqa: E402  (benchmarks/ is on sys.path)
 
 import bertjax  # noqa: E402
-from bertjax import step  # noqa: E402
+from bertjax.training import step as step_internals  # noqa: E402
 
 LOSS_BOUND, GRAD_BOUND = 1e-2, 3e-2
 
@@ -58,8 +58,8 @@ def loss_and_grads(cfg, batch: dict, precision: str):
 
         @jax.jit
         def run(state, batch):
-            grads, sums, norms = step._gradients(state, batch, jax.random.key(1))
-            return state.spec.objective.total_loss(sums, norms), grads
+            grads, sums, norms = step_internals._gradients(state, batch, jax.random.key(1))
+            return state.spec.objective.loss(sums, norms), grads
 
         loss, grads = run(state, device_batch)
     flat = np.concatenate([np.asarray(g, np.float64).ravel() for g in jax.tree.leaves(grads)])

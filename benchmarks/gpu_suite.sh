@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 if [ "${BERTJAX_DRY_RUN:-0}" = "1" ]; then
   python3 benchmarks/gpu_checks.py --impls xla --lengths 32 --batch 2 --layers 1 --hidden 32 \
     --heads 2 --intermediate 64 --vocab 256
-  exec python3 benchmarks/step_throughput.py --sizes tiny --lengths 32,64 --batch 4 \
+  exec python3 benchmarks/step_throughput.py --sizes tiny --lengths 32 --batch 4 \
     --dtype bfloat16 --attention-variants xla --prng rbg --no-hf --steps 1 --warmup 1 --no-record
 fi
 # JAX takes this share of the GPU up front; HF's PyTorch step runs in the rest, same process.

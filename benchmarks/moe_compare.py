@@ -12,7 +12,6 @@ preparation. Steps/s is the mean over log windows after the first (which holds c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -25,11 +24,7 @@ from bertjax import trainer  # noqa: E402
 
 
 def _config():
-    path = os.path.join(ROOT, "configs", "moe_tiny.py")
-    spec = importlib.util.spec_from_file_location("moe_tiny", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return trainer.load_config_file(os.path.join(ROOT, "configs", "moe_tiny.py"))
 
 
 def _steps_per_second(workdir: str) -> float:
@@ -90,7 +85,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from bertjax.runtime import reexec_with_hugepage_malloc
+    from bertjax.training.runtime import reexec_with_hugepage_malloc
 
-    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/training/runtime.py)
     main()

@@ -61,8 +61,8 @@ def breakdown(size: str) -> dict:
 
     def loss(params):
         out = outputs(params)
-        sums, norms = spec.objective.loss_sums(out, batch), spec.objective.normalizers(batch)
-        return spec.objective.total_loss(sums, norms)
+        sums, norms = spec.objective.sums(out, batch), spec.objective.norms(batch)
+        return spec.objective.loss(sums, norms)
 
     def encoder_only(params):
         full = model.clone(sparse_last_layer=False)  # every row's sequence output
@@ -104,7 +104,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from bertjax.runtime import reexec_with_hugepage_malloc
+    from bertjax.training.runtime import reexec_with_hugepage_malloc
 
-    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/training/runtime.py)
     main()

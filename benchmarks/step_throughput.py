@@ -32,8 +32,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bertjax  # noqa: E402
-from bertjax import metrics as metrics_lib  # noqa: E402
-from bertjax import sharding, step  # noqa: E402
+from bertjax import step  # noqa: E402
+from bertjax.training import metrics as metrics_lib  # noqa: E402
+from bertjax.training import sharding
 
 VOCAB = 30522
 FULL = {"sparse_last_layer": False}  # config.loss of a step whose last layer computes every row
@@ -178,7 +179,7 @@ def row(name, cfg, batch, times, peak, reference=None, memory="-", loss=None):
     (HF's MLM head also runs at every position, which no row counts)."""
     b, t = batch["input_ids"].shape
     p = batch["masked_positions"].shape[1]
-    rows = step.StepSpec.from_config(step_config(loss), cfg).model().last_layer_rows(p)
+    rows = step.StepSpec.from_config(step_config(loss), cfg).objective.last_layer_rows(cfg, p)
     flops = b * metrics_lib.train_flops_per_sequence(cfg, t, p, rows)
     best, median = min(times), statistics.median(times)
     line = (
@@ -272,7 +273,8 @@ def main():
         ""
         if jax.default_backend() == "cpu"
         else (
-            f" (measured {args.dtype} matmul {metrics_lib.measured_matmul_peak(args.dtype) / 1e12:,.0f} TFLOP/s)"
+            f" (measured {args.dtype} matmul "
+            f"{metrics_lib.measured_matmul_peak(args.dtype) / 1e12:,.0f} TFLOP/s)"
         )
     )
     header = [
@@ -411,7 +413,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from bertjax.runtime import reexec_with_hugepage_malloc
+    from bertjax.training.runtime import reexec_with_hugepage_malloc
 
-    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/runtime.py)
+    reexec_with_hugepage_malloc()  # what train.py runs with (bertjax/training/runtime.py)
     main()

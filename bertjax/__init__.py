@@ -1,18 +1,32 @@
-"""bertjax: BERT-family encoders (BERT, RoBERTa, ALBERT) in JAX/Flax."""
+"""bertjax: BERT-family encoders (BERT, RoBERTa, ALBERT) in JAX/Flax.
 
-from bertjax.config import BertConfig
-from bertjax.heads import (
+The package's folders are its architecture:
+
+modeling/    the encoder: config, layers, attention, encoder stack, heads, MoE
+ops/         the optional speed layer: hand-written backward passes per platform
+objectives/  what a step optimizes: pretraining, fine-tuning (+ task data and metrics),
+             distillation, masked diffusion (+ sampling)
+training/    the step, optimizers, sharding, checkpoints, the trainer, metrics, runtime
+data/        corpus -> tokenizer -> token store -> sample plans -> masking -> batches
+interop/     Hugging Face weights both ways; read-only bertjax checkpoints
+
+The public faces: `bertjax.BertConfig` and the models below, `bertjax.convert` (from_hf,
+to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertjax.diffusion`.
+"""
+
+from bertjax.modeling import (
+    BertConfig,
     BertForPreTraining,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertModel,
 )
-from bertjax.model import BertModel
 
 __all__ = [
     "BertConfig",
-    "BertModel",
     "BertForPreTraining",
     "BertForSequenceClassification",
     "BertForTokenClassification",
+    "BertModel",
 ]
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
 """ALBERT-base (Lan et al. 2020): 128-dim factorized embeddings, one shared layer, SOP,
 n-gram masking (n <= 3, p ~ 1/n), LAMB at batch 4096.
 
-Run:     python train.py --config=configs/albert_base.py --workdir=DIR --config.data.corpus='/data/*.txt'
+Run:     python train.py --config=configs/albert_base.py --workdir=DIR \
+             --config.data.corpus='/data/*.txt'
 Expect:  12M parameters; SOP accuracy well above 0.5 within the first 10k steps; MLM
          accuracy ~0.55 after 125k steps on Wikipedia+books.
 """
@@ -26,7 +27,7 @@ def get_config():
     config.data.vocab_size = 30000
     config.data.max_seq_length = 512
     config.data.max_predictions = 20
-    config.data.objective = "sop"
+    config.data.sample_plan = "sop"
     config.data.masking = "ngram"
     config.data.ngram_max = 3
     config.optim.name = "lamb"

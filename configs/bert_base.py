@@ -18,7 +18,7 @@ def get_config():
     config.data.vocab_size = 30522
     config.data.max_seq_length = 128
     config.data.max_predictions = 20
-    config.data.objective = "nsp"
+    config.data.sample_plan = "nsp"
     config.optim.name = "adamw"
     config.optim.learning_rate = 1e-4
     config.optim.base_batch_size = 256

@@ -1,6 +1,7 @@
 """BERT-large with BERT's two length phases: 90% of steps at 128 tokens, then 512.
 
-Run:     python train.py --config=configs/bert_large.py --workdir=DIR --config.data.corpus='/data/*.txt'
+Run:     python train.py --config=configs/bert_large.py --workdir=DIR \
+             --config.data.corpus='/data/*.txt'
 Expect:  each phase compiles once (the length of every step is known ahead); MLM accuracy
          ~0.70 after 1M steps at batch 256 on Wikipedia+books. Use --config.mesh.fsdp=N
          to shard the 340M parameters and optimizer state when memory is short.
@@ -18,7 +19,7 @@ def get_config():
     config.data.max_seq_length = 512
     config.data.length_schedule = ((0.9, 128), (0.1, 512))  # phases, in this order
     config.data.max_predictions = 80  # 15% of 512 plus margin; rows at 128 pad the rest
-    config.data.objective = "nsp"
+    config.data.sample_plan = "nsp"
     config.optim.learning_rate = 1e-4
     config.optim.base_batch_size = 256
     config.optim.warmup_steps = 10_000

@@ -38,7 +38,7 @@ def get_config():
     config.data.max_predictions = 40
     config.data.eval_mask_rate = 0.15
     config.data.eval_max_predictions = 20
-    config.data.objective = "nsp"
+    config.data.sample_plan = "nsp"
     config.optim.learning_rate = 1.4e-3  # 3e-3 and 8e-4 both learned slower at B=16
     config.optim.base_batch_size = 16
     config.optim.warmup_steps = 100

@@ -1,7 +1,8 @@
 """Chinese BERT-wwm (Cui et al. 2019): whole-word masking with jieba word boundaries, MLM + NSP.
 
 Run:     pip install 'bertjax[zh]'
-         python train.py --config=configs/bert_wwm_zh.py --workdir=DIR --config.data.corpus='/data/zh/*.txt'
+         python train.py --config=configs/bert_wwm_zh.py --workdir=DIR \
+             --config.data.corpus='/data/zh/*.txt'
          (BERT format: one sentence per line, a blank line between documents; or set
          --config.data.corpus_format=documents for one document per line)
 Expect:  every piece of a masked word is masked together (no reference files: boundaries are
@@ -21,7 +22,7 @@ def get_config():
     config.data.vocab_size = 21128
     config.data.max_seq_length = 512
     config.data.max_predictions = 80
-    config.data.objective = "nsp"
+    config.data.sample_plan = "nsp"
     config.data.masking = "whole_word"
     config.optim.learning_rate = 1e-4
     config.optim.base_batch_size = 256

@@ -1,13 +1,16 @@
 """Masked diffusion LM (LLaDA/MDLM) with a BERT-base-sized encoder, for accelerators.
 
-Run:     python train.py --config=configs/diffusion_base.py --workdir=DIR --config.data.corpus='/data/*.txt'
-         python -m bertjax.diffusion --workdir=DIR --prompt="..." --answer_length=64 --steps=64 --block_length=16
+Run:     python train.py --config=configs/diffusion_base.py --workdir=DIR \
+             --config.data.corpus='/data/*.txt'
+         python -m bertjax.diffusion --workdir=DIR --prompt="..." --answer_length=64 \
+             --steps=64 --block_length=16
 Expect:  LLaDA's recipe at BERT-base size: pre-LN, no token types, AdamW 4e-4 with warmup, bf16;
          eval/nll_bound (nats/token, an upper bound on the NLL) falls steadily below the unigram
          entropy within the first thousand steps and keeps falling; samples become fluent later
          than an autoregressive model of the same size.
 """
 
+from bertjax.diffusion import add_diffusion_config
 from bertjax.trainer import default_run_config, model_config_dict
 
 
@@ -26,10 +29,8 @@ def get_config():
     config.data.vocab_size = 32000
     config.data.tokenizer_type = "bpe"
     config.data.max_seq_length = 512
-    config.data.objective = "diffusion"  # FULL-SENTENCES rows, t ~ U(eps, 1) per row
-    config.data.masking = "diffusion"  # every position listed: P = T whatever max_predictions says
-    config.loss.objective = "diffusion"
-    config.loss.next_sentence = False
+    # objective, masking (t ~ U(eps, 1) per row, every position listed) and FULL-SENTENCES rows
+    add_diffusion_config(config)
     config.optim.learning_rate = 4e-4
     config.optim.base_batch_size = 256
     config.optim.b2 = 0.95

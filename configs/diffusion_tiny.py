@@ -1,16 +1,19 @@
 """Masked diffusion LM (LLaDA/MDLM) with a BERT-tiny-sized encoder on the built-in corpus.
 
 Run:     python train.py --config=configs/diffusion_tiny.py --workdir=workdir/diffusion_tiny
-         python -m bertjax.diffusion --workdir=workdir/diffusion_tiny --prompt="The function returns"
+         python -m bertjax.diffusion --workdir=workdir/diffusion_tiny \
+             --prompt="The function returns"
 Expect:  on a 2-core CPU about 7 minutes (7.5 min measured, other work running). Measured:
-         eval/nll_bound (nats/token, the Monte-Carlo bound on held-out NLL) 6.14 at step 500, 5.84 at 1000, 5.62 at 2000, 5.49 at
-         3000, against the train split's unigram entropy of 6.52 (1000-step schedule: 5.76). Greedy
+         eval/nll_bound (nats/token, the Monte-Carlo bound on held-out NLL) 6.14 at step 500,
+         5.84 at 1000, 5.62 at 2000, 5.49 at 3000, against the train split's unigram entropy of
+         6.52 (1000-step schedule: 5.76). Greedy
          low-confidence samples go from "...........,........." (untrained) to local phrases
          ("is a list of the string the file", "return the") without global coherence. BERT's random
          attention init stayed near the unigram plateau here (6.35 after 1000 steps): the
          local-attention heads (BertConfig.local_attention_offsets) are what make it learn context.
 """
 
+from bertjax.diffusion import add_diffusion_config
 from bertjax.trainer import default_run_config, model_config_dict
 
 
@@ -32,10 +35,8 @@ def get_config():
     )
     config.data.vocab_size = 4000
     config.data.max_seq_length = 64
-    config.data.objective = "diffusion"  # FULL-SENTENCES rows, t ~ U(eps, 1) per row
-    config.data.masking = "diffusion"  # every position listed: P = T whatever max_predictions says
-    config.loss.objective = "diffusion"
-    config.loss.next_sentence = False
+    # objective, masking (t ~ U(eps, 1) per row, every position listed) and FULL-SENTENCES rows
+    add_diffusion_config(config)
     config.optim.learning_rate = 3e-3
     config.optim.schedule = "wsd"  # warmup, constant, linear decay over the last 10% (LLaDA)
     config.optim.base_batch_size = 32

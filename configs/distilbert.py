@@ -1,4 +1,5 @@
-"""DistilBERT-style distillation of the BERT-tiny default (configs/bert_tiny.py) into a 1-layer student.
+"""DistilBERT-style distillation of the BERT-tiny default (configs/bert_tiny.py) into a 1-layer
+student.
 
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny   # the teacher
          python train.py --config=configs/distilbert.py --workdir=workdir/distilbert \
@@ -10,7 +11,7 @@ Expect:  from the BERT-tiny teacher (held-out MLM accuracy ~0.11), ~0.12 held-ou
          With the default empty config.loss.teacher the teacher is RANDOM: a smoke test only.
 """
 
-from bertjax.distill import add_distill_config
+from bertjax.objectives.distill import add_distill_config
 from bertjax.trainer import default_run_config
 
 
@@ -20,13 +21,12 @@ def get_config():
     config.batch_size = 32
     config.num_train_steps = 500
     config.model.num_hidden_layers = 1  # the student; width, heads, vocab follow the teacher's
-    config.loss.student_layers = ()  # () = every other teacher layer (DistilBERT base: 0,2,4,7,9,11)
+    # () = every other teacher layer (DistilBERT base: 0,2,4,7,9,11)
+    config.loss.student_layers = ()
     config.data.vocab_size = 8000  # unused when a bertjax teacher brings its tokenizer
     config.data.max_seq_length = 128
     config.data.max_predictions = 20
-    config.data.objective = (
-        "nsp"  # the teacher's input distribution (sentence pairs); NSP labels unused
-    )
+    config.data.sample_plan = "nsp"  # the teacher's input distribution; NSP labels unused
     config.optim.learning_rate = 1e-3
     config.optim.base_batch_size = 32
     config.optim.warmup_steps = 50

@@ -14,7 +14,7 @@ Expect:  about 5 minutes on a 2-core CPU; dev accuracy about 0.75-0.79 (majority
          checkpoint and its dev predictions are in workdir/ft_glue/best/.
 """
 
-from bertjax.finetune import add_finetune_config
+from bertjax.objectives.finetune import add_finetune_config
 from bertjax.trainer import default_run_config
 
 

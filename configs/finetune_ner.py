@@ -11,7 +11,7 @@ Expect:  about 5 minutes on a 2-core CPU; from the 1500-step /tmp/default_run en
          workdir/ft_ner/best/.
 """
 
-from bertjax.finetune import add_finetune_config
+from bertjax.objectives.finetune import add_finetune_config
 from bertjax.trainer import default_run_config
 
 

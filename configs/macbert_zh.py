@@ -3,7 +3,8 @@ words replaced by similar words instead of [MASK] ("MLM as correction"), and SOP
 
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/macbert_zh.py --workdir=DIR \
-             --config.data.corpus='/data/zh/*.txt' --config.data.similar_words_file=/data/zh/similar.tsv
+             --config.data.corpus='/data/zh/*.txt' \
+             --config.data.similar_words_file=/data/zh/similar.tsv
          (similar.tsv: "word<TAB>similar1 similar2 ..." per line, e.g. from a synonym toolkit;
          or a .npy [V, D] embedding matrix whose cosine neighbours are used)
 Expect:  no [MASK] token in the inputs apart from the share set by mask_token_prob's slot,
@@ -23,7 +24,7 @@ def get_config():
     config.data.vocab_size = 21128
     config.data.max_seq_length = 512
     config.data.max_predictions = 80
-    config.data.objective = "sop"
+    config.data.sample_plan = "sop"
     config.data.masking = "ngram"
     config.data.ngram_max = 4
     config.data.ngram_weights = (0.4, 0.3, 0.2, 0.1)

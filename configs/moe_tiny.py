@@ -14,19 +14,13 @@ Expect:  on a 2-core CPU about 6.5 minutes (0.82x the dense steps/s). Measured (
          capacity 1.0 4.781 at 0.97x the dense steps/s (token choice: 0.76x).
 """
 
-from bertjax.trainer import default_run_config
+import os
+
+from bertjax.trainer import load_config_file
 
 
 def get_config():
-    config = default_run_config()
-    config.seed = 0
-    config.batch_size = 16
-    config.num_train_steps = 3000
-    config.model.hidden_dropout_prob = 0.0
-    config.model.attention_probs_dropout_prob = 0.0
-    config.model.initializer_range = 0.05
-    config.model.position_embedding_init = "fourier"
-    config.model.local_attention_offsets = (-1, 1)
+    config = load_config_file(os.path.join(os.path.dirname(__file__), "bert_tiny.py"))
     config.model.num_experts = 4  # experts per MoE layer
     config.model.experts_per_token = 1  # top-1 routing (Switch)
     config.model.moe_layer_interval = 1  # every layer is MoE
@@ -34,19 +28,4 @@ def get_config():
     config.model.router_z_loss_weight = 1e-3  # ST-MoE z-loss weight
     config.model.load_balance_loss_weight = 1e-2  # Switch balancing-loss weight
     config.mesh.expert = 1  # expert-parallel width on more devices (must divide num_experts)
-    config.data.vocab_size = 8000
-    config.data.max_seq_length = 128
-    config.data.mask_rate = 0.3
-    config.data.max_predictions = 40
-    config.data.eval_mask_rate = 0.15
-    config.data.eval_max_predictions = 20
-    config.data.objective = "nsp"
-    config.optim.learning_rate = 1.4e-3
-    config.optim.base_batch_size = 16
-    config.optim.warmup_steps = 100
-    config.optim.weight_decay = 0.01
-    config.log_every = 50
-    config.eval_every = 500
-    config.eval_batches = 16
-    config.checkpoint_every = 500
     return config

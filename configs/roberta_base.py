@@ -1,6 +1,7 @@
 """RoBERTa-base (Liu et al. 2019): FULL-SENTENCES rows, dynamic masking, no NSP, batch 8k.
 
-Run:     python train.py --config=configs/roberta_base.py --workdir=DIR --config.data.corpus='/data/*.txt'
+Run:     python train.py --config=configs/roberta_base.py --workdir=DIR \
+             --config.data.corpus='/data/*.txt'
 Expect:  the LR follows the square-root batch rule from 1e-4 at batch 256: 5.7e-4 at 8192,
          close to the paper's 6e-4; masks change every epoch (the epoch is part of the mask key).
          MLM accuracy ~0.70 after 500k steps on a large corpus.
@@ -27,8 +28,7 @@ def get_config():
     config.data.tokenizer_type = "bpe"
     config.data.max_seq_length = 512
     config.data.max_predictions = 80
-    config.data.objective = "full_sentences"
-    config.loss.next_sentence = False
+    config.data.sample_plan = "full_sentences"
     config.optim.learning_rate = 1e-4
     config.optim.base_batch_size = 256
     config.optim.lr_scaling = "sqrt"

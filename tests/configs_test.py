@@ -47,8 +47,9 @@ def zh_files(tmp_path_factory):
     return str(corpus), str(similar)
 
 
-def _shrink(config, zh_files):
-    """Same recipe, toy sizes: 2 layers of width 32, 3 steps, lengths scaled into [16, 64]."""
+def _shrink(config, zh_files, spm):
+    """Same recipe, toy sizes: 2 layers of width 32, 3 steps, lengths scaled into [16, 64]; the
+    session's SentencePiece model for English recipes."""
     config.batch_size, config.num_train_steps = 8, 3
     config.model.hidden_size, config.model.num_attention_heads = 32, 2
     config.model.intermediate_size, config.model.num_hidden_layers = 64, 2
@@ -62,13 +63,14 @@ def _shrink(config, zh_files):
     )
     config.model.max_position_embeddings = 64 + config.model.position_offset
     config.data.max_predictions = 6
-    config.data.vocab_size = 400
+    config.data.tokenizer_model = spm
     config.optim.warmup_steps = 1
     config.log_every, config.eval_every, config.eval_batches = 1, 3, 1
     config.checkpoint_every = 0
     config.progress_bar = False
     if config.data.language == "zh":
         config.data.corpus = zh_files[0]
+        config.data.tokenizer_model = ""
         config.data.vocab_size = 320
         config.data.heldout_fraction = 0.2
         config.data.similar_words_file = zh_files[1] if config.data.correction else ""
@@ -76,13 +78,14 @@ def _shrink(config, zh_files):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_config_runs_shrunken(name, zh_files, tmp_path):
-    config = _shrink(_load(name).get_config(), zh_files)
+def test_config_runs_shrunken(name, zh_files, small_spm, tmp_path):
+    config = _shrink(_load(name).get_config(), zh_files, small_spm)
     summary = trainer.train_and_evaluate(config, str(tmp_path))
     assert summary["step"] == 3
     assert summary["train/loss"] == summary["train/loss"]  # not NaN
     if config.loss.objective == "pretraining":
         assert 0.0 <= summary["eval/mlm_accuracy"] <= 1.0
-        assert ("eval/nsp_accuracy" in summary) == bool(config.loss.next_sentence)
+        pairs = config.data.sample_plan in ("nsp", "sop")
+        assert ("eval/nsp_accuracy" in summary) == pairs
     else:  # diffusion, fine-tuning, distillation report their own held-out metrics
         assert any(key.startswith("eval/") for key in summary), sorted(summary)

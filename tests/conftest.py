@@ -1,12 +1,48 @@
-"""Test session set-up: 8 fake CPU devices for sharding tests, fp32 matmuls."""
+"""Test session set-up: 8 fake CPU devices for sharding tests, fp32 matmuls, one XLA compilation
+cache for the run (subprocesses too), and the session's shared tokenizers."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Must happen before jax is imported anywhere: sharding tests need several devices.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Identical computations (the same tiny model in several train.py subprocesses, configs that
+# shrink to the same shapes) compile once per test run; the cache starts empty every run.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="bertjax-tests-xla-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+import pytest  # noqa: E402
+
+
+def _builtin_spm(tmp_path_factory, vocab_size: int) -> str:
+    from bertjax.data import corpus
+    from bertjax.data.tokenizer import train_sentencepiece
+
+    sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
+    directory = tmp_path_factory.getbasetemp() / f"builtin_spm_{vocab_size}"
+    return train_sentencepiece(sentences, str(directory), vocab_size=vocab_size)
+
+
+@pytest.fixture(scope="session")
+def builtin_spm(tmp_path_factory) -> str:
+    """One 1000-piece SentencePiece model of the built-in corpus for the whole run: what the data
+    tests use where they need *a* tokenizer (not a particular one)."""
+    return _builtin_spm(tmp_path_factory, 1000)
+
+
+@pytest.fixture(scope="session")
+def small_spm(tmp_path_factory) -> str:
+    """A 400-piece model of the built-in corpus: the end-to-end runs' tokenizer (tiny models learn
+    within their few steps at this vocabulary)."""
+    return _builtin_spm(tmp_path_factory, 400)

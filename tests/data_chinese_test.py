@@ -1,4 +1,5 @@
-"""Chinese: jieba word boundaries aligned to pieces, and whole-word masking of multi-character words."""
+"""Chinese: jieba word boundaries aligned to pieces, and whole-word masking of multi-character
+words."""
 
 import sys
 
@@ -111,7 +112,7 @@ def test_chinese_whole_word_masking_masks_multi_character_words_whole(tmp_path, 
             tokenizer_model=tok.path,
             max_seq_length=48,
             masking="whole_word",
-            objective="nsp",
+            sample_plan="nsp",
             heldout_fraction=0.0,
             prefetch=0,
             mask_rate=0.3,

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bertjax.data import corpus
+from bertjax.data import corpus, text
 
 
 def _write(path, data):
@@ -52,7 +52,7 @@ def test_empty_and_blank_only_files_are_skipped_and_counted(tmp_path):
     empty = _write(tmp_path / "empty.txt", "")
     blank = _write(tmp_path / "blank.txt", "\n  \n\t\n")
     good = _write(tmp_path / "good.txt", "Only sentence.\n")
-    stats = corpus.CorpusStats()
+    stats = text.CorpusStats()
     docs = list(corpus.iter_documents(f"{empty},{blank},{good}", stats=stats))
     assert [d for _, d in docs] == [["Only sentence."]]
     assert stats.empty_files == [empty, blank]
@@ -68,12 +68,12 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
 def test_one_megabyte_line_is_cut_at_whitespace(tmp_path):
     words = " ".join(f"word{i}" for i in range(150_000))  # ~1.1 MB, no sentence punctuation
     path = _write(tmp_path / "long.txt", words + "\n")
-    stats = corpus.CorpusStats()
+    stats = text.CorpusStats()
     [(_, doc)] = list(corpus.iter_documents(path, stats=stats))
     assert stats.long_sentences_split == 1
-    assert max(len(s) for s in doc) <= corpus.MAX_SENTENCE_CHARS
+    assert max(len(s) for s in doc) <= text.MAX_SENTENCE_CHARS
     assert " ".join(doc) == words  # nothing lost: cuts are at spaces
-    hard = corpus.cut_long("x" * 10_000)
+    hard = text.cut_long("x" * 10_000)
     assert [len(p) for p in hard] == [4096, 4096, 1808]
 
 
@@ -93,7 +93,7 @@ def test_builtin_corpus_is_large_and_identical_in_a_fresh_python():
 
 def test_heldout_split_is_stable_and_about_the_fraction():
     ids = [f"doc-{i}" for i in range(20_000)]
-    held = [i for i in ids if corpus.is_heldout(i, 0.02)]
+    held = [i for i in ids if text.is_heldout(i, 0.02)]
     assert 0.017 < len(held) / len(ids) < 0.023
-    assert held == [i for i in ids if corpus.is_heldout(i, 0.02)]
-    assert set(held) <= {i for i in ids if corpus.is_heldout(i, 0.05)}
+    assert held == [i for i in ids if text.is_heldout(i, 0.02)]
+    assert set(held) <= {i for i in ids if text.is_heldout(i, 0.05)}

@@ -1,4 +1,4 @@
-"""Masking statistics and invariants: rates, 80/10/10, whole words, n-gram lengths, diffusion, keys."""
+"""Masking statistics and invariants: rates, 80/10/10, whole words, n-grams, diffusion, keys."""
 
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ NORMAL = np.arange(5, VOCAB, dtype=np.int32)
 
 
 def _rows(batch, width, seed=0):
-    """Synthetic rows: [CLS] A [SEP] B [SEP] [PAD]..., random pieces, ~70% of pieces start a word."""
+    """Synthetic rows: [CLS] A [SEP] B [SEP] [PAD]..., random pieces, ~70% of them start words."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(width // 3, width + 1, batch)
     t = np.arange(width)[None, :]

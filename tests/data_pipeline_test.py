@@ -4,8 +4,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, default_data_config, make_pipeline
-from bertjax.data.tokenizer import train_sentencepiece
+from bertjax.data import default_data_config, make_pipeline
 
 KEYS = (
     "input_ids",
@@ -20,10 +19,8 @@ KEYS = (
 
 
 @pytest.fixture(scope="module")
-def spm_path(tmp_path_factory):
-    directory = tmp_path_factory.getbasetemp() / "builtin_spm_1000"
-    sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
-    return train_sentencepiece(sentences, str(directory), vocab_size=1000)
+def spm_path(builtin_spm):
+    return builtin_spm
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +163,7 @@ def test_invalid_values_name_the_key(spm_path, workdir):
         "mask_rate": -0.1,
         "random_token_prob": 0.5,
         "max_predictions": 0,
-        "objective": "clm",
+        "sample_plan": "clm",
         "masking": "span",
         "length_schedule": ((0.5, 64), (0.4, 32)),
         "pack_rows": True,
@@ -207,12 +204,12 @@ def test_length_schedules(spm_path, workdir):
 
 @pytest.mark.parametrize("objective", ["doc_sentences", "mlm"])
 def test_packed_rows_have_numbered_segments(spm_path, workdir, objective):
-    p = _pipeline(spm_path, workdir, objective=objective, pack_rows=True, masking="whole_word")
+    p = _pipeline(spm_path, workdir, sample_plan=objective, pack_rows=True, masking="whole_word")
     b = p.batch(2)
     seg = b["segment_ids"]
     assert seg.shape == (16, 64) and (b["next_sentence_label"] == 0).all()
     np.testing.assert_array_equal(seg > 0, b["attention_mask"] == 1)
-    unpacked = _pipeline(spm_path, workdir, objective=objective, masking="whole_word").batch(2)
+    unpacked = _pipeline(spm_path, workdir, sample_plan=objective, masking="whole_word").batch(2)
     # Rows hold several samples and are fuller. Built-in documents are long (>= 100 words), so
     # doc_sentences rows are mostly full already; only their short document tails get packed.
     several, fuller = (3, 1.2) if objective == "mlm" else (1, 1.0)
@@ -225,19 +222,19 @@ def test_packed_rows_have_numbered_segments(spm_path, workdir, objective):
     _equal(
         b,
         _pipeline(
-            spm_path, workdir, objective=objective, pack_rows=True, masking="whole_word"
+            spm_path, workdir, sample_plan=objective, pack_rows=True, masking="whole_word"
         ).batch(2),
     )
 
 
 def test_diffusion_and_sop_and_full_sentences(spm_path, workdir):
-    d = _pipeline(spm_path, workdir, objective="diffusion", masking="diffusion").batch(0)
+    d = _pipeline(spm_path, workdir, sample_plan="full_sentences", masking="diffusion").batch(0)
     assert (
         d["masked_positions"].shape == (16, 64)
         and 0 < d["mask_ratio"].min() < d["mask_ratio"].max() < 1
     )
     assert (d["next_sentence_label"] == 0).all() and (d["token_type_ids"] == 0).all()
-    s = _pipeline(spm_path, workdir, objective="sop", masking="ngram").batch(0)
+    s = _pipeline(spm_path, workdir, sample_plan="sop", masking="ngram").batch(0)
     assert set(np.unique(s["next_sentence_label"])) == {0, 1}
-    f = _pipeline(spm_path, workdir, objective="full_sentences").batch(0)
+    f = _pipeline(spm_path, workdir, sample_plan="full_sentences").batch(0)
     assert f["attention_mask"].sum() > 0.7 * f["attention_mask"].size  # rows end at sentence ends

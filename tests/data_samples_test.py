@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, keys, samples
+from bertjax.data import corpus, keys, samples, text
 from bertjax.data.store import Store, prepare_store
-from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
+from bertjax.data.tokenizer import Tokenizer
 
 
 def _store(directory, tok, spec):
-    stats = corpus.CorpusStats()
+    stats = text.CorpusStats()
     prepare_store(
         str(directory),
         tok,
@@ -22,10 +22,8 @@ def _store(directory, tok, spec):
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    directory = tmp_path_factory.getbasetemp() / "builtin_spm_1000"
-    sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
-    return Tokenizer(train_sentencepiece(sentences, str(directory), vocab_size=1000))
+def tok(builtin_spm):
+    return Tokenizer(builtin_spm)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from bertjax.data import corpus
+from bertjax.data import corpus, text
 from bertjax.data import store as store_lib
 from bertjax.data.store import Store, prepare_store
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
@@ -23,14 +23,12 @@ Third document, one sentence.
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    directory = tmp_path_factory.getbasetemp() / "builtin_spm_1000"
-    sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
-    return Tokenizer(train_sentencepiece(sentences, str(directory), vocab_size=1000))
+def tok(builtin_spm):
+    return Tokenizer(builtin_spm)
 
 
 def _prepare(directory, tok, spec, *, heldout=0.0, workers=0, fmt="sentences"):
-    stats = corpus.CorpusStats()
+    stats = text.CorpusStats()
     docs = corpus.iter_documents(spec, fmt, stats=stats)
     return prepare_store(
         str(directory),

@@ -1,11 +1,12 @@
-"""tfds corpora: a tiny ArrayRecord dataset built offline with tfds' own builder, read without TensorFlow."""
+"""tfds corpora: a tiny ArrayRecord dataset built offline with tfds' own builder, read without
+TensorFlow."""
 
 import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from bertjax.data import corpus, default_data_config, make_pipeline
+from bertjax.data import corpus, default_data_config, make_pipeline, text
 
 
 class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):
@@ -27,7 +28,8 @@ class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):
             yield (
                 i,
                 {
-                    "body": f"Document {i} opens here. It talks about item {i}!\nDoes it end? Yes it does.",
+                    "body": f"Document {i} opens here. It talks about item {i}!\nDoes it end? Yes "
+                    "it does.",
                     "number": i,
                 },
             )
@@ -41,7 +43,7 @@ def data_dir(tmp_path_factory):
 
 
 def test_documents_come_from_the_text_feature(data_dir):
-    stats = corpus.CorpusStats()
+    stats = text.CorpusStats()
     docs = list(
         corpus.iter_documents(
             "tfds:bertjax_tiny_text", text_feature="body", tfds_data_dir=data_dir, stats=stats

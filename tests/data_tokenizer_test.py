@@ -3,16 +3,12 @@
 import numpy as np
 import pytest
 
-from bertjax.data import corpus
 from bertjax.data.tokenizer import Tokenizer, _starts_word, train_sentencepiece
 
 
 @pytest.fixture(scope="module")
-def spm_path(tmp_path_factory):
-    # Shared by every data test module of the session: trained once, reused from basetemp.
-    directory = tmp_path_factory.getbasetemp() / "builtin_spm_1000"
-    sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
-    return train_sentencepiece(sentences, str(directory), vocab_size=1000)
+def spm_path(builtin_spm):
+    return builtin_spm
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Masked diffusion: the loss against a hand computation, SFT batches, the sampler's schedule, the recipe."""
+"""Masked diffusion: the loss against a hand computation, SFT batches, the sampler's schedule, the
+recipe."""
 
 import math
 import os
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 from bertjax import BertConfig, BertForPreTraining, diffusion, trainer
-from bertjax.objectives import default_loss_config, make_objective
+from bertjax.objectives import diffusion as diffusion_objective
+from bertjax.objectives import make_objective
+from bertjax.trainer import default_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLS, SEP, MASK = 2, 3, 4
@@ -23,10 +26,7 @@ def _np_cross_entropy(logits, labels):
 
 
 def _objective():
-    config = default_loss_config()
-    config.objective = "diffusion"
-    config.next_sentence = False
-    return make_objective(config)
+    return make_objective(diffusion.add_diffusion_config(default_run_config()))
 
 
 def test_loss_matches_hand_computation():
@@ -68,7 +68,7 @@ def test_maskable_tokens_skip_specials_and_padding():
     cfg = BertConfig.preset("tiny", vocab_size=20)
     ids = jnp.array([[CLS, 7, MASK, SEP, 9, SEP, 0, 0]])
     attention = jnp.array([[1, 1, 1, 1, 1, 1, 0, 0]])
-    assert float(diffusion.maskable_tokens(ids, attention, cfg)[0]) == 3.0
+    assert float(diffusion_objective.maskable_tokens(ids, attention, cfg)[0]) == 3.0
 
 
 class _WordTokenizer:
@@ -113,7 +113,7 @@ def test_unigram_entropy_of_uniform_tokens():
     special = np.zeros(10, bool)
     special[:2] = True
     tokens = np.array([0, 1, 2, 3, 4, 5, 2, 3, 4, 5])
-    assert math.isclose(diffusion.unigram_entropy(tokens, special), math.log(4))
+    assert math.isclose(diffusion_objective.unigram_entropy(tokens, special), math.log(4))
 
 
 @pytest.fixture(scope="module")
@@ -185,15 +185,7 @@ def test_sampler_seeds_and_remasking(tiny_model):
 
 
 def test_diffusion_tiny_recipe_trains_and_generates(tmp_path, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "diffusion_tiny", os.path.join(ROOT, "configs", "diffusion_tiny.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert "Run:" in module.__doc__ and "Expect:" in module.__doc__
-    config = module.get_config()
+    config = trainer.load_config_file(os.path.join(ROOT, "configs", "diffusion_tiny.py"))
     config.batch_size, config.num_train_steps = 8, 3
     config.model.hidden_size, config.model.num_attention_heads = 32, 2
     config.model.intermediate_size, config.model.num_hidden_layers = 64, 2

@@ -7,7 +7,9 @@ import pytest
 import two_process_worker as setup
 
 import bertjax
-from bertjax import checkpoint, distill, sharding, step
+from bertjax import step
+from bertjax.objectives import distill
+from bertjax.training import checkpoint, sharding
 
 LENGTH, PREDICTIONS, VOCAB = 16, 4, 128
 
@@ -74,10 +76,8 @@ def test_loss_matches_a_numpy_reference():
         sequence_output=s_hidden,
         teacher_sequence_output=t_hidden,
     )
-    objective = distill.DistillObjective(
-        temperature=2.0, alpha_ce=5.0, alpha_mlm=2.0, alpha_cos=1.0
-    )
-    metrics = objective.metrics(objective.loss_sums(outputs, batch), objective.normalizers(batch))
+    objective = distill.Distillation(temperature=2.0, alpha_ce=5.0, alpha_mlm=2.0, alpha_cos=1.0)
+    metrics = objective.report(objective.sums(outputs, batch), objective.norms(batch))
 
     def log_softmax(x):
         x = x - x.max(-1, keepdims=True)
@@ -112,17 +112,18 @@ def test_loss_matches_a_numpy_reference():
 
 
 def test_width_mismatch_and_bad_layers_raise():
-    objective = distill.DistillObjective(teacher_cfg=_cfg(4), teacher="t")
+    objective = distill.Distillation(teacher_cfg=_cfg(4), teacher="t")
     with pytest.raises(ValueError, match="hidden_size"):
         objective.teacher_config(_cfg(2).replace(hidden_size=64))
     with pytest.raises(ValueError, match="student_layers"):
-        distill.DistillObjective(teacher_cfg=_cfg(4), student_layers=(0, 4)).layers(_cfg(2))
+        distill.Distillation(teacher_cfg=_cfg(4), student_layers=(0, 4)).layers(_cfg(2))
     assert distill.default_student_layers(12, 6) == (0, 2, 4, 6, 8, 10)
 
 
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory):
-    """A saved 4-layer pretraining (NSP) teacher and a 2-layer distill state, before/after loading it."""
+    """A saved 4-layer pretraining (NSP) teacher and a 2-layer distill state, before/after loading
+    it."""
     root = tmp_path_factory.mktemp("teacher")
     mesh = sharding.make_mesh(setup.step_config().mesh, jax.devices()[:1])
     teacher_config = setup.step_config()
@@ -141,9 +142,7 @@ def distilled(tmp_path_factory):
     ckpt.close()
     config = _distill_config(str(root))
     fresh = step.init_train_state(config, _cfg(2), mesh, jax.random.key(0))
-    data = object.__new__(distill.DistillData)
-    data.objective = fresh.spec.objective
-    loaded = data.teacher_state(fresh)
+    loaded = fresh.spec.objective.prepare_state(fresh, None)
     return mesh, config, _leaves(teacher.params), fresh, loaded
 
 

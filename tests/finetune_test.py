@@ -7,11 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import evaluation, finetune, sharding, tasks_data, trainer
+from bertjax import BertConfig, trainer
 from bertjax import step as step_lib
-from bertjax.config import BertConfig
 from bertjax.data.tokenizer import Tokenizer
+from bertjax.interop.checkpoints import tokenizer_meta
+from bertjax.interop.pretrained import PretrainedSource
+from bertjax.objectives import finetune
+from bertjax.objectives import task_metrics as evaluation
+from bertjax.objectives import tasks as tasks_data
+from bertjax.training import checkpoint as checkpoint_lib
+from bertjax.training import sharding
+from bertjax.training import step as step_internals
+from bertjax.training.best import BestCheckpoint
 
 WORDS = (
     "the a is of to and file socket thread lock read write open close send receive data "
@@ -135,7 +142,7 @@ class _State:
 
 
 def test_best_checkpoint_keeps_the_best_dev_metric(tmp_path):
-    best = evaluation.BestCheckpoint(str(tmp_path), "accuracy")
+    best = BestCheckpoint(str(tmp_path), "accuracy")
     written = []
 
     def writer(path):
@@ -155,7 +162,7 @@ def test_best_checkpoint_keeps_the_best_dev_metric(tmp_path):
     state, _ = ckpt.restore(_State(0))
     np.testing.assert_array_equal(state.params["w"], [2, 2])
     ckpt.close()
-    again = evaluation.BestCheckpoint(str(tmp_path), "accuracy")  # a resumed run remembers it
+    again = BestCheckpoint(str(tmp_path), "accuracy")  # a resumed run remembers it
     assert again.value == 0.7 and not again.update(
         4, {"eval/accuracy": 0.65}, _State(4), {}, writer
     )
@@ -204,11 +211,12 @@ def tiny_state():
 
 @jax.jit
 def _fgm_grads(state, batch):
-    """(step gradients at eps=0, plain jax.grad of the loss, step gradients at eps=0.5): one compile."""
+    """(step gradients at eps=0, plain jax.grad of the loss, step gradients at eps=0.5): one
+    compile."""
 
     def step_grads(epsilon):
         spec = step_lib.StepSpec(state.spec.model_cfg, finetune.Classification(3, epsilon))
-        return step_lib._gradients(state.replace(spec=spec), batch, jax.random.key(1))[0]
+        return step_internals._gradients(state.replace(spec=spec), batch, jax.random.key(1))[0]
 
     objective = finetune.Classification(3, 0.0)
     direct = jax.grad(
@@ -226,9 +234,11 @@ def test_fgm_changes_the_gradient_and_is_off_at_zero(tiny_state):
     _, state, batch = tiny_state
     clean, direct, adversarial = _fgm_grads(state, batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), clean, direct)
-    zero = step_lib.fgm_perturbation(clean, 0.0)  # the adversarial pass at eps=0 is the clean pass
+    zero = step_internals.fgm_perturbation(
+        clean, 0.0
+    )  # the adversarial pass at eps=0 is the clean pass
     assert all(float(jnp.abs(z).max()) == 0 for z in jax.tree.leaves(zero))
-    r = step_lib.fgm_perturbation(clean, 0.5)["bert"]["embeddings"]["word_embeddings"]
+    r = step_internals.fgm_perturbation(clean, 0.5)["bert"]["embeddings"]["word_embeddings"]
     assert float(jnp.linalg.norm(r)) == pytest.approx(0.5, rel=1e-4)
     diff = jax.tree.map(lambda a, b: float(jnp.abs(a - 2 * b).max()), adversarial, clean)
     assert max(jax.tree.leaves(diff)) > 1e-6  # clean + adversarial != 2 x clean
@@ -250,13 +260,15 @@ def test_init_from_bertjax_checkpoint_loads_exactly_the_encoder(tmp_path, vocab_
     mesh = sharding.make_mesh(pre_config.mesh, devices=jax.devices()[:1])
     pre_state = step_lib.init_train_state(pre_config, pre_cfg, mesh, jax.random.key(7))
     ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "pre" / "checkpoints"), async_save=False)
-    ckpt.save(pre_state, {"model_config": pre_cfg.to_dict(), **checkpoint_lib.tokenizer_meta(tok)})
+    ckpt.save(pre_state, {"model_config": pre_cfg.to_dict(), **tokenizer_meta(tok)})
     ckpt.close()
-    config = _ft_config()
-    model_cfg, tokenizer, load = finetune.read_init_source(
-        str(tmp_path / "pre"), config, str(tmp_path / "ft")
-    )
-    assert model_cfg == pre_cfg and tokenizer.fingerprint() == tok.fingerprint()
+    source = PretrainedSource(str(tmp_path / "pre"), "config.init_from")
+    tokenizer = Tokenizer(source.tokenizer_file(str(tmp_path / "ft")))
+    assert source.model_config() == pre_cfg and tokenizer.fingerprint() == tok.fingerprint()
+
+    def load():
+        return source.params()["bert"]
+
     merged = finetune.merge_encoder(ft_state.params, load(), "pre")
     _assert_tree_equal(merged["bert"], pre_state.params["bert"])
     _assert_tree_equal(merged["classifier"], ft_state.params["classifier"])
@@ -301,9 +313,8 @@ def test_hf_checkpoint_fine_tunes_end_to_end(tmp_path, hf_dir):
             for _ in range(n):
                 label = int(rng.integers(2))
                 words = rng.choice(WORDS[6:12] if label else WORDS[12:18], 5)
-                f.write(
-                    f"{' '.join(words)}\t{' '.join(rng.choice(WORDS, 3))}\t{'yes' if label else 'no'}\n"
-                )
+                other = " ".join(rng.choice(WORDS, 3))
+                f.write(f"{' '.join(words)}\t{other}\t{'yes' if label else 'no'}\n")
     config = _ft_config(num_labels=2)
     config.init_from = hf_dir
     config.task.update(
@@ -320,8 +331,10 @@ def test_hf_checkpoint_fine_tunes_end_to_end(tmp_path, hf_dir):
     assert {"eval/f1", "eval/matthews"} <= set(summary)
     lines = open(tmp_path / "run" / "best" / "dev_predictions.tsv").read().splitlines()
     assert len(lines) == 11 and lines[0].split("\t") == ["text", "text_pair", "predicted", "gold"]
-    cfg, tokenizer, load = finetune.read_init_source(hf_dir, config, str(tmp_path / "x"))
+    source = PretrainedSource(hf_dir, "config.init_from")
+    tokenizer = Tokenizer(source.tokenizer_file(str(tmp_path / "x")))
     from bertjax import convert
 
-    _assert_tree_equal(load(), convert.from_hf(hf_dir)[1]["bert"])
+    _assert_tree_equal(source.params()["bert"], convert.from_hf(hf_dir)[1]["bert"])
+    cfg = source.model_config()
     assert tokenizer.path.endswith("vocab.txt") and cfg.vocab_size == tokenizer.vocab_size

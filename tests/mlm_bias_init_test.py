@@ -5,29 +5,24 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import sharding, trainer
 from bertjax import step as step_lib
-from bertjax.data import corpus, make_pipeline
-from bertjax.data.tokenizer import train_sentencepiece
+from bertjax import trainer
+from bertjax.data import make_pipeline
+from bertjax.training import run_config, sharding
+from bertjax.training import trainer as trainer_lib
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    spm = train_sentencepiece(
-        (s for _, d in corpus.iter_documents("builtin") for s in d),
-        str(tmp_path_factory.mktemp("spm")),
-        vocab_size=400,
-    )
+def setup(tmp_path_factory, small_spm):
     config = trainer.default_run_config()
     config.batch_size = 8
-    config.data.tokenizer_model = spm
+    config.data.tokenizer_model = small_spm
     config.data.max_seq_length = 32
     config.data.max_predictions = 5
     config.data.prefetch = 0
     config.model.hidden_size = 32
     config.model.num_attention_heads = 2
     config.model.intermediate_size = 64
-    config.loss.next_sentence = True
     pipeline = make_pipeline(config, str(tmp_path_factory.mktemp("work")))
     return config, pipeline
 
@@ -59,11 +54,11 @@ def test_new_model_starts_at_the_unigram_loss_on_a_tensor_parallel_mesh(setup):
     config = config.copy_and_resolve_references()
     config.mesh.tensor = 2  # the bias is split over the vocabulary: 4 x 2 devices
     mesh = sharding.make_mesh(config.mesh)
-    model_cfg = trainer.model_config(config, pipeline.tokenizer)
+    model_cfg = run_config.model_config(config, pipeline.tokenizer)
     state = step_lib.init_train_state(config, model_cfg, mesh, jax.random.key(0))
     prior = pipeline.unigram_log_prior()
     before = state.params["mlm_head"]["bias"].sharding
-    state = trainer.init_mlm_bias(state, prior)
+    state = trainer_lib.init_mlm_bias(state, prior)
     bias = state.params["mlm_head"]["bias"]
     assert bias.sharding == before and len(bias.sharding.device_set) == 8
     np.testing.assert_array_equal(np.asarray(bias), prior)
@@ -82,7 +77,7 @@ def test_unknown_bias_init_is_rejected(setup):
     config = config.copy_and_resolve_references()
     config.mlm_bias_init = "frequency"
     with pytest.raises(ValueError, match="config.mlm_bias_init"):
-        trainer.validate_run_config(config)
+        run_config.validate_run_config(config)
 
 
 def test_train_state_gets_local_attention_heads_on_a_tensor_parallel_mesh(setup):
@@ -90,7 +85,7 @@ def test_train_state_gets_local_attention_heads_on_a_tensor_parallel_mesh(setup)
     config = config.copy_and_resolve_references()
     config.mesh.tensor = 2  # heads split over 2 devices
     mesh = sharding.make_mesh(config.mesh)
-    model_cfg = trainer.model_config(config, pipeline.tokenizer).replace(
+    model_cfg = run_config.model_config(config, pipeline.tokenizer).replace(
         position_embedding_init="fourier", local_attention_offsets=(-1, 1)
     )
     state = step_lib.init_train_state(config, model_cfg, mesh, jax.random.key(0))

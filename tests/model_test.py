@@ -11,9 +11,9 @@ from flax import linen as nn
 
 import bertjax
 from bertjax import convert
-from bertjax.model import make_attention_mask
-from bertjax.position_init import init_local_attention
-from bertjax.products import exact_attention, project, tied_decoder
+from bertjax.modeling.attention import exact_attention, make_attention_mask
+from bertjax.objectives.pretraining import Pretraining
+from bertjax.ops.dense import project, tied_decoder
 
 SMALL = dict(
     vocab_size=61,
@@ -191,9 +191,9 @@ def test_project_backward_equals_autodiff_of_the_plain_products(explicit, monkey
     wide as x, the gradient's transpose for narrower ones; on accelerators the plain transposed-
     operand product) gives the float64 products' gradients; so does a bf16 call within bf16's
     rounding."""
-    from bertjax import products
+    from bertjax.ops import dense as products
 
-    monkeypatch.setattr(products, "_transpose_explicitly", lambda: explicit)
+    monkeypatch.setattr(products, "on_cpu", lambda: explicit)
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 5, 8))
     kernels = [rng.normal(size=(8, n)) for n in (8, 12, 3)]  # equal, wider, narrower than x
@@ -220,7 +220,10 @@ def test_bf16_matmuls_read_bf16_and_accumulate_in_float32():
     x = rng.normal(size=(3, 4, 16))
     kernels = [rng.normal(size=(16, n)) for n in (32, 8)]
     cotangents = [rng.normal(size=(3, 4, k.shape[1])) for k in kernels]
-    r = lambda a: np.float64(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16))  # bf16 rounding
+
+    def r(a):  # bf16 rounding
+        return np.float64(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16))
+
     outs, vjp = jax.vjp(
         lambda *a: project(*a, operand_dtype="bfloat16"),
         *(jnp.asarray(a, jnp.float32) for a in [x, *kernels]),
@@ -254,7 +257,7 @@ def test_matmul_dtype_bfloat16_model_stays_within_bf16_error_of_float32(bert):
 def test_dense_layers_and_attention_go_through_project(bert, monkeypatch):
     """Every Dense product and the Q/K/V and output projections of a layer use `project` (Q, K and V
     in one call sharing x's transpose), and the model's outputs equal plain products'."""
-    from bertjax import products
+    from bertjax.ops import dense as products
 
     cfg, model, params = bert
     ids = _ids(12, (2, 7))
@@ -420,8 +423,10 @@ def _first_layer_attention(cfg, params, ids):
 def test_local_attention_init_points_first_layer_heads_at_their_offsets():
     cfg = _cfg(**LOCAL, local_attention_offsets=[-1, 2])  # a list (JSON) becomes a tuple
     assert cfg.local_attention_offsets == (-1, 2)
-    random_init = {"bert": _init(bertjax.BertModel(cfg), length=32)}
-    params = init_local_attention(random_init, cfg)["bert"]
+    # The model's own init sets the heads; with the same key every other value is BERT's init.
+    no_offsets = cfg.replace(local_attention_offsets=())
+    random_init = {"bert": _init(bertjax.BertModel(no_offsets), length=32)}
+    params = _init(bertjax.BertModel(cfg), length=32)
     ids = jax.random.randint(jax.random.key(3), (4, 32), 5, cfg.vocab_size)
     probs = np.asarray(_first_layer_attention(cfg, params, ids))
     t = np.arange(4, 28)
@@ -451,8 +456,8 @@ def test_local_attention_init_points_first_layer_heads_at_their_offsets():
 def test_local_attention_init_on_a_scanned_stack_sets_layer_zero_only():
     cfg = _cfg(**LOCAL, num_hidden_layers=3, local_attention_offsets=(1,))
     scanned_cfg = cfg.replace(scan_layers=True)
-    loop = init_local_attention({"bert": _init(bertjax.BertModel(cfg))}, cfg)
-    stack = init_local_attention({"bert": _init(bertjax.BertModel(scanned_cfg))}, scanned_cfg)
+    loop = {"bert": _init(bertjax.BertModel(cfg))}
+    stack = {"bert": _init(bertjax.BertModel(scanned_cfg))}
     for name in ("query_kernel", "key_kernel"):
         stacked = stack["bert"]["encoder"]["layers"]["attention"][name]
         np.testing.assert_array_equal(
@@ -501,7 +506,7 @@ def test_products_attention_equals_float64_attention_and_its_gradient(chains, dr
     """products.attention (hand-written backward, rows split into chains) against a float64
     numpy forward and central differences of it: packed rows (block-diagonal masks, a fully
     masked padding row), with and without a dropout keep mask."""
-    from bertjax import products
+    from bertjax.ops import attention as products
 
     rng = np.random.default_rng(7)
     b, t, n, h = 4, 6, 3, 4
@@ -520,10 +525,10 @@ def test_products_attention_equals_float64_attention_and_its_gradient(chains, dr
     for i, (arg, grad) in enumerate(zip((q, k, v), grads)):
         for _ in range(3):  # directional derivatives of <out, cot>
             direction = rng.normal(size=arg.shape)
-            moved = lambda s: [
-                a + s * eps * direction if j == i else a  # noqa: E731
-                for j, a in enumerate((q, k, v))
-            ]
+
+            def moved(s, i=i, direction=direction):
+                return [a + s * eps * direction if j == i else a for j, a in enumerate((q, k, v))]
+
             numeric = (
                 (_np_attention(*moved(1), mask, keep, rate) * cot).sum()
                 - (_np_attention(*moved(-1), mask, keep, rate) * cot).sum()
@@ -557,7 +562,7 @@ def test_cpu_attention_path_equals_dot_product_attention(bert):
 
 
 def test_cpu_chains_divide_the_batch():
-    from bertjax.products import cpu_chains
+    from bertjax.ops.attention import cpu_chains
 
     for batch in (1, 2, 3, 7, 12, 32):
         chains = cpu_chains(batch)
@@ -569,7 +574,7 @@ def test_keep_mask_rate_independence_and_determinism(rate):
     """16-bit decisions: the kept fraction is 1 - rate (to sampling error); neighbours (the two
     halves of one random word) and elements half the array apart (words from one threefry hash)
     are uncorrelated; the same key gives the same mask, another key another."""
-    from bertjax.layers import keep_mask
+    from bertjax.ops.elementwise import keep_mask
 
     shape = (64, 3, 257)  # odd last axis: the final word's upper half is unused
     keep = np.asarray(keep_mask(jax.random.key(3), shape, 1 - rate))
@@ -588,7 +593,7 @@ def test_keep_mask_rate_independence_and_determinism(rate):
 
 
 def test_dropout_module_scales_kept_values_and_is_identity_when_deterministic():
-    from bertjax.layers import Dropout
+    from bertjax.modeling.layers import Dropout
 
     x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 130)), jnp.float32)
     layer = Dropout(0.25)
@@ -605,7 +610,7 @@ def test_dropout_module_scales_kept_values_and_is_identity_when_deterministic():
 def test_erf_gelu_and_its_derivative_equal_float64():
     from math import erf, exp, pi, sqrt
 
-    from bertjax.layers import erf_gelu
+    from bertjax.ops.elementwise import erf_gelu
 
     xs = np.linspace(-9, 9, 2001)
     want = np.asarray([x * 0.5 * (1 + erf(x / sqrt(2))) for x in xs])
@@ -677,7 +682,7 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
     """The compiled forward of the sparse model does fewer FLOPs than the full one, by what
     metrics.train_flops_per_sequence subtracts for it (its fwd + bwd count / 3, products only):
     XLA's count also has the skipped rows' LayerNorms, GELUs and softmax, so up to 20% more."""
-    from bertjax import metrics
+    from bertjax.training import metrics
 
     cfg = _cfg()
     batch, length, masked = 4, 32, 5
@@ -690,14 +695,11 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
         fn = jax.jit(lambda p: model.apply({"params": p}, ids, masked_positions=positions))
         return fn.lower(params).compile().cost_analysis()["flops"]
 
-    rows = sparse.last_layer_rows(masked)
-    assert rows == masked + 1 and full.last_layer_rows(masked) is None
-    assert (
-        bertjax.BertForPreTraining(
-            cfg.replace(scan_layers=True), sparse_last_layer=True
-        ).last_layer_rows(masked)
-        is None
-    )
+    objective = Pretraining(next_sentence=True, sparse_last_layer=True)
+    rows = objective.last_layer_rows(cfg, masked)
+    assert rows == masked + 1
+    assert Pretraining(sparse_last_layer=False).last_layer_rows(cfg, masked) is None
+    assert objective.last_layer_rows(cfg.replace(scan_layers=True), masked) is None
     counted = (
         batch
         * (
@@ -713,8 +715,9 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
 
 def test_pretraining_objective_runs_the_sparse_last_layer_unless_configured_off():
     from bertjax import objectives
+    from bertjax.training.step import default_step_config
 
-    loss = objectives.default_loss_config()
-    assert objectives.make_objective(loss).model(_cfg()).sparse_last_layer
-    loss.sparse_last_layer = False
-    assert not objectives.make_objective(loss).model(_cfg()).sparse_last_layer
+    config = default_step_config()
+    assert objectives.make_objective(config).model(_cfg()).sparse_last_layer
+    config.loss.sparse_last_layer = False
+    assert not objectives.make_objective(config).model(_cfg()).sparse_last_layer

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import two_process_worker as setup
 
-from bertjax import BertConfig, convert, moe, sharding, step
-from bertjax.model import BertModel
+from bertjax import BertConfig, BertModel, convert, step
+from bertjax.modeling import moe
+from bertjax.training import sharding
 
 BATCH, LENGTH, PREDICTIONS, VOCAB = 8, 16, 3, 128
 
@@ -142,7 +143,10 @@ def test_expert_choice_experts_take_their_top_tokens_and_never_padding():
     route_logits = jnp.einsum("gsm,me->gse", x, params["router_kernel"])
     dispatch, _, _ = moe.route_expert_choice(route_logits, moe.expert_capacity(cfg, LENGTH))
     p = np.asarray(jax.nn.softmax(route_logits, -1))
-    gelu = lambda h: np.asarray(jax.nn.gelu(h, approximate=False))
+
+    def gelu(h):
+        return np.asarray(jax.nn.gelu(h, approximate=False))
+
     for g, s in [(0, 0), (1, 7), (1, 15)]:
         want = np.zeros(32)
         for e in np.flatnonzero(np.asarray(dispatch)[g, s].sum(-1)):
@@ -224,66 +228,59 @@ def test_expert_parallel_step_equals_one_device(routing):
     assert kernel.sharding.shard_shape(kernel.shape) == (1, 32, 64)  # one expert per device
 
 
-def test_diffusion_objective_adds_the_router_losses():
-    from bertjax.diffusion import MaskedDiffusion
-    from bertjax.heads import BertForPreTraining
+def _objective_batch(name):
+    """An objective and a batch of the keys it reads."""
+    from bertjax.objectives.diffusion import MaskedDiffusion
+    from bertjax.objectives.finetune import Classification, TokenClassification
+    from bertjax.objectives.pretraining import Pretraining
 
-    cfg = _cfg(num_experts=4, experts_per_token=1)
-    batch = _batch()
     rs = np.random.RandomState(1)
-    batch.update(
-        masked_positions=np.tile(np.arange(LENGTH, dtype=np.int32), (BATCH, 1)),
-        masked_ids=batch["input_ids"],
-        masked_weights=(rs.rand(BATCH, LENGTH) < 0.5).astype(np.float32),
-        mask_ratio=np.full((BATCH,), 0.5, np.float32),
-    )
-    objective, model = MaskedDiffusion(), BertForPreTraining(cfg, next_sentence=False)
-    variables = objective.apply(model, None, batch, jax.random.key(0), True, init=True)
-    outputs = objective.apply(model, variables, batch, None, True)
-    sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
-    metrics = objective.metrics(sums, norms)
-    aux = float(moe.aux_loss(cfg, outputs["moe"]))
-    assert aux > 0 and float(metrics["moe_aux_loss"]) == pytest.approx(aux, rel=1e-5)
-    diffusion_only = float(sums["diffusion_loss"] / norms["loss_norm"])
-    assert float(objective.total_loss(sums, norms)) == pytest.approx(diffusion_only + aux, rel=1e-5)
-
-
-@pytest.mark.parametrize("tokens", [False, True])
-def test_finetuning_objectives_add_the_router_losses(tokens):
-    from bertjax.finetune import Classification, TokenClassification
-
-    cfg = _cfg(num_experts=4, experts_per_token=1)
-    rs = np.random.RandomState(2)
-    batch = {
-        k: v for k, v in _batch().items() if k in ("input_ids", "token_type_ids", "attention_mask")
-    }
-    shape = (BATCH, LENGTH) if tokens else (BATCH,)
+    batch = _batch()
+    if name in ("pretraining", "diffusion"):
+        batch.update(
+            masked_positions=np.tile(np.arange(LENGTH, dtype=np.int32), (BATCH, 1)),
+            masked_ids=batch["input_ids"],
+            masked_weights=(rs.rand(BATCH, LENGTH) < 0.5).astype(np.float32),
+            mask_ratio=np.full((BATCH,), 0.5, np.float32),
+        )
+        return (Pretraining() if name == "pretraining" else MaskedDiffusion()), batch
+    shape = (BATCH, LENGTH) if name == "tokens" else (BATCH,)
+    batch = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
     batch.update(
         labels=rs.randint(0, 3, shape).astype(np.int32),
         label_weights=(rs.rand(*shape) < 0.7).astype(np.float32),
     )
-    objective = (TokenClassification if tokens else Classification)(num_labels=3)
+    return (TokenClassification if name == "tokens" else Classification)(num_labels=3), batch
+
+
+@pytest.mark.parametrize("name", ["pretraining", "diffusion", "classification", "tokens"])
+def test_every_objective_adds_the_router_losses_in_one_place(name):
+    """Objective.sums/loss/report add the weighted router losses whatever the objective; a dense
+    model's loss has no router term."""
+    objective, batch = _objective_batch(name)
+    cfg = _cfg(num_experts=4, experts_per_token=1)
     model = objective.model(cfg)
-    variables = objective.apply(model, None, batch, jax.random.key(0), True, init=True)
+    variables = objective.init(model, {"params": jax.random.key(0)}, batch)
     outputs = objective.apply(model, variables, batch, None, True)
-    sums, norms = objective.loss_sums(outputs, batch), objective.normalizers(batch)
+    sums, norms = objective.sums(outputs, batch), objective.norms(batch)
+    report = objective.report(sums, norms)
     aux = float(moe.aux_loss(cfg, outputs["moe"]))
-    metrics = objective.metrics(sums, norms)
-    assert aux > 0 and float(metrics["moe_aux_loss"]) == pytest.approx(aux, rel=1e-5)
-    task_only = float(sums["loss"] / norms["examples"])
-    assert float(objective.total_loss(sums, norms)) == pytest.approx(task_only + aux, rel=1e-5)
-    assert objective.predictions(outputs).shape == shape
-    # The dense model's outputs stay a bare array and its loss has no router term.
+    assert aux > 0 and float(report["moe_aux_loss"]) == pytest.approx(aux, rel=1e-5)
+    own = float(objective.total_loss(sums, norms))
+    assert float(objective.loss(sums, norms)) == pytest.approx(own + aux, rel=1e-5)
+    assert float(report["loss"]) == pytest.approx(own + aux, rel=1e-5)
+    if name in ("classification", "tokens"):
+        shape = batch["labels"].shape
+        assert objective.predictions(outputs).shape == shape
     dense_model = objective.model(_cfg())
-    dense = objective.apply(
-        dense_model,
-        objective.apply(dense_model, None, batch, jax.random.key(0), True, init=True),
-        batch,
-        None,
-        True,
+    dense_vars = objective.init(dense_model, {"params": jax.random.key(0)}, batch)
+    dense = objective.apply(dense_model, dense_vars, batch, None, True)
+    dense_sums = objective.sums(dense, batch)
+    assert "moe" not in dense and "moe_aux_loss" not in dense_sums
+    dense_norms = objective.norms(batch)
+    assert float(objective.loss(dense_sums, dense_norms)) == pytest.approx(
+        float(objective.total_loss(dense_sums, dense_norms))
     )
-    dense_sums = objective.loss_sums(dense, batch)
-    assert not isinstance(dense, dict) and "moe_aux_loss" not in dense_sums
 
 
 def test_expert_axis_must_divide_the_experts():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import two_process_worker as worker
 
-from bertjax import sharding
+from bertjax.training import sharding
 
 WORKER = pathlib.Path(worker.__file__).resolve()
 REPO = WORKER.parent.parent

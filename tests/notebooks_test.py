@@ -1,4 +1,5 @@
-"""The Colab notebooks execute top to bottom on CPU with tiny settings (QUICK mode), so they never rot."""
+"""The Colab notebooks execute top to bottom on CPU with tiny settings (QUICK mode), so they never
+rot."""
 
 import os
 

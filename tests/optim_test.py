@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import bertjax
-from bertjax import optim
+from bertjax.training import optim
 
 LAYERS = 4
 

@@ -1,12 +1,12 @@
-"""bertjax.runtime: the restart with glibc malloc on transparent huge pages."""
+"""bertjax.training.runtime: the restart with glibc malloc on transparent huge pages."""
 
 import subprocess
 import sys
 
-from bertjax import runtime
+from bertjax.training import runtime
 
 PROBE = (
-    "import os, sys; from bertjax.runtime import reexec_with_hugepage_malloc; "
+    "import os, sys; from bertjax.training.runtime import reexec_with_hugepage_malloc; "
     "print('start', flush=True); reexec_with_hugepage_malloc(); "
     "print(os.environ.get('GLIBC_TUNABLES', ''), sys.argv[1:])"
 )

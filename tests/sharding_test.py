@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import two_process_worker as setup
 
-from bertjax import sharding, step
+from bertjax import step
+from bertjax.training import sharding
 
 STEPS = 2
 MESHES = {"dp": (8, 1, 1), "fsdp": (1, 8, 1), "fsdp_tp": (1, 2, 4), "dp_fsdp_tp": (2, 2, 2)}

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import two_process_worker as setup
 
-from bertjax import objectives, optim, sharding, step
+from bertjax import step
+from bertjax.objectives.pretraining import Pretraining
+from bertjax.ops.loss import cross_entropy
+from bertjax.training import optim, sharding
 
 
 def _mesh(shape):
@@ -39,10 +42,9 @@ def test_losses_match_a_numpy_reference():
     ids, weights = rs.randint(0, 7, (3, 4)), (rs.rand(3, 4) > 0.3).astype(np.float32)
     nsp_logits, labels = rs.randn(3, 2).astype(np.float32), rs.randint(0, 2, 3)
     batch = dict(masked_ids=ids, masked_weights=weights, next_sentence_label=labels)
-    sums = objectives.loss_sums({"mlm_logits": logits, "nsp_logits": nsp_logits}, batch, True)
-    config = objectives.default_loss_config()
-    config.nsp_weight = 0.5
-    metrics = objectives.loss_metrics(sums, objectives.normalizers(batch), config)
+    objective = Pretraining(nsp_weight=0.5)
+    sums = objective.sums({"mlm_logits": logits, "nsp_logits": nsp_logits}, batch)
+    metrics = objective.report(sums, objective.normalizers(batch))
 
     def nll(x, y):
         x = x - x.max(-1, keepdims=True)
@@ -66,7 +68,7 @@ def test_cross_entropy_matches_float64_log_softmax_and_argmax_ties():
     labels = rs.randint(0, 50, (4, 7))
     labels[0, 0], labels[0, 1] = 0, 1
     labels[1, 2] = 9
-    nll, correct = jax.jit(objectives.cross_entropy)(logits, labels)
+    nll, correct = jax.jit(cross_entropy)(logits, labels)
     x = logits.astype(np.float64)
     log_probs = x - x.max(-1, keepdims=True)
     log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
@@ -75,7 +77,7 @@ def test_cross_entropy_matches_float64_log_softmax_and_argmax_ties():
     np.testing.assert_array_equal(correct, (np.argmax(logits, -1) == labels).astype(np.float32))
     assert correct[0, 0] == 1 and correct[1, 2] == 0  # the tie went to index 3, not the label 9
     # Gradient: softmax minus the one-hot label.
-    grad = jax.grad(lambda z: objectives.cross_entropy(z, labels)[0].sum())(logits)
+    grad = jax.grad(lambda z: cross_entropy(z, labels)[0].sum())(logits)
     probs = np.exp(log_probs)
     np.testing.assert_allclose(grad, probs - np.eye(50)[labels], atol=1e-5)
 
@@ -156,9 +158,7 @@ def test_bf16_compute_keeps_fp32_master_params_and_scales_lr():
     assert "nsp_head" not in state.params and "pooler" not in state.params["bert"]
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
     reference = jax.jit(step.eval_step)(
-        state.replace(
-            spec=state.spec.__class__(fp32_cfg, objectives.Pretraining(next_sentence=False))
-        ),
+        state.replace(spec=state.spec.__class__(fp32_cfg, Pretraining(next_sentence=False))),
         _batch(mesh, 0),
     )
     new_state, metrics = step.jit_steps(state, mesh).train(

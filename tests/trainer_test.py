@@ -20,7 +20,6 @@ SHRINK = [
     "--config.batch_size=8",
     "--config.data.max_seq_length=32",
     "--config.data.max_predictions=5",
-    "--config.data.vocab_size=400",
     "--config.model.hidden_size=32",
     "--config.model.num_attention_heads=2",
     "--config.model.intermediate_size=64",
@@ -30,6 +29,14 @@ SHRINK = [
     "--config.progress_bar=False",
     "--config.data.prefetch=1",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _session_tokenizer(small_spm):
+    """Every run here uses the session's SentencePiece model (none trains its own)."""
+    SHRINK.append(f"--config.data.tokenizer_model={small_spm}")
+    yield
+    SHRINK.remove(f"--config.data.tokenizer_model={small_spm}")
 
 
 def _env(devices=1):
@@ -142,7 +149,7 @@ def test_sigkill_mid_save_falls_back_to_last_complete_checkpoint(reference, tmp_
     workdir = str(tmp_path)
     killer = (
         "import os, signal, sys, runpy\n"
-        "from bertjax import checkpoint\n"
+        "from bertjax.training import checkpoint\n"
         "original = checkpoint.Checkpointer.save\n"
         "def save(self, state, meta, force=False):\n"
         "    started = original(self, state, meta, force=force)\n"
@@ -227,7 +234,10 @@ def _in_process_config(**changes):
 
     config = bert_tiny.get_config()
     config.batch_size, config.num_train_steps = 8, 6
-    config.data.max_seq_length, config.data.max_predictions, config.data.vocab_size = 32, 5, 400
+    config.data.max_seq_length, config.data.max_predictions = 32, 5
+    config.data.tokenizer_model = next(
+        a.split("=", 1)[1] for a in SHRINK if a.startswith("--config.data.tokenizer_model=")
+    )
     config.model.hidden_size, config.model.num_attention_heads = 32, 2
     config.model.intermediate_size = 64
     config.optim.warmup_steps, config.log_every, config.eval_every = 1, 2, 0
@@ -253,9 +263,12 @@ def test_missing_corpus_and_unwritable_workdir_are_named(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="not writable"):
         trainer.train_and_evaluate(_in_process_config(), str(blocker / "sub"))
-    with pytest.raises(ValueError, match="next_sentence"):
+    with pytest.raises(ValueError, match="next_sentence"):  # an NSP head without pairs
         trainer.train_and_evaluate(
-            _in_process_config(**{"data.objective": "full_sentences"}), str(tmp_path / "w2")
+            _in_process_config(
+                **{"data.sample_plan": "full_sentences", "loss.next_sentence": True}
+            ),
+            str(tmp_path / "w2"),
         )
 
 

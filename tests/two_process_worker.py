@@ -69,7 +69,8 @@ def train_losses(mesh) -> list:
     """Losses of NUM_STEPS steps on `mesh`, each process feeding only its rows."""
     import jax
 
-    from bertjax import sharding, step
+    from bertjax import step
+    from bertjax.training import sharding
 
     config = step_config(data=-1)
     state = step.init_train_state(config, tiny_model_config(), mesh, jax.random.key(0))
@@ -96,7 +97,7 @@ def main(port: int, process_id: int, num_processes: int, out_path: str) -> None:
         process_id=process_id,
         initialization_timeout=60,
     )
-    from bertjax import sharding
+    from bertjax.training import sharding
 
     mesh = sharding.make_mesh(step_config(data=-1).mesh)
     losses = train_losses(mesh)

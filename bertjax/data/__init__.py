@@ -1,7 +1,20 @@
-"""bertjax.data: corpus → tokenizer → token store → sample plans → masking → `batch(step)`."""
+"""bertjax.data: corpus → tokenizer → token store → sample plans → masking → `batch(step)`.
 
-from bertjax.data.config import default_data_config
+data_config     config.data: defaults and checks by key
+text            sentence splitting, long-sentence cutting, the held-out split by document id
+corpus          sources: text files, the built-in CPython corpus (builtin_corpus, stdlib_docs), tfds
+tokenizer       SentencePiece (trained here) or Hugging Face vocabularies, with word starts
+store           the corpus tokenized once into memory-mapped arrays
+samples, rows   sample plans (NSP, SOP, RoBERTa rows) and the rows they make, packing
+masking         token / whole-word / n-gram / MacBERT / diffusion masking, keyed per row
+keys, schedule  keyed randomness; the row length of every step
+source          DataSource, what the trainer may ask of any data source
+pipeline        `make_pipeline(config, workdir).batch(step)`
+"""
+
+from bertjax.data.data_config import default_data_config
 from bertjax.data.pipeline import Pipeline, make_pipeline
+from bertjax.data.source import DataSource
 from bertjax.data.tokenizer import Tokenizer
 
-__all__ = ["Pipeline", "Tokenizer", "default_data_config", "make_pipeline"]
+__all__ = ["DataSource", "Pipeline", "Tokenizer", "default_data_config", "make_pipeline"]

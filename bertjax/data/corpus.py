@@ -2,69 +2,27 @@
 
 A document is a list of sentence strings. Rules for awkward input (all counted in `CorpusStats`
 and reported in the store's meta.json):
-- an empty or blank-only file is skipped (`empty_files`); a corpus with no documents at all is an error;
+- an empty or blank-only file is skipped (`empty_files`); a corpus with no documents at all is an
+error;
 - invalid UTF-8 stops with a ValueError naming the file and line;
 - a sentence longer than MAX_SENTENCE_CHARS characters (e.g. a 1 MB line) is cut into pieces of at
-  most that length, at the last whitespace before the limit when there is one (`long_sentences_split`).
+  most that length, at the last whitespace before the limit when there is one
+  (`long_sentences_split`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
-import hashlib
 import os
 import re
 from collections.abc import Iterator
 
-MAX_SENTENCE_CHARS = 4096
-# A sentence ends after . ! ? followed by whitespace, or right after Chinese 。！？；
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？；])")
+from bertjax.data import builtin_corpus
+from bertjax.data.text import CorpusStats, cut_long, split_sentences
+
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 Document = list[str]
-
-
-@dataclasses.dataclass
-class CorpusStats:
-    """What a pass over a corpus saw and skipped; stored in the store's meta.json."""
-
-    files: int = 0
-    documents: int = 0
-    sentences: int = 0
-    empty_files: list[str] = dataclasses.field(default_factory=list)
-    long_sentences_split: int = 0
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def split_sentences(text: str) -> list[str]:
-    """Splits running text into sentences on English .!? (+ space) and Chinese 。！？； punctuation."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
-
-
-def cut_long(sentence: str, stats: CorpusStats | None = None) -> list[str]:
-    """Cuts a sentence longer than MAX_SENTENCE_CHARS at whitespace (or hard) into bounded pieces."""
-    if len(sentence) <= MAX_SENTENCE_CHARS:
-        return [sentence]
-    if stats is not None:
-        stats.long_sentences_split += 1
-    pieces = []
-    while len(sentence) > MAX_SENTENCE_CHARS:
-        cut = sentence.rfind(" ", MAX_SENTENCE_CHARS // 2, MAX_SENTENCE_CHARS + 1)
-        cut = cut if cut > 0 else MAX_SENTENCE_CHARS
-        pieces.append(sentence[:cut].strip())
-        sentence = sentence[cut:].strip()
-    if sentence:
-        pieces.append(sentence)
-    return [p for p in pieces if p]
-
-
-def is_heldout(doc_id: str, fraction: float) -> bool:
-    """Whether a document belongs to the eval split: a stable hash of its id, below `fraction`."""
-    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64 < fraction
 
 
 def expand_paths(spec: str) -> list[str]:
@@ -78,7 +36,8 @@ def expand_paths(spec: str) -> list[str]:
             paths.extend(matched)
         elif os.path.isdir(part):
             raise ValueError(
-                f"corpus path {part!r} is a directory: use a glob such as {os.path.join(part, '*.txt')!r}"
+                f"corpus path {part!r} is a directory: use a glob such as "
+                f"{os.path.join(part, '*.txt')!r}"
             )
         elif not os.path.isfile(part):
             raise FileNotFoundError(f"corpus file {part!r} does not exist")
@@ -90,14 +49,15 @@ def expand_paths(spec: str) -> list[str]:
 
 
 def _read_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) for each line of a UTF-8 file; invalid bytes raise naming file and line."""
+    """(line number, text) of each line of a UTF-8 file; invalid bytes raise naming file, line."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(
-                    f"{path}:{lineno}: invalid UTF-8 (byte {e.start} of the line: {raw[e.start : e.start + 4]!r}); "
+                    f"{path}:{lineno}: invalid UTF-8 (byte {e.start} of the line: "
+                    f"{raw[e.start : e.start + 4]!r}); "
                     "re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
                 ) from None
             if lineno == 1:
@@ -140,7 +100,7 @@ def file_documents(
 def tfds_documents(
     spec: str, text_feature: str, data_dir: str, stats: CorpusStats
 ) -> Iterator[tuple[str, Document]]:
-    """Documents of `tfds:NAME[:SPLIT]` read through tfds.data_source (ArrayRecord, no TensorFlow)."""
+    """Documents of `tfds:NAME[:SPLIT]` through tfds.data_source (ArrayRecord, no TensorFlow)."""
     try:
         import tensorflow_datasets as tfds
     except ImportError:
@@ -189,8 +149,6 @@ def iter_documents(
     """All (doc_id, sentences) of a corpus spec, in a fixed order; counts go into `stats`."""
     stats = stats if stats is not None else CorpusStats()
     if spec == "builtin":
-        from bertjax.data import builtin_corpus
-
         stats.files += 1
         source = builtin_corpus.documents()
     elif spec.startswith("tfds:"):

@@ -58,7 +58,8 @@ def uniform(keys: np.ndarray, width: int, stream: int = 0) -> np.ndarray:
 
 
 def uniform_at(keys: np.ndarray, columns: np.ndarray, stream: int = 0) -> np.ndarray:
-    """Floats in [0, 1) for given columns ([B, N] or broadcastable) of each row: same values as `uniform`."""
+    """Floats in [0, 1) for given columns ([B, N] or broadcastable) of each row: same values as
+    `uniform`."""
     columns = np.asarray(columns).astype(np.uint64) + np.uint64(stream) * np.uint64(1 << 32)
     with np.errstate(over="ignore"):
         bits = mix(keys[:, None] ^ mix(columns + _GOLDEN))

@@ -1,4 +1,5 @@
-"""Masking for MLM, vectorized over the batch: token, whole-word, n-gram (ALBERT/MacBERT), diffusion.
+"""Masking for MLM, vectorized over the batch: token, whole-word, n-gram (ALBERT/MacBERT),
+diffusion.
 
 Every random number of a row is a hash of that row's key (seed, epoch, global sample index) and the
 column, so a row masks the same way whatever batch, host or worker it lands in.
@@ -52,14 +53,16 @@ def budget(maskable: np.ndarray, spec: MaskSpec) -> np.ndarray:
 
 
 def _word_starts(maskable: np.ndarray, word_starts: np.ndarray) -> np.ndarray:
-    """Word starts restricted to maskable tokens; a maskable token after a special one starts a word."""
+    """Word starts restricted to maskable tokens; a maskable token after a special one starts a
+    word."""
     after_special = np.ones_like(maskable)
     after_special[:, 1:] = ~maskable[:, :-1]
     return maskable & (word_starts | after_special)
 
 
 def _ngram_units(maskable, starts, row_keys, probs) -> tuple[np.ndarray, np.ndarray]:
-    """Splits each row's words into consecutive spans of n words: (span starts [B,T], words per span)."""
+    """Splits each row's words into consecutive spans of n words: (span starts [B,T], words per
+    span)."""
     batch, width = maskable.shape
     num_words = starts.sum(1)
     max_words = int(num_words.max(initial=0))
@@ -103,7 +106,8 @@ def _select_units(
     """Units in random order until the budget is spent: (chosen tokens, accepted unit starts).
 
     exact (whole words, as BERT): a unit that would exceed k is skipped and later ones are tried.
-    Otherwise (n-grams) units are taken up to and including the one that reaches a threshold drawn so
+    Otherwise (n-grams) units are taken up to and including the one that reaches a threshold drawn
+    so
     that the expected total is k; acceptance then never depends on a unit's own length, so masked
     spans keep the configured length distribution (ALBERT's exact budget favours short spans).
     """
@@ -156,7 +160,7 @@ def _select_units(
 def select(
     maskable: np.ndarray, word_starts: np.ndarray, row_keys: np.ndarray, spec: MaskSpec
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], mask_ratio [B]."""
+    """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], ratio [B]."""
     batch, width = maskable.shape
     ratio = np.ones(batch, np.float32)
     if spec.mode == "diffusion":

@@ -1,4 +1,5 @@
-"""The data pipeline: `make_pipeline(config, workdir).batch(step)` = this host's rows of global batch `step`.
+"""The data pipeline: `make_pipeline(config, workdir).batch(step)` = this host's rows of global
+batch `step`.
 
 The global batch of a step is a pure function of (config, seed, step): with row length T and
 ordinal r of the step among steps of that length (see schedule.py), epoch = r // steps_per_epoch(T)
@@ -19,22 +20,25 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import config as config_lib
 from bertjax.data import corpus as corpus_lib
-from bertjax.data import keys, masking, rows, samples, similarity
+from bertjax.data import data_config, keys, masking, rows, samples, similarity
 from bertjax.data.schedule import LengthSchedule
+from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store import Store, prepare_store
+from bertjax.data.text import CorpusStats, is_heldout
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
 _CACHE_SIZE = 4  # (length, epoch) plans kept in memory
 
 
 def _corpus_description(c) -> str:
-    return f"{corpus_lib.describe(c.corpus, c.corpus_format, c.text_feature)} heldout={c.heldout_fraction}"
+    corpus = corpus_lib.describe(c.corpus, c.corpus_format, c.text_feature)
+    return f"{corpus} heldout={c.heldout_fraction}"
 
 
 def _documents(c, split: str | None, stats=None):
-    """(doc_id, sentences) of the configured corpus; only one split's documents when `split` is given."""
+    """(doc_id, sentences) of the configured corpus; only one split's documents when `split` is
+    given."""
     for doc_id, doc in corpus_lib.iter_documents(
         c.corpus,
         c.corpus_format,
@@ -42,12 +46,13 @@ def _documents(c, split: str | None, stats=None):
         tfds_data_dir=c.tfds_data_dir,
         stats=stats,
     ):
-        if split is None or (split == "eval") == corpus_lib.is_heldout(doc_id, c.heldout_fraction):
+        if split is None or (split == "eval") == is_heldout(doc_id, c.heldout_fraction):
             yield doc_id, doc
 
 
 def load_tokenizer(config, workdir: str) -> Tokenizer:
-    """The configured tokenizer; trains a SentencePiece model into WORKDIR/tokenizer/ when none is given."""
+    """The configured tokenizer; trains a SentencePiece model into WORKDIR/tokenizer/ when none is
+    given."""
     c = config.data
     if c.hf_vocab:
         return Tokenizer(c.hf_vocab, language=c.language, lowercase=c.lowercase)
@@ -66,7 +71,8 @@ def load_tokenizer(config, workdir: str) -> Tokenizer:
 
 
 class _Split:
-    """Plans, their shuffled order and (optionally) packing for one split, cached per (length, epoch)."""
+    """Plans, their shuffled order and (optionally) packing for one split, cached per (length,
+    epoch)."""
 
     def __init__(self, store: Store, config, batch_size: int, purpose: str):
         self.store, self.c, self.seed, self.batch_size, self.purpose = (
@@ -89,7 +95,7 @@ class _Split:
                 return self._cache[key]
             c = self.c
             plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}")
-            plan = samples.make_plan(self.store, c.objective, length, c.short_seq_prob, plan_rng)
+            plan = samples.make_plan(self.store, c.sample_plan, length, c.short_seq_prob, plan_rng)
             order = keys.generator(self.seed, epoch, f"{self.purpose}/order/{length}").permutation(
                 len(plan)
             )
@@ -108,16 +114,18 @@ class _Split:
             units = self.num_units(length, 0)
             if units < self.batch_size:
                 raise ValueError(
-                    f"store {self.store.directory!r} ({self.store.split}) gives {units} rows of length "
-                    f"{length} per epoch, fewer than the batch size {self.batch_size}: use a bigger corpus "
+                    f"store {self.store.directory!r} ({self.store.split}) gives {units} rows of "
+                    "length "
+                    f"{length} per epoch, fewer than the batch size {self.batch_size}: use a "
+                    "bigger corpus "
                     "or a smaller config.batch_size"
                 )
             self._sizes[length] = units // self.batch_size
         return self._sizes[length]
 
 
-class Pipeline:
-    """Deterministic, restartable batches for one host; see the module docstring."""
+class Pipeline(DataSource):
+    """Deterministic, restartable pretraining batches for one host; see the module docstring."""
 
     def __init__(
         self,
@@ -132,15 +140,9 @@ class Pipeline:
     ):
         c = self.c = config.data
         self.config, self.tokenizer, self.store = config, tokenizer, store
-        if config.batch_size % process_count:
-            raise ValueError(
-                f"config.batch_size={config.batch_size} is not divisible by the process count "
-                f"{process_count}: every host must get the same number of rows"
-            )
-        if not 0 <= process_index < process_count:
-            raise ValueError(f"process_index={process_index} is outside [0, {process_count})")
+        rows = host_rows(config.batch_size, process_index, process_count)
         self.global_batch_size = config.batch_size
-        self.host_batch_size = config.batch_size // process_count
+        self.host_batch_size = rows.stop - rows.start
         self.process_index, self.process_count = process_index, process_count
         self._split = _Split(
             store, config, config.batch_size, "train" if store.split == "train" else "eval"
@@ -161,7 +163,7 @@ class Pipeline:
             max_predictions=c.max_predictions,
             mask_token_prob=c.mask_token_prob,
             random_token_prob=c.random_token_prob,
-            ngram_probs=config_lib.ngram_probabilities(c),
+            ngram_probs=data_config.ngram_probabilities(c),
             diffusion_eps=c.diffusion_eps,
         )
         self._eval_mask_spec = dataclasses.replace(
@@ -176,11 +178,17 @@ class Pipeline:
         self._futures: dict[int, concurrent.futures.Future] = {}
         self._futures_lock = threading.Lock()
 
+    @property
+    def fingerprint(self) -> str:
+        """The token store's fingerprint (tokenizer, corpus, counts)."""
+        return self.store.fingerprint
+
     def unigram_log_prior(self, max_tokens: int = 50_000_000) -> np.ndarray:
         """[V] float32 log frequency of each token in the training split (add-one smoothed; special
         tokens get the floor), from an evenly strided sample of at most `max_tokens` tokens.
 
-        The MLM output bias starts here, so a new model predicts the unigram distribution from step 0
+        The MLM output bias starts here, so a new model predicts the unigram distribution from step
+        0
         instead of spending its first steps (and the tied embeddings) learning token frequencies."""
         tokens = self.store.tokens
         stride = max(1, -(-len(tokens) // max_tokens))
@@ -285,7 +293,8 @@ class Pipeline:
         return self._masked(self._rows(self._split, length, ordinal, step, "mask"))
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        """This host's rows of global batch `step`; the next `prefetch` steps are computed in the background."""
+        """This host's rows of global batch `step`; the next `prefetch` steps are computed in the
+        background."""
         step = int(step)
         if self._executor is None:
             return self.compute_batch(step)
@@ -324,24 +333,20 @@ def make_pipeline(
     process_index: int | None = None,
     process_count: int | None = None,
 ) -> Pipeline:
-    """Prepares (or reuses) WORKDIR/tokenizer and WORKDIR/store, and returns this host's pipeline."""
-    config_lib.validate(config)
+    """Prepares (or reuses) WORKDIR/tokenizer and WORKDIR/store; returns this host's pipeline."""
+    data_config.validate(config)
     c = config.data
     if process_index is None or process_count is None:
         import jax
 
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
-    if config.batch_size % process_count:
-        raise ValueError(
-            f"config.batch_size={config.batch_size} is not divisible by the process count "
-            f"{process_count}: every host must get the same number of rows"
-        )
+    host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
     tokenizer = load_tokenizer(config, workdir)
     store_dir = os.path.join(workdir, "store")
     description = _corpus_description(c)
     if not os.path.exists(store_dir):
-        stats = corpus_lib.CorpusStats()
+        stats = CorpusStats()
         prepare_store(
             store_dir,
             tokenizer,
@@ -355,7 +360,8 @@ def make_pipeline(
     eval_store = Store(store_dir, "eval", tokenizer, description)
     if store.num_documents == 0:
         raise ValueError(
-            f"store {store_dir!r} has no {split!r} documents (heldout_fraction={c.heldout_fraction}); "
+            f"store {store_dir!r} has no {split!r} documents "
+            f"(heldout_fraction={c.heldout_fraction}); "
             "use a bigger corpus or change config.data.heldout_fraction"
         )
     similar = similarity.load(c.similar_words_file, tokenizer) if c.correction else None

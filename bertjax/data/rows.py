@@ -1,7 +1,9 @@
-"""Rows from plans: gathers store tokens into fixed-width `[CLS] A [SEP] B [SEP]` rows, optionally packed.
+"""Rows from plans: gathers store tokens into fixed-width `[CLS] A [SEP] B [SEP]` rows, optionally
+packed.
 
 Everything is vectorized over the batch: one fancy-index gather from the memory-mapped store.
-Besides the batch keys, rows carry `word_starts` and `maskable` (real, non-special tokens) for masking.
+Besides the batch keys, rows carry `word_starts` and `maskable` (real, non-special tokens) for
+masking.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ def pair_rows(
 def pack(
     lengths: np.ndarray, order: np.ndarray, width: int, open_rows: int = 8
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """First-fit packing of samples (taken in `order`) into rows of `width`, with a few rows open at once.
+    """First-fit packing of samples (taken in `order`) into rows of `width`, with a few rows open at
+    once.
 
-    Returns (row_starts, samples, offsets): row r holds plan samples samples[row_starts[r]:row_starts[r+1]],
+    Returns (row_starts, samples, offsets): row r holds plan samples
+    samples[row_starts[r]:row_starts[r+1]],
     sample samples[i] beginning at offsets[i]. Rows are numbered in the order they are closed.
     """
     rows: list[list[int]] = []  # closed rows, as lists of sample ids

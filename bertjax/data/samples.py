@@ -1,4 +1,5 @@
-"""Sample plans: which token ranges of the store form each sample, a pure function of (config, seed, epoch).
+"""Sample plans: which token ranges of the store form each sample, a pure function of (config, seed,
+epoch).
 
 A plan lists, per sample, segment A = tokens[a_start:a_end), segment B = tokens[b_start:b_end)
 (empty for single-segment objectives) and a sentence label. Label convention, as Hugging Face's
@@ -53,7 +54,7 @@ class Plan:
 
 
 class _Uniforms:
-    """Uniform floats drawn in bulk from a generator and handed out one at a time (fast in loops)."""
+    """Uniform floats drawn in bulk from a generator, handed out one at a time (fast in loops)."""
 
     def __init__(self, rng: np.random.Generator, block: int = 1 << 16):
         self.rng, self.block, self.values, self.i = rng, block, [], 0
@@ -89,6 +90,74 @@ def _target(u: _Uniforms, max_tokens: int, short_seq_prob: float) -> int:
     return u.randint(2, max_tokens) if u() < short_seq_prob else max_tokens
 
 
+class _PairSampler:
+    """Walks one epoch's documents into NSP/SOP pairs (see the module docstring)."""
+
+    def __init__(self, store: Store, max_tokens: int, short_seq_prob: float, rng, objective: str):
+        self.begin = store.sentences[:, 0].tolist()
+        self.end = store.sentences[:, 1].tolist()
+        self.docs = store.documents.tolist()
+        self.max_tokens, self.short_seq_prob = max_tokens, short_seq_prob
+        self.nsp, self.sop = objective == "nsp", objective == "sop"
+        self.u = _Uniforms(rng)
+        self.rows: list[tuple] = []  # (a_start, a_end, b_start, b_end, label)
+        self.single = self.dropped = 0
+
+    def document(self, doc: int) -> None:
+        """Appends the pairs of one document: its sentences accumulate into chunks."""
+        first, last = self.docs[doc], self.docs[doc + 1]
+        if last - first < 2:
+            self.single += 1
+            return
+        target = _target(self.u, self.max_tokens, self.short_seq_prob)
+        start, i, length = first, first, 0
+        while i < last:
+            length += self.end[i] - self.begin[i]
+            n = i - start + 1
+            if self._chunk_ends(i == last - 1, n, length, target):
+                if n == 1 and length < target:
+                    self.dropped += 1  # a short one-sentence chunk (a document's last sentence)
+                else:
+                    i = self._pair(doc, start, i, n, length, target)
+                start, length = i + 1, 0
+            i += 1
+
+    def _chunk_ends(self, last_sentence: bool, n: int, length: int, target: int) -> bool:
+        if self.sop and n < 2:  # SOP needs two sentences; a trailing single one is dropped
+            self.dropped += last_sentence
+            return False
+        return last_sentence or length >= target
+
+    def _pair(self, doc: int, start: int, i: int, n: int, length: int, target: int) -> int:
+        """Appends the pair of chunk start..i; returns the last sentence the pair used."""
+        u, begin, end = self.u, self.begin, self.end
+        a_end = start + (u.randint(1, n - 1) if n >= 2 else 1)
+        a_stop = end[a_end - 1]
+        if n == 1:  # one sentence reaching the target alone: split it at a random token
+            a_stop = begin[start] + u.randint(1, length - 1)
+        label = 0
+        if self.nsp and u() < 0.5:
+            label = 1
+            b_start, b_end = self._random_segment(doc, target - (a_stop - begin[start]))
+            i = max(i, a_end - 1) if n == 1 else a_end - 1  # unused sentences are put back
+        else:
+            b_start, b_end = a_stop if n == 1 else begin[a_end], end[i]
+        self.rows.append((begin[start], a_stop, b_start, b_end, label))
+        return i
+
+    def _random_segment(self, doc: int, target: int) -> tuple[int, int]:
+        """Sentences of another document, from a random one on, until ``target`` tokens."""
+        u, docs = self.u, self.docs
+        other = doc
+        while other == doc:
+            other = u.randint(0, len(docs) - 2)
+        j = u.randint(docs[other], docs[other + 1] - 1)
+        b_start = self.begin[j]
+        while j < docs[other + 1] - 1 and self.end[j] - b_start < target:
+            j += 1
+        return b_start, self.end[j]
+
+
 def pair_plan(
     store: Store,
     max_seq_length: int,
@@ -99,66 +168,19 @@ def pair_plan(
     """NSP (BERT) or SOP (ALBERT) sentence pairs of every document, in document order."""
     if objective not in ("nsp", "sop"):
         raise ValueError(f"objective={objective!r} is not a sentence-pair objective")
-    max_tokens = max_seq_length - 3
-    sent_begin = store.sentences[:, 0].tolist()
-    sent_end = store.sentences[:, 1].tolist()
-    docs = store.documents.tolist()
-    num_docs = len(docs) - 1
+    num_docs = store.num_documents
     if objective == "nsp" and num_docs < 2:
         raise ValueError(
             f"store {store.directory!r} ({store.split}) has {num_docs} document(s): NSP needs at "
             "least 2 to draw random next segments"
         )
-    u = _Uniforms(rng)
-    cols = ([], [], [], [], [])
-    single = dropped = 0
+    max_tokens = max_seq_length - 3
+    sampler = _PairSampler(store, max_tokens, short_seq_prob, rng, objective)
     for doc in range(num_docs):
-        first, last = docs[doc], docs[doc + 1]
-        if last - first < 2:
-            single += 1
-            continue
-        target = _target(u, max_tokens, short_seq_prob)
-        start, i, length = first, first, 0
-        while i < last:
-            length += sent_end[i] - sent_begin[i]
-            n = i - start + 1
-            done = i == last - 1 or length >= target
-            if objective == "sop" and n < 2:
-                done = False
-                if i == last - 1:
-                    dropped += 1
-            if done and n == 1 and length < target:
-                dropped += 1  # a short one-sentence chunk (a document's last sentence): no pair
-            elif done:
-                a_end = start + (u.randint(1, n - 1) if n >= 2 else 1)
-                a_stop = sent_end[a_end - 1]
-                if n == 1:  # one sentence reaching the target alone: split it at a random token
-                    a_stop = sent_begin[start] + u.randint(1, length - 1)
-                label = 0
-                if objective == "nsp" and u() < 0.5:
-                    label = 1
-                    target_b = target - (a_stop - sent_begin[start])
-                    other = doc
-                    while other == doc:
-                        other = u.randint(0, num_docs - 1)
-                    j = u.randint(docs[other], docs[other + 1] - 1)
-                    b_start = sent_begin[j]
-                    while j < docs[other + 1] - 1 and sent_end[j] - b_start < target_b:
-                        j += 1
-                    b_end = sent_end[j]
-                    i = (
-                        max(i, a_end - 1) if n == 1 else a_end - 1
-                    )  # the chunk's unused sentences are put back
-                else:
-                    b_start, b_end = a_stop if n == 1 else sent_begin[a_end], sent_end[i]
-                for col, v in zip(cols, (sent_begin[start], a_stop, b_start, b_end, label)):
-                    col.append(v)
-            if done:
-                start, length = i + 1, 0
-            i += 1
-    a0, a1, b0, b1, label = (np.asarray(c, np.int64) for c in cols)
-    a0, a1, b0, b1 = _truncate((a0, a1, b0, b1), max_tokens, rng)
-    label = label.astype(np.int32)
+        sampler.document(doc)
+    columns = np.asarray(sampler.rows, np.int64).reshape(-1, 5).T
+    a0, a1, b0, b1 = _truncate(tuple(columns[:4]), max_tokens, rng)
+    label = columns[4].astype(np.int32)
     if objective == "sop":
         swap = rng.random(len(a0)) < 0.5
         a0, a1, b0, b1 = (
@@ -168,8 +190,7 @@ def pair_plan(
             np.where(swap, a1, b1),
         )
         label = swap.astype(np.int32)
-    skipped = {"single_sentence_documents": single}
-    skipped["one_sentence_chunks"] = dropped
+    skipped = {"single_sentence_documents": sampler.single, "one_sentence_chunks": sampler.dropped}
     return Plan(a0, a1, b0, b1, label, skipped)
 
 
@@ -181,7 +202,7 @@ def packed_plan(
     short_seq_prob: float = 0.0,
     rng: np.random.Generator | None = None,
 ) -> Plan:
-    """RoBERTa FULL-SENTENCES (cross_documents) / DOC-SENTENCES single segments of whole sentences."""
+    """RoBERTa FULL-SENTENCES (cross_documents) / DOC-SENTENCES rows of whole sentences."""
     budget = max_seq_length - 2
     sent_begin = store.sentences[:, 0].tolist()
     sent_end = store.sentences[:, 1].tolist()
@@ -226,10 +247,10 @@ def make_plan(
     short_seq_prob: float,
     rng: np.random.Generator,
 ) -> Plan:
-    """The plan of one epoch for an objective (diffusion rows are FULL-SENTENCES rows)."""
+    """The plan of one epoch for a sample plan (config.data.sample_plan)."""
     if objective in ("nsp", "sop"):
         return pair_plan(store, max_seq_length, short_seq_prob, rng, objective)
-    if objective in ("full_sentences", "diffusion"):
+    if objective == "full_sentences":
         return packed_plan(store, max_seq_length, cross_documents=True)
     if objective == "doc_sentences":
         return packed_plan(store, max_seq_length, cross_documents=False)
@@ -237,4 +258,4 @@ def make_plan(
         return packed_plan(
             store, max_seq_length, cross_documents=False, short_seq_prob=short_seq_prob, rng=rng
         )
-    raise ValueError(f"unknown objective {objective!r}")
+    raise ValueError(f"unknown sample plan {objective!r}")

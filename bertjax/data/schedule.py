@@ -1,4 +1,5 @@
-"""Sequence-length schedules: the row length of every step, known ahead, and its ordinal at that length.
+"""Sequence-length schedules: the row length of every step, known ahead, and its ordinal at that
+length.
 
 - none: every step uses max_seq_length.
 - phases (mixed_lengths=False): ((0.9, 128), (0.1, 512)) = the first 90% of num_train_steps at 128,
@@ -9,8 +10,6 @@ The ordinal (how many earlier steps used the same length) drives that length's o
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -40,13 +39,15 @@ class LengthSchedule:
         seed: int = 0,
     ):
         self.seed = seed
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.schedule = [(float(f), int(t)) for f, t in schedule]
         self.lengths = sorted({t for _, t in self.schedule} or {max_seq_length})
         self.mixed = mixed and bool(self.schedule)
         if self.schedule and not self.mixed:
             if not total_steps or total_steps < 1:
                 raise ValueError(
-                    "config.data.length_schedule in phases needs config.num_train_steps (the total number "
+                    "config.data.length_schedule in phases needs config.num_train_steps (the "
+                    "total number "
                     "of steps the fractions refer to); set it, or use mixed_lengths=True"
                 )
             ends = np.rint(np.cumsum([f for f, _ in self.schedule]) * total_steps).astype(int)
@@ -59,9 +60,15 @@ class LengthSchedule:
             self.block_lengths = list(merged)
             self.block_counts = _largest_remainder(list(merged.values()), BLOCK)
 
-    @functools.lru_cache(maxsize=64)
     def _block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """Lengths of the steps of one block and each step's rank among steps of its length."""
+        if block not in self._blocks:
+            if len(self._blocks) >= 64:
+                self._blocks.clear()
+            self._blocks[block] = self._make_block(block)
+        return self._blocks[block]
+
+    def _make_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.repeat(self.block_lengths, self.block_counts)
         lengths = keys.generator(self.seed, block, "lengths").permutation(lengths)
         ranks = np.zeros(BLOCK, np.int64)

@@ -78,7 +78,8 @@ def load(path: str, tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
         embeddings = np.load(path, allow_pickle=False)
         if embeddings.ndim != 2 or len(embeddings) != tokenizer.vocab_size:
             raise ValueError(
-                f"{path}: embedding matrix of shape {embeddings.shape} does not match the tokenizer's "
+                f"{path}: embedding matrix of shape {embeddings.shape} does not match the "
+                "tokenizer's "
                 f"vocabulary of {tokenizer.vocab_size}"
             )
         return from_embeddings(embeddings, tokenizer.special)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from bertjax.data import corpus as corpus_lib
+from bertjax.data.text import CorpusStats, is_heldout
 from bertjax.data.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -37,7 +37,8 @@ def _token_dtype(vocab_size: int):
 
 
 def encode_chunk(tokenizer: Tokenizer, docs: list[list[str]]):
-    """Tokenizes documents: (tokens with a [SEP] after each doc, word starts, sentence lengths, doc sizes)."""
+    """Tokenizes documents: (tokens with a [SEP] after each doc, word starts, sentence lengths, doc
+    sizes)."""
     sentences = [s for d in docs for s in d]
     flat, lengths = tokenizer.encode_flat(sentences)
     starts = tokenizer.word_starts(flat, lengths)
@@ -123,7 +124,7 @@ def _chunks(documents: Iterable[tuple[str, list[str]]], heldout_fraction: float,
     pending = {split: [] for split in SPLITS}
     size = collections.Counter()
     for doc_id, doc in documents:
-        split = "eval" if corpus_lib.is_heldout(doc_id, heldout_fraction) else "train"
+        split = "eval" if is_heldout(doc_id, heldout_fraction) else "train"
         pending[split].append(doc)
         size[split] += sum(len(s) for s in doc)
         progress.update(1)
@@ -142,7 +143,7 @@ def prepare_store(
     *,
     heldout_fraction: float,
     corpus_description: str,
-    stats: corpus_lib.CorpusStats,
+    stats: CorpusStats,
     num_workers: int = 0,
 ) -> dict:
     """Tokenizes a corpus into a store at `directory` (atomically); returns its meta."""
@@ -252,7 +253,8 @@ class Store:
         tokenizer: Tokenizer,
         corpus_description: str | None = None,
     ):
-        """Opens `directory/split`; the tokenizer (and corpus, if given) must match the store's meta."""
+        """Opens `directory/split`; the tokenizer (and corpus, if given) must match the store's
+        meta."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r}: must be one of {SPLITS}")
         self.meta = meta = read_meta(directory)
@@ -261,14 +263,18 @@ class Store:
             or meta["language"] != tokenizer.language
         ):
             raise ValueError(
-                f"token store {directory!r} was built with tokenizer {meta['tokenizer_fingerprint']} "
-                f"(language={meta['language']}, {meta['tokenizer_path']}) but the tokenizer now in use is "
-                f"{tokenizer.fingerprint()} (language={tokenizer.language}, {tokenizer.path}); delete the store "
+                f"token store {directory!r} was built with tokenizer "
+                f"{meta['tokenizer_fingerprint']} "
+                f"(language={meta['language']}, {meta['tokenizer_path']}) but the tokenizer now "
+                "in use is "
+                f"{tokenizer.fingerprint()} (language={tokenizer.language}, {tokenizer.path}); "
+                "delete the store "
                 "directory to rebuild it with this tokenizer, or use a different workdir"
             )
         if corpus_description is not None and meta["corpus"] != corpus_description:
             raise ValueError(
-                f"token store {directory!r} holds corpus {meta['corpus']!r}, not {corpus_description!r}; "
+                f"token store {directory!r} holds corpus {meta['corpus']!r}, not "
+                f"{corpus_description!r}; "
                 "delete the store directory to rebuild it, or use a different workdir"
             )
         base = os.path.join(directory, split)
@@ -281,7 +287,8 @@ class Store:
 
     @property
     def fingerprint(self) -> str:
-        """A stable hash of the store's meta (tokenizer, corpus, counts): changes when the data does."""
+        """A stable hash of the store's meta (tokenizer, corpus, counts): changes when the data
+        does."""
         import hashlib
 
         return hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode()).hexdigest()[:16]

@@ -165,7 +165,7 @@ class Tokenizer:
         return self._sp.decode(ids) if self._sp is not None else self._hf.decode(ids)
 
     def word_starts(self, ids: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
-        """Bool flags, True where a piece starts a word; `lengths` splits a flat array into texts."""
+        """Bool flags, True where a piece starts a word; `lengths` splits flat ids into texts."""
         ids = np.asarray(ids)
         if self.language == "zh":
             lengths = np.array([len(ids)]) if lengths is None else lengths
@@ -255,7 +255,8 @@ def train_sentencepiece(
     language: str = "en",
     seed: int = 0,
 ) -> str:
-    """Trains a SentencePiece model with the fixed special ids into `directory`; returns the .model path.
+    """Trains a SentencePiece model with the fixed special ids into `directory`; returns the .model
+    path.
 
     Written into `directory.tmp-<pid>` and renamed, so a half-trained model is never found.
     """
@@ -271,7 +272,8 @@ def train_sentencepiece(
     except RuntimeError as error:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(
-            f"SentencePiece training for {directory!r} failed with config.data.vocab_size={vocab_size}: "
+            f"SentencePiece training for {directory!r} failed with "
+            f"config.data.vocab_size={vocab_size}: "
             f"{error}. Change config.data.vocab_size (or use a bigger corpus)"
         ) from error
     os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax.config import BertConfig
+from bertjax.modeling.bert_config import BertConfig
 
 OPTIMIZERS = ("adamw", "lamb", "adafactor")
 SCHEDULES = ("linear", "cosine", "constant", "wsd")

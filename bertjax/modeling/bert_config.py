@@ -1,4 +1,26 @@
-"""BertConfig: the one frozen model config shared by every Linen module."""
+"""BertConfig: the one frozen model config shared by every Linen module.
+
+Shape suffixes used across bertjax (``q_BTNH``, ``logits_BPV``), one letter per meaning:
+
+====  ===========================================================================
+B     batch rows
+T     sequence length (queries; tokens of a routing group)
+S     key/value length (attention)
+N     attention heads
+H     head size (BertConfig.head_dim)
+D     model width (hidden_size)
+F     feed-forward width (intermediate_size)
+W     embedding width (embedding_dim: ALBERT's factorized E, else D)
+V     vocabulary
+P     predicted (masked) positions per row
+R     rows gathered per example (sparse last layer)
+C     expert capacity (MoE buffers)
+L     labels (classification heads)
+E     experts
+G     MoE routing groups (one per sequence)
+I, O  a product's input and output widths (bertjax/ops/dense.py)
+====  ===========================================================================
+"""
 
 from __future__ import annotations
 
@@ -53,7 +75,8 @@ class BertConfig:
     # rows: rows of positions less than head_dim apart are orthogonal; positions 2*head_dim apart
     # share a row). All are learned; only initial values differ, so HF conversion is unchanged.
     position_embedding_init: str = "normal"
-    # Relative offsets the first layer's heads attend to at init (head h -> offsets[h], e.g. (-1, 1):
+    # Relative offsets the first layer's heads attend to at init (head h -> offsets[h], e.g. (-1,
+    # 1):
     # the left and right neighbour); needs position_embedding_init="fourier". The query/key kernel
     # rows of the position columns are set so that a head's logit is about local_attention_logit at
     # its offset and about 0 elsewhere. (): BERT's random init.
@@ -217,7 +240,7 @@ class BertConfig:
             )
 
     def _validate_moe(self):
-        """Mixture-of-experts fields (see bertjax/moe.py)."""
+        """Mixture-of-experts fields (see bertjax/modeling/moe.py)."""
         for name, low in (("num_experts", 0), ("experts_per_token", 1), ("moe_layer_interval", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:

@@ -2,14 +2,14 @@
 
 Each checkpoint step holds two items: ``state`` (step, params, opt_state; sharded
 arrays, restorable onto any mesh) and ``meta`` (JSON: the run config, the model
-config, the tokenizer file and fingerprint, the token store's fingerprint). Orbax
+config, the tokenizer file and fingerprint, the data's fingerprint). Reading one without
+the trainer is `bertjax.interop.checkpoints`. Orbax
 writes a step into a temporary directory and renames it when complete, so a save
 killed half-way is never listed, and restore falls back to the last complete step.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 from typing import Any
@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from bertjax.config import BertConfig
+from bertjax.interop.checkpoints import ITEMS
+from bertjax.modeling.bert_config import BertConfig
 
 
 def _state_tree(state) -> dict:
@@ -25,26 +26,6 @@ def _state_tree(state) -> dict:
     if getattr(state, "frozen", None) is not None:  # e.g. a distillation teacher
         tree["frozen"] = state.frozen
     return tree
-
-
-def tokenizer_meta(tokenizer) -> dict:
-    """The tokenizer's file (base64) and fingerprint, so a checkpoint is usable on its own."""
-    with open(tokenizer.path, "rb") as f:
-        data = f.read()
-    return {
-        "tokenizer_file": os.path.basename(tokenizer.path),
-        "tokenizer_bytes": base64.b64encode(data).decode("ascii"),
-        "tokenizer_fingerprint": tokenizer.fingerprint(),
-    }
-
-
-def write_tokenizer(meta: dict, directory: str) -> str:
-    """Writes the tokenizer stored in a checkpoint's meta into ``directory``; returns its path."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, meta["tokenizer_file"])
-    with open(path, "wb") as f:
-        f.write(base64.b64decode(meta["tokenizer_bytes"]))
-    return path
 
 
 class Checkpointer:
@@ -58,9 +39,7 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
         )
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "meta")
-        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

@@ -9,21 +9,23 @@ the most confident predictions (`low_confidence` remasking) or random ones (`ran
 are argmax(logits/temperature + Gumbel) in float32, greedy at temperature 0. The prompt is never
 changed, and [PAD]/[UNK]/[CLS]/[MASK] are never generated ([SEP] may be: it ends the text).
 
-Run: python -m bertjax.diffusion --workdir=DIR --prompt="..." [--answer_length=32 --steps=32 --block_length=8]
+Run: python -m bertjax.diffusion --workdir=DIR --prompt="..." [--answer_length=32 --steps=32
+--block_length=8]
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
-from bertjax.heads import BertForPreTraining
+from bertjax.data.tokenizer import Tokenizer
+from bertjax.interop.checkpoints import CheckpointReader
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.modeling.heads import BertForPreTraining
 
 Array = jax.Array
 REMASKING = ("low_confidence", "random")
@@ -60,7 +62,7 @@ def _forbidden(cfg: BertConfig) -> Array:
 def _denoise_step(
     cfg,
     params,
-    x_BL,
+    x_BT,
     rng,
     temperature,
     index,
@@ -72,36 +74,36 @@ def _denoise_step(
 ):
     """One denoising step `index` (0-based over all steps): returns the new x [B, L]."""
     mask_id = cfg.mask_token_id
-    length = x_BL.shape[1]
+    length = x_BT.shape[1]
     block = index // steps_per_block
     steps_left = steps_per_block - index % steps_per_block
     block_start = prompt_length + block * block_length
-    logits_BLV = (
+    logits_BTV = (
         BertForPreTraining(cfg, next_sentence=False)
-        .apply({"params": params}, x_BL, deterministic=True)["mlm_logits"]
+        .apply({"params": params}, x_BT, deterministic=True)["mlm_logits"]
         .astype(jnp.float32)
     )
-    logits_BLV = jnp.where(_forbidden(cfg), -jnp.inf, logits_BLV)
+    logits_BTV = jnp.where(_forbidden(cfg), -jnp.inf, logits_BTV)
     noise_rng, pick_rng = jax.random.split(rng)
-    gumbel_BLV = jax.random.gumbel(noise_rng, logits_BLV.shape, jnp.float32)
-    noisy_BLV = jnp.where(
-        temperature > 0, logits_BLV / jnp.maximum(temperature, 1e-6) + gumbel_BLV, logits_BLV
+    gumbel_BTV = jax.random.gumbel(noise_rng, logits_BTV.shape, jnp.float32)
+    noisy_BTV = jnp.where(
+        temperature > 0, logits_BTV / jnp.maximum(temperature, 1e-6) + gumbel_BTV, logits_BTV
     )
-    x0_BL = jnp.argmax(noisy_BLV, axis=-1).astype(x_BL.dtype)
+    x0_BT = jnp.argmax(noisy_BTV, axis=-1).astype(x_BT.dtype)
     if remasking == "low_confidence":
-        probs_BLV = jax.nn.softmax(logits_BLV, axis=-1)
-        confidence_BL = jnp.take_along_axis(probs_BLV, x0_BL[..., None], -1)[..., 0]
+        probs_BTV = jax.nn.softmax(logits_BTV, axis=-1)
+        confidence_BT = jnp.take_along_axis(probs_BTV, x0_BT[..., None], -1)[..., 0]
     else:
-        confidence_BL = jax.random.uniform(pick_rng, x_BL.shape)
+        confidence_BT = jax.random.uniform(pick_rng, x_BT.shape)
     position = jnp.arange(length)[None, :]
     in_block = (position >= block_start) & (position < block_start + block_length)
-    candidate_BL = (x_BL == mask_id) & in_block
-    masked_B = jnp.sum(candidate_BL, -1)
+    candidate_BT = (x_BT == mask_id) & in_block
+    masked_B = jnp.sum(candidate_BT, -1)
     commit_B = (masked_B + steps_left - 1) // steps_left  # ceil: the schedule's share of this step
-    score_BL = jnp.where(candidate_BL, confidence_BL, -jnp.inf)
-    rank_BL = jnp.argsort(jnp.argsort(-score_BL, axis=-1, stable=True), axis=-1, stable=True)
-    commit_BL = candidate_BL & (rank_BL < commit_B[:, None])
-    return jnp.where(commit_BL, x0_BL, x_BL)
+    score_BT = jnp.where(candidate_BT, confidence_BT, -jnp.inf)
+    rank_BT = jnp.argsort(jnp.argsort(-score_BT, axis=-1, stable=True), axis=-1, stable=True)
+    commit_BT = candidate_BT & (rank_BT < commit_B[:, None])
+    return jnp.where(commit_BT, x0_BT, x_BT)
 
 
 @functools.partial(
@@ -169,7 +171,8 @@ def generate(
     mask_id: int | None = None,
     return_history: bool = False,
 ):
-    """Samples answers after `prompt_ids` [B, Lp]: [B, Lp + answer_length] ids (+ [steps, B, L] history).
+    """Samples answers after `prompt_ids` [B, Lp]: [B, Lp + answer_length] ids (+ [steps, B, L]
+    history).
 
     Jitted once per (config, shapes, answer_length, steps, block_length, remasking); temperature and
     rng are traced. `mask_id` defaults to the config's [MASK] id.
@@ -214,35 +217,18 @@ def generate(
 
 def load(workdir: str):
     """(model config, params, tokenizer) of the latest checkpoint in WORKDIR/checkpoints."""
-    import ml_collections
-
-    from bertjax import checkpoint as checkpoint_lib
-    from bertjax import sharding
-    from bertjax import step as step_lib
-    from bertjax.data import Tokenizer
-
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            f"{directory} does not exist: train first with train.py --workdir={workdir}"
-        )
-    ckpt = checkpoint_lib.Checkpointer(directory, async_save=False)
-    if ckpt.latest_step() is None:
-        raise FileNotFoundError(f"no complete checkpoint in {directory}")
-    meta = ckpt.read_meta()
-    config = ml_collections.ConfigDict(meta["config"])
-    model_cfg = BertConfig.from_dict(meta["model_config"])
-    mesh = sharding.make_mesh(config.mesh)
-    abstract, _, _ = step_lib.abstract_train_state(config, model_cfg, mesh)
-    state, _ = ckpt.restore(abstract)
-    ckpt.close()
-    path = checkpoint_lib.write_tokenizer(meta, tempfile.mkdtemp(prefix="bertjax-tokenizer-"))
-    language = config.data.language if "data" in config else "en"
-    return model_cfg, state.params, Tokenizer(path, language=language)
+    reader = CheckpointReader(workdir, "--workdir")
+    model_cfg = reader.model_config()
+    params = reader.params()
+    reader.close()
+    path = reader.write_tokenizer(tempfile.mkdtemp(prefix="bertjax-tokenizer-"))
+    language = reader.meta.get("config", {}).get("data", {}).get("language", "en")
+    return model_cfg, params, Tokenizer(path, language=language)
 
 
 def generate_text(model_cfg, params, tokenizer, prompts, *, seed: int = 0, **kwargs) -> list[str]:
-    """Continuations of text prompts (`[CLS] prompt` then the answer); prompts of one length share a batch."""
+    """Continuations of text prompts (`[CLS] prompt` then the answer); prompts of one length share a
+    batch."""
     encoded = [
         np.concatenate([[tokenizer.cls_id], ids]).astype(np.int32)
         for ids in tokenizer.encode(prompts)
@@ -263,7 +249,7 @@ def generate_text(model_cfg, params, tokenizer, prompts, *, seed: int = 0, **kwa
 
 
 def main(argv=None):
-    """`python -m bertjax.diffusion --workdir=DIR --prompt=...`: prints one continuation per prompt."""
+    """`python -m bertjax.diffusion --workdir=DIR --prompt=...`: one continuation per prompt."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m bertjax.diffusion", description=main.__doc__)

@@ -5,14 +5,12 @@ XLA:CPU allocates each executable run's temporaries as one block (~1 GB for a BE
 step at B=32, T=128) from a worker thread; glibc serves it with fresh mmap'd pages and unmaps it
 on free, so every step page-faults its whole working set in again (and, with transparent huge
 pages, sometimes stalls in the kernel compacting memory). PyTorch on CPU does much the same.
-Measured on a 2-core VM (glibc 2.36, THP "madvise"), benchmarks/results.md:
+What each tunable saved is measured in benchmarks/results.md:
 - ``glibc.malloc.hugetlb=1`` (malloc madvises its chunks for 2 MiB pages): fewer, larger faults;
-  BERT-mini's step 1223 -> ~960 ms, BERT-tiny's 445 -> ~295 ms;
 - plus ``arena_max=1`` (one arena, so worker threads' big blocks come from the main heap, which
   can grow to any size), ``mmap_max=0`` (large blocks from the heap, not mmap) and a 32 GiB
   ``trim_threshold`` (freed memory stays mapped): no page faults after the first step and no
-  kernel time; BERT-mini's step ~1010 -> ~860 ms with the step-to-step spread gone
-  (0 vs ~660 minor faults and 0.1-0.4 s of system time per step).
+  kernel time.
 The price: the process keeps its peak heap (what a training process reaches every step anyway),
 and one arena serialises malloc across threads. So the last three are added only on hosts with
 no GPU or TPU device files: there XLA's temporaries live on the accelerator, and a host's

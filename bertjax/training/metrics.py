@@ -1,112 +1,40 @@
-"""Run metrics: TensorBoard event files (no TensorFlow needed), metrics.jsonl, MFU.
-
-The event file is written directly in TensorBoard's record format (length, masked
-CRC-32C, serialized ``Event`` proto); the two protos used are small enough to encode
-by hand, which keeps TensorFlow and protobuf code generation out of the dependencies.
-"""
+"""Run metrics: TensorBoard event files (through tensorboardX, no TensorFlow), metrics.jsonl,
+model FLOPs and MFU."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import socket
-import struct
 import time
 from collections.abc import Mapping
 
 import numpy as np
 
-from bertjax.config import BertConfig
-
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1  # Castagnoli polynomial
-        table.append(crc)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def _field_bytes(number: int, payload: bytes) -> bytes:  # wire type 2: length-delimited
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _event(
-    step: int, wall_time: float, *, file_version: str = "", scalars: Mapping[str, float] = ()
-) -> bytes:
-    """Serialized tensorflow.Event: wall_time=1 (double), step=2, file_version=3, summary=5."""
-    out = bytes([0x09]) + struct.pack("<d", wall_time) + bytes([0x10]) + _varint(step)
-    if file_version:
-        out += _field_bytes(3, file_version.encode())
-    if scalars:
-        values = b"".join(
-            _field_bytes(
-                1, _field_bytes(1, tag.encode()) + bytes([0x15]) + struct.pack("<f", value)
-            )
-            for tag, value in scalars.items()
-        )
-        out += _field_bytes(5, values)
-    return out
+from bertjax.modeling.bert_config import BertConfig
 
 
 class MetricWriter:
-    """Scalars to a TensorBoard event file and to ``metrics.jsonl`` (process 0 only)."""
+    """Scalars to TensorBoard event files (tensorboardX) and to ``metrics.jsonl``, process 0 only
+    (``enabled``)."""
 
     def __init__(self, logdir: str, enabled: bool = True):
         self.enabled = enabled
         self.logdir = logdir
         if not enabled:
             return
-        os.makedirs(logdir, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
-        self._events = open(os.path.join(logdir, name), "ab")
-        self._jsonl = open(os.path.join(logdir, "metrics.jsonl"), "a")
-        self._write_record(_event(0, time.time(), file_version="brain.Event:2"))
+        from tensorboardX import SummaryWriter
 
-    def _write_record(self, data: bytes) -> None:
-        header = struct.pack("<Q", len(data))
-        self._events.write(
-            header
-            + struct.pack("<I", _masked_crc(header))
-            + data
-            + struct.pack("<I", _masked_crc(data))
-        )
+        os.makedirs(logdir, exist_ok=True)
+        self._events = SummaryWriter(logdir, flush_secs=60)
+        self._jsonl = open(os.path.join(logdir, "metrics.jsonl"), "a")
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         if not self.enabled:
             return
         clean = {k: float(v) for k, v in scalars.items()}
-        self._write_record(_event(step, time.time(), scalars=clean))
+        for tag, value in clean.items():
+            self._events.add_scalar(tag, value, step)
         finite = {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}
         self._jsonl.write(json.dumps({"step": step, **finite}) + "\n")
         self.flush()

@@ -9,17 +9,16 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from bertjax.config import BertConfig
-from bertjax.layers import Dropout
-from bertjax.model import (
-    BertModel,
-    _zeros,
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.modeling.encoder import BertModel
+from bertjax.modeling.layers import (
+    Dropout,
     activation,
     constrain,
     dense,
     gather_rows,
-    last_layer_at_rows,
     layer_norm,
+    zeros_init,
 )
 
 Array = jax.Array
@@ -31,23 +30,33 @@ class MaskedLMHead(nn.Module):
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x_BPH: Array, bert: BertModel) -> Array:
+    def __call__(self, x_BPD: Array, bert: BertModel) -> Array:
         cfg = self.cfg
         width_axis = "embed_out" if cfg.embedding_dim == cfg.hidden_size else "factor"
-        h = dense(cfg, cfg.embedding_dim, ("embed", width_axis), "transform")(x_BPH)
-        h = layer_norm(cfg, width_axis, "layer_norm")(activation(cfg.hidden_act)(h))
-        bias = self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
-        logits_BPV = bert.attend(h, bias)
+        h_BPW = dense(cfg, cfg.embedding_dim, ("embed", width_axis), "transform")(x_BPD)
+        h_BPW = layer_norm(cfg, width_axis, "layer_norm")(activation(cfg.hidden_act)(h_BPW))
+        bias_V = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
+        logits_BPV = bert.attend(h_BPW, bias_V)
         return constrain(logits_BPV, ("act_batch", "act_len", "act_vocab"))
 
 
 class BertForPreTraining(nn.Module):
     """Encoder + MLM head (+ NSP/SOP head on the pooled [CLS] when ``next_sentence``).
 
-    Outputs ``mlm_logits`` ([B, P, V] at ``masked_positions``, else [B, T, V]) and the encoder's
-    ``sequence_output`` [B, T, H]; with ``sparse_last_layer`` and ``masked_positions`` the last
-    layer runs only at the masked positions and [CLS] (MosaicBERT): the same logits, about 70%
-    less of that layer's work, and no ``sequence_output``. The pretraining objective sets it.
+    Outputs ``mlm_logits`` ([B, P, V] at ``masked_positions``, else [B, T, V]), the encoder's
+    ``sequence_output`` [B, T, D] and ``nsp_logits`` [B, 2]; with ``sparse_last_layer`` and
+    ``masked_positions`` the last layer runs only at the masked positions and [CLS] (MosaicBERT):
+    the same logits, most of that layer's work saved, and no ``sequence_output``. The
+    pretraining objective sets it.
+
+    Example::
+
+        cfg = bertjax.BertConfig.preset("tiny", vocab_size=1000)
+        model = bertjax.BertForPreTraining(cfg)
+        ids = jnp.ones((2, 16), jnp.int32)
+        params = model.init(jax.random.key(0), ids)["params"]
+        out = model.apply({"params": params}, ids, attention_mask=jnp.ones_like(ids))
+        out["mlm_logits"].shape  # (2, 16, 1000)
     """
 
     cfg: BertConfig
@@ -88,19 +97,13 @@ class BertForPreTraining(nn.Module):
             outputs["nsp_logits"] = self.nsp_head(pooled)
         return outputs
 
-    def last_layer_rows(self, masked_width: int) -> int | None:
-        """Rows per sequence the last layer computes for ``masked_width`` masked positions, or
-        None when it computes all (for the FLOP count)."""
-        if not (self.sparse_last_layer and last_layer_at_rows(self.cfg)):
-            return None
-        return masked_width + int(self.next_sentence)
 
-
-class BertForSequenceClassification(nn.Module):
-    """Pooled [CLS] -> dropout -> linear; ``num_labels=1`` is regression."""
+class _Classifier(nn.Module):
+    """Encoder -> dropout -> linear over ``num_labels``, on the pooled [CLS] or on every token."""
 
     cfg: BertConfig
     num_labels: int = 2
+    per_token = False
 
     @nn.compact
     def __call__(
@@ -112,33 +115,29 @@ class BertForSequenceClassification(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         cfg = self.cfg
-        _, pooled = BertModel(cfg, name="bert")(
+        sequence, pooled = BertModel(cfg, add_pooler=not self.per_token, name="bert")(
             input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
         )
-        rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
-        pooled = Dropout(rate)(pooled, deterministic=deterministic)
-        return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(pooled)
-
-
-class BertForTokenClassification(nn.Module):
-    """Per-token logits (NER): sequence output -> dropout -> linear."""
-
-    cfg: BertConfig
-    num_labels: int = 2
-
-    @nn.compact
-    def __call__(
-        self,
-        input_ids: Array,
-        token_type_ids: Array | None = None,
-        attention_mask: Array | None = None,
-        segment_ids: Array | None = None,
-        deterministic: bool = True,
-    ) -> Array:
-        cfg = self.cfg
-        x, _ = BertModel(cfg, add_pooler=False, name="bert")(
-            input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
-        )
+        x = sequence if self.per_token else pooled
         rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
         x = Dropout(rate)(x, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(x)
+
+
+class BertForSequenceClassification(_Classifier):
+    """Pooled [CLS] -> dropout -> linear: logits [B, num_labels]; ``num_labels=1`` is regression.
+
+    Example::
+
+        cfg = bertjax.BertConfig.preset("tiny", vocab_size=1000)
+        model = bertjax.BertForSequenceClassification(cfg, num_labels=3)
+        ids = jnp.ones((2, 16), jnp.int32)
+        params = model.init(jax.random.key(0), ids)["params"]
+        logits_BL = model.apply({"params": params}, ids, attention_mask=jnp.ones_like(ids))
+    """
+
+
+class BertForTokenClassification(_Classifier):
+    """Per-token logits (NER): sequence output -> dropout -> linear, [B, T, num_labels]."""
+
+    per_token = True

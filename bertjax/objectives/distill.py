@@ -1,4 +1,5 @@
-"""Knowledge distillation (DistilBERT, Sanh et al. 2019): a frozen teacher trains a shallower student.
+"""Knowledge distillation (DistilBERT, Sanh et al. 2019): a frozen teacher trains a shallower
+student.
 
 The loss is alpha_ce * T^2 * KL(teacher || student) of temperature-softened MLM distributions at
 masked positions + alpha_mlm * MLM cross-entropy + alpha_cos * (1 - cosine) between the last hidden
@@ -14,8 +15,6 @@ width): it exists only so smoke tests can run the recipe offline, and logs a war
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -24,15 +23,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import moe
-from bertjax.config import BertConfig
-from bertjax.heads import BertForPreTraining
-from bertjax.objectives import Objective, cross_entropy, normalizers
+from bertjax.data import make_pipeline
+from bertjax.interop.pretrained import PretrainedSource
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.modeling.heads import BertForPreTraining
+from bertjax.objectives.base import Objective, real_tokens
+from bertjax.objectives.pretraining import mlm_normalizers, mlm_sums
 
 Array = jax.Array
+TEACHER_KEY = "config.loss.teacher"
 
 
 def add_distill_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -40,85 +40,21 @@ def add_distill_config(config: ml_collections.ConfigDict) -> ml_collections.Conf
     loss = config.loss
     with loss.unlocked():
         loss.objective = "distill"
-        loss.next_sentence = False  # the student has no NSP head
-        loss.teacher = ""  # bertjax workdir/checkpoints dir or HF model dir; "" = RANDOM teacher (smoke tests only)
+        # bertjax workdir/checkpoints dir or HF model dir; "" = RANDOM teacher (smoke tests only)
+        loss.teacher = ""
         loss.teacher_layers = (
             0  # depth of the random teacher ("" teacher only); 0 = twice the student's
         )
         loss.teacher_dtype = (
             "float32"  # compute dtype of the teacher forward ("bfloat16" halves its cost)
         )
-        loss.student_layers = ()  # teacher layer per student layer; () = evenly spaced (every other)
+        # teacher layer per student layer; () = evenly spaced (every other)
+        loss.student_layers = ()
         loss.temperature = 2.0  # softmax temperature T of the soft targets
         loss.alpha_ce = 5.0  # weight of T^2 * KL(teacher || student) on masked positions
         loss.alpha_mlm = 2.0  # weight of the hard-label MLM cross-entropy
         loss.alpha_cos = 1.0  # weight of 1 - cosine(student, teacher last hidden states)
     return config
-
-
-def _checkpoints_dir(path: str) -> str:
-    sub = os.path.join(path, "checkpoints")
-    return sub if os.path.isdir(sub) else path
-
-
-def _is_hf(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "config.json"))
-
-
-def _manager(path: str):
-    return ocp.CheckpointManager(
-        _checkpoints_dir(path),
-        item_names=("state", "meta"),
-        options=ocp.CheckpointManagerOptions(read_only=True),
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def read_teacher_meta(path: str) -> dict:
-    """The meta (model config, tokenizer) of the latest bertjax checkpoint under ``path``."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"config.loss.teacher={path!r} is not a directory (a bertjax workdir, "
-            "its checkpoints/ dir, or a Hugging Face model dir)"
-        )
-    manager = _manager(path)
-    if manager.latest_step() is None:
-        raise FileNotFoundError(
-            f"config.loss.teacher={path!r}: no complete bertjax checkpoint in "
-            f"{_checkpoints_dir(path)}"
-        )
-    meta = manager.restore(
-        manager.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-    )["meta"]
-    if "model_config" not in meta or "tokenizer_bytes" not in meta:
-        raise ValueError(
-            f"config.loss.teacher={path!r}: its checkpoint meta has no model config or "
-            "tokenizer; is it a bertjax pretraining checkpoint?"
-        )
-    return meta
-
-
-def teacher_model_config(path: str) -> BertConfig:
-    """The teacher's BertConfig, read from its checkpoint meta or HF config.json (no weights)."""
-    if _is_hf(path):
-        from bertjax import convert
-
-        with open(os.path.join(path, "config.json")) as f:
-            return convert._config_from_hf(json.load(f), path)
-    return BertConfig.from_dict(read_teacher_meta(path)["model_config"])
-
-
-def load_teacher_params(path: str) -> dict:
-    """The teacher's full parameter tree as host arrays."""
-    if _is_hf(path):
-        from bertjax import convert
-
-        return convert.from_hf(path)[1]
-    manager = _manager(path)
-    restored = manager.restore(
-        manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore())
-    )
-    return jax.tree.map(np.asarray, restored["state"]["params"])
 
 
 def default_student_layers(teacher_layers: int, student_layers: int) -> tuple:
@@ -159,7 +95,7 @@ def _take_like(target, source: dict, where: str):
 
 
 @dataclasses.dataclass(frozen=True)
-class DistillObjective(Objective):
+class Distillation(Objective):
     """DistilBERT's triple loss for a student BertForPreTraining(cfg, next_sentence=False)."""
 
     extra_config_keys = (
@@ -183,24 +119,25 @@ class DistillObjective(Objective):
     alpha_cos: float = 1.0
 
     @classmethod
-    def from_config(cls, loss_config):
-        teacher = str(loss_config.teacher)
-        for key in ("temperature",):
-            if float(loss_config[key]) <= 0:
-                raise ValueError(f"config.loss.{key}={loss_config[key]!r}: must be > 0")
+    def from_config(cls, config):
+        loss = config.loss
+        teacher = str(loss.teacher)
+        if float(loss.temperature) <= 0:
+            raise ValueError(f"config.loss.temperature={loss.temperature!r}: must be > 0")
         for key in ("alpha_ce", "alpha_mlm", "alpha_cos"):
-            if float(loss_config[key]) < 0:
-                raise ValueError(f"config.loss.{key}={loss_config[key]!r}: must be >= 0")
+            if float(loss[key]) < 0:
+                raise ValueError(f"config.loss.{key}={loss[key]!r}: must be >= 0")
+        teacher_cfg = PretrainedSource(teacher, TEACHER_KEY).model_config() if teacher else None
         return cls(
             teacher,
-            teacher_model_config(teacher) if teacher else None,
-            int(loss_config.teacher_layers),
-            str(loss_config.teacher_dtype),
-            tuple(int(i) for i in loss_config.student_layers),
-            float(loss_config.temperature),
-            float(loss_config.alpha_ce),
-            float(loss_config.alpha_mlm),
-            float(loss_config.alpha_cos),
+            teacher_cfg,
+            int(loss.teacher_layers),
+            str(loss.teacher_dtype),
+            tuple(int(i) for i in loss.student_layers),
+            float(loss.temperature),
+            float(loss.alpha_ce),
+            float(loss.alpha_mlm),
+            float(loss.alpha_cos),
         )
 
     def teacher_config(self, student: BertConfig) -> BertConfig:
@@ -243,34 +180,31 @@ class DistillObjective(Objective):
             )
         return layers
 
-    def apply(self, model, variables, batch, rngs, deterministic, init=False):
-        """Student outputs plus the teacher's (``teacher_*``); ``init``: student params drawn from a
-        fresh teacher, which is returned as the ``frozen`` collection."""
-        teacher = BertForPreTraining(self.teacher_config(model.cfg), next_sentence=False)
-        args = (
-            batch["input_ids"],
-            batch.get("token_type_ids"),
-            batch.get("attention_mask"),
-            batch.get("segment_ids"),
-            batch["masked_positions"],
-        )
-        if init:
-            teacher_params = teacher.init(
-                {"params": jax.random.fold_in(rngs["params"], 1)}, *args, deterministic=True
-            )["params"]
-            student_params = model.init(rngs, *args, deterministic=deterministic)["params"]
-            return {
-                "params": student_from_teacher(
-                    student_params, teacher_params, self.layers(model.cfg)
-                ),
-                "frozen": teacher_params,
-            }
+    def _teacher(self, student: BertConfig) -> BertForPreTraining:
+        return BertForPreTraining(self.teacher_config(student), next_sentence=False)
+
+    def init(self, model, rngs, batch):
+        """Student params drawn from a fresh teacher, which is returned as ``frozen``."""
+        args = self.model_inputs(batch)
+        teacher_rngs = {"params": jax.random.fold_in(rngs["params"], 1)}
+        teacher_params = self._teacher(model.cfg).init(teacher_rngs, *args, deterministic=True)
+        student_params = model.init(rngs, *args, deterministic=True)["params"]
+        layers = self.layers(model.cfg)
+        return {
+            "params": student_from_teacher(student_params, teacher_params["params"], layers),
+            "frozen": teacher_params["params"],
+        }
+
+    def apply(self, model, variables, batch, rngs, deterministic):
+        """Student outputs and the teacher's ``teacher_mlm_logits``, ``teacher_sequence_output``."""
         if variables.get("frozen") is None:
             raise ValueError(
                 "the distill objective needs the teacher's params in TrainState.frozen"
             )
         frozen = jax.lax.stop_gradient(variables["frozen"])
-        teacher_out = teacher.apply({"params": frozen}, *args, deterministic=True)
+        teacher_out = self._teacher(model.cfg).apply(
+            {"params": frozen}, *self.model_inputs(batch), deterministic=True
+        )
         outputs = super().apply(model, {"params": variables["params"]}, batch, rngs, deterministic)
         return {
             **outputs,
@@ -282,130 +216,80 @@ class DistillObjective(Objective):
         weights_BP = batch["masked_weights"].astype(jnp.float32)
         logits_BPV = outputs["mlm_logits"].astype(jnp.float32)
         teacher_BPV = outputs["teacher_mlm_logits"].astype(jnp.float32)
-        nll_BP, correct_BP = cross_entropy(logits_BPV, batch["masked_ids"])
         t = self.temperature
         teacher_logp = jax.nn.log_softmax(teacher_BPV / t, axis=-1)
         student_logp = jax.nn.log_softmax(logits_BPV / t, axis=-1)
         kl_BP = jnp.sum(jnp.exp(teacher_logp) * (teacher_logp - student_logp), axis=-1)
-        student_BTH = outputs["sequence_output"].astype(jnp.float32)
-        teacher_BTH = outputs["teacher_sequence_output"].astype(jnp.float32)
-        cosine_BT = jnp.sum(student_BTH * teacher_BTH, -1) / jnp.maximum(
-            jnp.linalg.norm(student_BTH, axis=-1) * jnp.linalg.norm(teacher_BTH, axis=-1), 1e-8
+        student_BTD = outputs["sequence_output"].astype(jnp.float32)
+        teacher_BTD = outputs["teacher_sequence_output"].astype(jnp.float32)
+        cosine_BT = jnp.sum(student_BTD * teacher_BTD, -1) / jnp.maximum(
+            jnp.linalg.norm(student_BTD, axis=-1) * jnp.linalg.norm(teacher_BTD, axis=-1), 1e-8
         )
-        real_BT = _real_tokens(batch)
-        sums = {
-            "mlm_loss": jnp.sum(nll_BP * weights_BP),
-            "mlm_correct": jnp.sum(correct_BP * weights_BP),
+        return {
+            **mlm_sums(logits_BPV, batch),
             "distill_kl": jnp.sum(kl_BP * weights_BP),
-            "cosine_loss": jnp.sum((1.0 - cosine_BT) * real_BT),
+            "cosine_loss": jnp.sum((1.0 - cosine_BT) * real_tokens(batch)),
         }
-        sums.update(moe.loss_sums(outputs, batch))
-        return sums
 
     def normalizers(self, batch):
-        tokens = jnp.sum(_real_tokens(batch))
-        return {**normalizers(batch), "tokens": jnp.where(tokens > 0, tokens, 1.0)}
+        tokens = jnp.sum(real_tokens(batch))
+        return {**mlm_normalizers(batch), "tokens": jnp.where(tokens > 0, tokens, 1.0)}
 
     def total_loss(self, sums, norms):
-        loss = (
+        return (
             self.alpha_ce * self.temperature**2 * sums["distill_kl"] / norms["mlm_weight"]
             + self.alpha_mlm * sums["mlm_loss"] / norms["mlm_weight"]
             + self.alpha_cos * sums["cosine_loss"] / norms["tokens"]
         )
-        return loss + moe.total_loss_term(sums, norms)
 
     def metrics(self, sums, norms):
         return {
-            "loss": self.total_loss(sums, norms),
             "mlm_loss": sums["mlm_loss"] / norms["mlm_weight"],
             "mlm_accuracy": sums["mlm_correct"] / norms["mlm_weight"],
             "distill_kl": sums["distill_kl"] / norms["mlm_weight"],
             "cosine_loss": sums["cosine_loss"] / norms["tokens"],
-            **moe.metrics(sums, norms),
         }
 
     def make_data(self, config, workdir):
-        return DistillData(config, workdir, self)
-
-
-def _real_tokens(batch: dict) -> Array:
-    """[B, T] float: 1 at real tokens (attention_mask, or segment_ids > 0 for packed rows)."""
-    if batch.get("attention_mask") is not None:
-        return batch["attention_mask"].astype(jnp.float32)
-    if batch.get("segment_ids") is not None:
-        return (batch["segment_ids"] > 0).astype(jnp.float32)
-    return jnp.ones(batch["input_ids"].shape, jnp.float32)
-
-
-class DistillData:
-    """The pretraining pipeline on the teacher's tokenizer, plus `teacher_state` (fresh runs)."""
-
-    def __init__(self, config, workdir: str, objective: DistillObjective):
-        from bertjax.data import make_pipeline
-
-        self.objective, source = objective, objective.teacher
-        if not source:
+        """The pretraining pipeline on the teacher's tokenizer."""
+        if not self.teacher:
             logging.warning(
                 "config.loss.teacher is empty: distilling from a RANDOMLY initialised "
                 "teacher (smoke tests only)"
             )
-            self._pipeline = make_pipeline(config, workdir)
-            return
+            return make_pipeline(config, workdir)
+        source = PretrainedSource(self.teacher, TEACHER_KEY)
         config = config.copy_and_resolve_references()
-        if _is_hf(source):
-            if not config.data.hf_vocab:
-                name = next(
-                    (
-                        n
-                        for n in ("tokenizer.json", "vocab.txt")
-                        if os.path.isfile(os.path.join(source, n))
-                    ),
-                    None,
-                )
-                if name is None:
-                    raise FileNotFoundError(
-                        f"config.loss.teacher={source!r} has no tokenizer.json or vocab.txt"
-                    )
-                config.data.hf_vocab = os.path.join(source, name)
-            self._pipeline = make_pipeline(config, workdir)
-            return
-        meta = read_teacher_meta(source)
-        if not config.data.tokenizer_model and not config.data.hf_vocab:
-            config.data.tokenizer_model = checkpoint_lib.write_tokenizer(
-                meta, os.path.join(workdir, "teacher")
-            )
-        self._pipeline = make_pipeline(config, workdir)
-        if self._pipeline.tokenizer.fingerprint() != meta["tokenizer_fingerprint"]:
+        if source.is_hf and not config.data.hf_vocab:
+            config.data.hf_vocab = source.tokenizer_file(workdir)
+        elif not source.is_hf and not (config.data.tokenizer_model or config.data.hf_vocab):
+            config.data.tokenizer_model = source.tokenizer_file(os.path.join(workdir, "teacher"))
+        pipeline = make_pipeline(config, workdir)
+        expected = source.tokenizer_fingerprint
+        if expected is not None and pipeline.tokenizer.fingerprint() != expected:
             raise ValueError(
                 f"config.data.tokenizer_model={config.data.tokenizer_model!r} is not the "
-                f"tokenizer of config.loss.teacher={source!r}; leave it empty to use the "
-                "teacher's"
+                f"tokenizer of {TEACHER_KEY}={self.teacher!r}; leave it empty to use the teacher's"
             )
+        return pipeline
 
-    def __getattr__(self, name):
-        return getattr(self.__dict__["_pipeline"], name)
-
-    def teacher_state(self, state):
+    def prepare_state(self, state, data):
         """``state`` with the teacher's params in ``frozen`` and the student drawn from them."""
-        if not self.objective.teacher:
+        if not self.teacher:
             return state  # the random teacher and its student were made by init
-        loaded = _take_like(
-            jax.tree.map(lambda x: x, state.frozen),
-            load_teacher_params(self.objective.teacher),
-            self.objective.teacher,
-        )
+        source = PretrainedSource(self.teacher, TEACHER_KEY)
+        loaded = _take_like(state.frozen, source.params(), self.teacher)
 
         def put(path, target, value):
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(
-                    f"config.loss.teacher={self.objective.teacher!r}: "
-                    f"{jax.tree_util.keystr(path)} has shape {value.shape}, the teacher "
-                    f"model expects {target.shape}"
+                    f"{TEACHER_KEY}={self.teacher!r}: {jax.tree_util.keystr(path)} has shape "
+                    f"{value.shape}, the teacher model expects {target.shape}"
                 )
             return jax.device_put(np.asarray(value, target.dtype), target.sharding)
 
         frozen = jax.tree_util.tree_map_with_path(put, state.frozen, loaded)
-        layers = self.objective.layers(state.spec.model_cfg)
+        layers = self.layers(state.spec.model_cfg)
         shardings = jax.tree.map(lambda x: x.sharding, state.params)
         params = jax.jit(lambda p, t: student_from_teacher(p, t, layers), out_shardings=shardings)(
             state.params, frozen

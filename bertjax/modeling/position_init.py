@@ -3,10 +3,11 @@ position tables, and first-layer heads that start on fixed relative offsets."""
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
+from bertjax.modeling.bert_config import BertConfig
 
 
 def sinusoidal_init(std: float):
@@ -49,59 +50,50 @@ def fourier_init(std: float, head_dim: int):
     return init
 
 
-def init_local_attention(params: dict, cfg: BertConfig) -> dict:
-    """Sets the first layer's query/key kernels so head h attends to relative offset
-    ``cfg.local_attention_offsets[h]`` at init (a new model's params; other heads, the other rows
-    of the kernels and every other parameter keep their random init).
+def local_attention_rows(cfg: BertConfig) -> dict[str, np.ndarray]:
+    """The first head_dim rows of the first layer's query and key kernels ([H, heads, H], for
+    the first len(offsets) heads) that make head h attend to relative offset
+    ``cfg.local_attention_offsets[h]`` at init.
 
     With "fourier" position rows p_t (cos/sin of w_i t in the first head_dim columns) the query
     kernel maps those columns to the head by g*I and the key kernel by g*R(d), R rotating each
-    (cos, sin) pair back by w_i d; then q_t . k_s = g^2 |p|^2 [s == t + d] for |s - t - d| < head_dim.
+    (cos, sin) pair back by w_i d; then q_t . k_s = g^2 |p|^2 [s == t + d] for |s - t - d| <
+    head_dim.
     The gain g makes that logit about ``cfg.local_attention_logit`` after the embedding LayerNorm
     (where word, position and type rows of equal length each hold about a third of the width).
     Untrained BERT attends almost uniformly and learns positional heads late (on the built-in corpus
-    its layer-0 heads were still uniform after 3000 steps): this gives it n-gram context from step 0.
+    its layer-0 heads were still uniform after 3000 steps): this gives it n-gram context from step
+    0.
     """
-    offsets = cfg.local_attention_offsets  # a tuple: BertConfig normalises it
-    if not offsets:
-        return params
+    offsets = cfg.local_attention_offsets
     head_dim = cfg.head_dim
     omega = fourier_frequencies(head_dim)
     gain = np.sqrt(cfg.local_attention_logit * np.sqrt(head_dim) / (cfg.hidden_size / 3.0))
-    query_rows = np.zeros((head_dim, len(offsets), head_dim))
-    key_rows = np.zeros((head_dim, len(offsets), head_dim))
+    query = np.zeros((head_dim, len(offsets), head_dim))
+    key = np.zeros((head_dim, len(offsets), head_dim))
     cos_col, sin_col = np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)
     for head, offset in enumerate(offsets):
         c, s = np.cos(omega * offset), np.sin(omega * offset)
-        query_rows[cos_col, head, cos_col] = gain
-        query_rows[sin_col, head, sin_col] = gain
+        query[cos_col, head, cos_col] = gain
+        query[sin_col, head, sin_col] = gain
         # k = (cos w(s-d), sin w(s-d)) = R(-w d) (cos ws, sin ws)
-        key_rows[cos_col, head, cos_col], key_rows[sin_col, head, cos_col] = gain * c, gain * s
-        key_rows[cos_col, head, sin_col], key_rows[sin_col, head, sin_col] = -gain * s, gain * c
+        key[cos_col, head, cos_col], key[sin_col, head, cos_col] = gain * c, gain * s
+        key[cos_col, head, sin_col], key[sin_col, head, sin_col] = -gain * s, gain * c
+    return {"query": query, "key": key}
 
-    def first_layer(attention: dict, stacked: bool) -> dict:
-        def put(kernel, rows):
-            index = (0,) if stacked else ()
-            index += (slice(0, head_dim), slice(0, len(offsets)))
-            return kernel.at[index].set(jnp.asarray(rows, kernel.dtype))
 
-        return {
-            **attention,
-            "query_kernel": put(attention["query_kernel"], query_rows),
-            "key_kernel": put(attention["key_kernel"], key_rows),
-        }
+def attention_kernel_init(cfg: BertConfig, which: str, layer_index):
+    """Initializer of a layer's ``which`` ("query", "key", "value") kernel [D, N, H]: BERT's
+    normal init, and in layer 0 (``layer_index`` may be traced, as inside a scanned stack) the
+    query/key rows of `local_attention_rows` when ``cfg.local_attention_offsets`` is set."""
+    normal = nn.initializers.normal(cfg.initializer_range)
+    if not cfg.local_attention_offsets or which not in ("query", "key"):
+        return normal
+    rows = local_attention_rows(cfg)[which]
 
-    def visit(tree):
-        if not isinstance(tree, dict):
-            return tree
-        if "encoder" in tree and isinstance(tree["encoder"], dict):
-            encoder = dict(tree["encoder"])
-            name, stacked = ("layers", True) if "layers" in encoder else ("layer_0", False)
-            encoder[name] = {
-                **encoder[name],
-                "attention": first_layer(encoder[name]["attention"], stacked),
-            }
-            return {**tree, "encoder": encoder}
-        return {key: visit(value) for key, value in tree.items()}
+    def init(key, shape, dtype=jnp.float32):
+        kernel = normal(key, shape, dtype)
+        local = kernel.at[: rows.shape[0], : rows.shape[1]].set(jnp.asarray(rows, dtype))
+        return jnp.where(jnp.asarray(layer_index) == 0, local, kernel)
 
-    return visit(params)
+    return init

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import ml_collections
 
-OBJECTIVES = ("nsp", "sop", "full_sentences", "doc_sentences", "mlm", "diffusion")
+SAMPLE_PLANS = ("nsp", "sop", "full_sentences", "doc_sentences", "mlm")
 MASKINGS = ("token", "whole_word", "ngram", "diffusion")
-PAIR_OBJECTIVES = ("nsp", "sop")
+PAIR_PLANS = ("nsp", "sop")  # plans whose rows are sentence pairs with a label
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-    """The data sub-config with defaults; embed it as `config.data` beside `config.seed/batch_size`."""
+    """The data sub-config with defaults: `config.data`, beside `config.seed` and `batch_size`."""
     c = ml_collections.ConfigDict()
     c.corpus = "builtin"  # "builtin" | file path or glob (comma-separated ok) | "tfds:NAME[:SPLIT]"
-    c.corpus_format = "sentences"  # files: "sentences" (line = sentence, blank line = new doc) | "documents" (line = doc)
+    # files: "sentences" (line = sentence, blank line = new doc) | "documents" (line = doc)
+    c.corpus_format = "sentences"
     c.text_feature = "text"  # tfds: name of the string feature that holds a document
     c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
     c.language = "en"  # "en" | "zh" (zh: word boundaries from jieba, `pip install bertjax[zh]`)
@@ -27,7 +28,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.vocab_size = 8000  # size of the SentencePiece model trained when none is given
     c.tokenizer_type = "unigram"  # "unigram" | "bpe" for the trained SentencePiece model
     c.max_seq_length = 128  # longest row length T, [CLS] and [SEP]s included
-    c.objective = "nsp"  # "nsp" | "sop" | "full_sentences" | "doc_sentences" | "mlm" | "diffusion"
+    # How rows are formed (bertjax/data/samples.py): "nsp" | "sop" (sentence pairs with a label),
+    # "full_sentences" | "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise)
+    c.sample_plan = "nsp"
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     c.masking = "token"  # "token" | "whole_word" | "ngram" | "diffusion"
     c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
@@ -80,7 +83,8 @@ def validate(config) -> None:
     for key in ("seed", "batch_size"):
         if key not in config:
             raise ValueError(
-                f"config.{key} is missing: the data pipeline needs config.seed and config.batch_size"
+                f"config.{key} is missing: the data pipeline needs config.seed and "
+                "config.batch_size"
             )
     if config.batch_size < 1:
         raise ValueError(f"config.batch_size={config.batch_size!r}: must be >= 1")
@@ -95,15 +99,15 @@ def validate(config) -> None:
         _fail("vocab_size", c.vocab_size, "must be >= 16")
     if c.max_seq_length < 8:
         _fail("max_seq_length", c.max_seq_length, "must be >= 8")
-    if c.objective not in OBJECTIVES:
-        _fail("objective", c.objective, f"must be one of {OBJECTIVES}")
+    if c.sample_plan not in SAMPLE_PLANS:
+        _fail("sample_plan", c.sample_plan, f"must be one of {SAMPLE_PLANS}")
     if c.masking not in MASKINGS:
         _fail("masking", c.masking, f"must be one of {MASKINGS}")
-    if (c.objective == "diffusion") != (c.masking == "diffusion"):
+    if c.masking == "diffusion" and c.sample_plan in PAIR_PLANS:
         _fail(
-            "masking",
-            c.masking,
-            f"objective={c.objective!r}: use objective='diffusion' together with masking='diffusion'",
+            "sample_plan",
+            c.sample_plan,
+            "diffusion masking needs single-segment rows (e.g. 'full_sentences')",
         )
     for key in (
         "short_seq_prob",
@@ -146,11 +150,12 @@ def validate(config) -> None:
             c.similar_words_file,
             "correction=True needs a similarity file (TSV or .npy)",
         )
-    if c.pack_rows and c.objective in PAIR_OBJECTIVES:
+    if c.pack_rows and c.sample_plan in PAIR_PLANS:
         _fail(
             "pack_rows",
             c.pack_rows,
-            f"objective={c.objective!r} has one sentence label per row; packing needs a single-segment objective",
+            f"sample_plan={c.sample_plan!r} has one sentence label per row; packing needs "
+            "single-segment rows",
         )
     schedule = tuple(tuple(p) for p in c.length_schedule)
     if schedule:
@@ -173,7 +178,7 @@ def validate(config) -> None:
 
 
 def ngram_probabilities(c) -> tuple[float, ...]:
-    """Probability of each span length n = 1..ngram_max (1/n-proportional unless weights are given)."""
+    """Probability of each span length n = 1..ngram_max (1/n-proportional unless weighted)."""
     weights = tuple(c.ngram_weights) or tuple(1.0 / n for n in range(1, c.ngram_max + 1))
     total = float(sum(weights))
     return tuple(float(w) / total for w in weights)

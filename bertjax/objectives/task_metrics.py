@@ -1,4 +1,4 @@
-"""Task metrics as GLUE and CoNLL report them (numpy only), and the best-by-dev-metric checkpoint.
+"""Task metrics as GLUE and CoNLL report them (numpy only), and which direction is better.
 
 Sequence tasks: accuracy, binary F1 (positive class 1), Matthews correlation (CoLA), Pearson and
 Spearman (STS-B; Spearman = Pearson of average-tie ranks). Token tasks: entity-level F1 over BIO
@@ -7,14 +7,9 @@ spans with exact (start, end, type) match, as seqeval's default mode counts them
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
-
-from bertjax import checkpoint as checkpoint_lib
 
 # Metrics where lower is better; every other dev metric is maximised.
 _LOWER_IS_BETTER = ("loss", "mse")
@@ -27,7 +22,7 @@ def accuracy(predictions, labels) -> float:
 
 
 def f1_binary(predictions, labels, positive: int = 1) -> float:
-    """F1 of the positive class (MRPC/QQP style); 0 when there are no true or predicted positives."""
+    """F1 of the positive class (MRPC/QQP style); 0 without true or predicted positives."""
     predictions, labels = np.asarray(predictions), np.asarray(labels)
     tp = float(np.sum((predictions == positive) & (labels == positive)))
     fp = float(np.sum((predictions == positive) & (labels != positive)))
@@ -134,45 +129,3 @@ def better(metric: str, new: float, old: float | None) -> bool:
     if old is None:
         return True
     return new < old if metric in _LOWER_IS_BETTER else new > old
-
-
-class BestCheckpoint:
-    """Keeps WORKDIR/best: the state with the best dev ``metric`` so far, and its predictions."""
-
-    def __init__(self, workdir: str, metric: str, predictions_file: str = "dev_predictions.tsv"):
-        self.metric, self.predictions_file = metric, predictions_file
-        self.directory = os.path.join(workdir, "best")
-        self._ckpt = checkpoint_lib.Checkpointer(self.directory, keep=1, async_save=False)
-        self.value: float | None = None
-        self.step: int | None = None
-        if self._ckpt.latest_step() is not None:  # a resumed run competes with its earlier best
-            best = self._ckpt.read_meta().get("best", {})
-            self.value, self.step = best.get("value"), best.get("step")
-
-    def update(
-        self, step: int, result: dict, state, meta: dict, write_predictions: Callable[[str], None]
-    ) -> bool:
-        """Saves ``state`` (and writes its predictions) when ``result`` improves the dev metric."""
-        key = f"eval/{self.metric}"
-        if key not in result:
-            raise KeyError(
-                f"config.task.metric={self.metric!r} is not among the eval metrics "
-                f"{sorted(k[5:] for k in result)}"
-            )
-        value = float(result[key])
-        if not better(self.metric, value, self.value):
-            return False
-        self.value, self.step = value, int(step)
-        best = {"metric": self.metric, "value": value, "step": int(step)}
-        self._ckpt.save(state, {**meta, "best": best}, force=True)
-        self._ckpt.wait()
-        if not os.path.isdir(self.directory):
-            os.makedirs(self.directory, exist_ok=True)
-        write_predictions(os.path.join(self.directory, self.predictions_file))
-        with open(os.path.join(self.directory, "best.json"), "w") as f:
-            json.dump({**best, "metrics": {k: float(v) for k, v in result.items()}}, f, indent=1)
-        logging.info("new best %s=%.4f at step %d -> %s", self.metric, value, step, self.directory)
-        return True
-
-    def close(self) -> None:
-        self._ckpt.close()

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.data.corpus import is_heldout
+from bertjax.data.text import is_heldout
 
 # Library families of the built-in classification task (module -> family via these prefixes).
 FAMILIES = {
@@ -165,7 +165,7 @@ def _read_rows(path: str) -> list[dict]:
 
 
 def _read_conll(path: str) -> list[dict]:
-    """CoNLL-style token file: 'word ... tag' per line (last column is the tag), blank line between."""
+    """CoNLL-style token file: 'word ... tag' per line (last column: the tag), blank line after."""
     examples, words, tags = [], [], []
     with open(path, encoding="utf-8") as f:
         for line in list(f) + [""]:
@@ -322,7 +322,7 @@ def encode_words(
 def label_index(
     examples: list[dict], configured: Sequence[str], num_labels: int, tokens: bool
 ) -> list[str]:
-    """Label names in id order: ``config.task.labels`` or the sorted train labels (BIO: 'O' first)."""
+    """Label names in id order: ``config.task.labels`` or the sorted train labels ('O' first)."""
     if configured:
         names = [str(v) for v in configured]
     elif num_labels == 1:

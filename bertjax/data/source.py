@@ -1,0 +1,64 @@
+"""What the trainer may ask of a data source: the `DataSource` base class.
+
+Every source (the pretraining `Pipeline`, fine-tuning task data) gives this host's rows of the
+global batch of a step and fixed held-out batches; the optional hooks have defaults that do
+nothing, so the trainer never probes a source with ``hasattr``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+
+import numpy as np
+
+
+def host_rows(global_batch_size: int, process_index: int, process_count: int) -> slice:
+    """The rows of each global batch that host ``process_index`` of ``process_count`` builds."""
+    if global_batch_size % process_count:
+        raise ValueError(
+            f"config.batch_size={global_batch_size} is not divisible by the process count "
+            f"{process_count}: every host must get the same number of rows"
+        )
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} is outside [0, {process_count})")
+    per_host = global_batch_size // process_count
+    return slice(process_index * per_host, (process_index + 1) * per_host)
+
+
+class DataSource(abc.ABC):
+    """Batches as a pure function of the step, plus what the trainer may ask of them."""
+
+    tokenizer = None  # the source's Tokenizer (encode/decode, special ids)
+    dev_metric: str | None = None  # a dev metric to keep WORKDIR/best by (fine-tuning)
+
+    @property
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """A stable hash of the data (recorded in checkpoints; changes when the data does)."""
+
+    @abc.abstractmethod
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """This host's rows of global batch ``step`` (numpy, fixed shapes)."""
+
+    @abc.abstractmethod
+    def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
+        """Held-out batches, the same on every call (``num_batches`` 0: all of them)."""
+
+    def model_config(self):
+        """A BertConfig the data fixes (a fine-tuning checkpoint's), or None: the run's own."""
+        return None
+
+    def unigram_log_prior(self) -> np.ndarray | None:
+        """[V] log token frequencies for the MLM bias init, or None when the source has none."""
+        return None
+
+    def score(self, predictions: np.ndarray) -> dict:
+        """Task metrics of the held-out predictions (fine-tuning); {} when there are none."""
+        return {}
+
+    def write_predictions(self, path: str) -> None:
+        """Writes the last scored predictions beside the best checkpoint (fine-tuning)."""
+
+    def close(self) -> None:
+        """Stops background work (prefetching)."""

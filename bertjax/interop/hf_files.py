@@ -1,0 +1,176 @@
+"""What a Hugging Face model directory holds, read without transformers: config.json as a
+BertConfig (special-token ids from its vocabulary), its tokenizer file, its weight tensors."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from bertjax.modeling.bert_config import BertConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # in the order they are preferred
+
+
+def is_hf_dir(path: str) -> bool:
+    """Whether ``path`` is a Hugging Face model directory (it has a config.json)."""
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
+def read_config(path: str, **overrides: Any) -> BertConfig:
+    """The BertConfig of an HF directory's config.json (no weights are read)."""
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(
+            f"{config_file} not found: a Hugging Face model directory has config.json and "
+            "model.safetensors"
+        )
+    with open(config_file) as f:
+        return config_from_hf(json.load(f), path, **overrides)
+
+
+def tokenizer_file(path: str, key: str) -> str:
+    """The directory's tokenizer.json or vocab.txt; ``key`` names the setting in the error."""
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise FileNotFoundError(f"{key}={path!r} has no {' or '.join(TOKENIZER_FILES)}")
+
+
+def read_weights(path: str) -> dict[str, np.ndarray]:
+    """All tensors of an HF directory as float32 numpy arrays."""
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    torch_bin = os.path.join(path, "pytorch_model.bin")
+    if os.path.exists(single) or os.path.exists(index):
+        from safetensors import safe_open
+
+        files = (
+            [single]
+            if os.path.exists(single)
+            else sorted(
+                {os.path.join(path, f) for f in json.load(open(index))["weight_map"].values()}
+            )
+        )
+        weights = {}
+        for file in files:
+            try:
+                with safe_open(file, framework="np") as reader:
+                    for key in reader.keys():
+                        weights[key] = np.asarray(reader.get_tensor(key), np.float32)
+            except Exception as error:  # corrupt header, truncated file, ...
+                raise ValueError(f"cannot read safetensors file {file}: {error}") from error
+        return weights
+    if os.path.exists(torch_bin):
+        try:
+            import torch
+        except ImportError as error:
+            raise ValueError(
+                f"{torch_bin} needs torch to read; install torch or save the "
+                "model with safetensors (save_pretrained does by default)"
+            ) from error
+        state = torch.load(torch_bin, map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in state.items()}
+    raise FileNotFoundError(
+        f"no weights in {path}: expected model.safetensors, model.safetensors.index.json "
+        "or pytorch_model.bin"
+    )
+
+
+_SPECIAL_TOKENS = {  # field -> token strings used by each family's vocabularies
+    "unk_token_id": ("[UNK]", "<unk>"),
+    "cls_token_id": ("[CLS]", "<s>"),
+    "sep_token_id": ("[SEP]", "</s>"),
+    "mask_token_id": ("[MASK]", "<mask>"),
+}
+_FAMILY_DEFAULTS = {  # the ids of the reference vocabularies when no tokenizer file is present
+    "bert": dict(unk_token_id=100, cls_token_id=101, sep_token_id=102, mask_token_id=103),
+    "roberta": dict(cls_token_id=0, sep_token_id=2, unk_token_id=3, mask_token_id=50264),
+    "albert": dict(unk_token_id=1, cls_token_id=2, sep_token_id=3, mask_token_id=4),
+}
+
+
+def _vocab_of(path: str) -> dict[str, int]:
+    """token -> id from a directory's vocab.txt or tokenizer.json, if it has one."""
+    vocab_txt = os.path.join(path, "vocab.txt")
+    if os.path.isfile(vocab_txt):
+        with open(vocab_txt, encoding="utf-8") as f:
+            return {line.rstrip("\n"): i for i, line in enumerate(f)}
+    tokenizer_json = os.path.join(path, "tokenizer.json")
+    if os.path.isfile(tokenizer_json):
+        with open(tokenizer_json, encoding="utf-8") as f:
+            data = json.load(f)
+        vocab = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+        model_vocab = data.get("model", {}).get("vocab", {})
+        if isinstance(model_vocab, dict):
+            vocab = {**model_vocab, **vocab}
+        elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
+            vocab = {**{piece: i for i, (piece, _) in enumerate(model_vocab)}, **vocab}
+        return vocab
+    return {}
+
+
+def special_token_ids(path: str, family: str, hf: dict) -> dict:
+    """Special-token ids: the directory's vocabulary, then config.json, then family defaults."""
+    vocab_size = hf["vocab_size"]
+    ids = {"pad_token_id": hf.get("pad_token_id", 1 if family == "roberta" else 0)}
+    vocab = _vocab_of(path)
+    for field, names in _SPECIAL_TOKENS.items():
+        found = [vocab[n] for n in names if n in vocab]
+        if found:
+            ids[field] = found[0]
+        elif field == "cls_token_id" and hf.get("bos_token_id") is not None:
+            ids[field] = hf["bos_token_id"]
+        elif field == "sep_token_id" and hf.get("eos_token_id") is not None:
+            ids[field] = hf["eos_token_id"]
+        else:
+            default = _FAMILY_DEFAULTS[family][field]
+            ids[field] = default if default < vocab_size else None
+    return ids
+
+
+def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
+    fam = hf.get("model_type")
+    if fam not in ("bert", "roberta", "albert"):
+        raise ValueError(
+            f"{path}/config.json has model_type {fam!r}; bertjax converts "
+            "'bert', 'roberta' and 'albert'"
+        )
+    if fam == "albert" and hf.get("inner_group_num", 1) != 1:
+        raise ValueError(
+            f"{path}/config.json: ALBERT inner_group_num={hf['inner_group_num']} "
+            "is not supported (only 1, as in every released ALBERT)"
+        )
+    pad = hf.get("pad_token_id", 1 if fam == "roberta" else 0)
+    fields = dict(
+        model_type=fam,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        hidden_act=hf.get("hidden_act", "gelu"),
+        hidden_dropout_prob=hf.get("hidden_dropout_prob", 0.1),
+        attention_probs_dropout_prob=hf.get("attention_probs_dropout_prob", 0.1),
+        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        initializer_range=hf.get("initializer_range", 0.02),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        position_offset=pad + 1 if fam == "roberta" else 0,
+        classifier_dropout=hf.get(
+            "classifier_dropout_prob" if fam == "albert" else "classifier_dropout"
+        ),
+        **special_token_ids(path, fam, hf),
+    )
+    if fam == "albert":
+        fields.update(
+            embedding_size=hf.get("embedding_size", 128),
+            num_hidden_groups=hf.get("num_hidden_groups", 1),
+        )
+    fields.update(overrides)
+    try:
+        return BertConfig.from_dict(fields)
+    except ValueError as error:
+        raise ValueError(f"{path}/config.json does not describe a valid model: {error}") from error

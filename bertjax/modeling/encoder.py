@@ -1,0 +1,213 @@
+"""The layer stack and the bare encoder: feed-forward, transformer layer (post-LN BERT or pre-LN),
+the Encoder (a loop or `nn.scan`, ALBERT sharing, remat, MoE layers) and BertModel (embeddings,
+encoder, pooler)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.modeling.attention import SelfAttention, make_attention_mask
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.modeling.embeddings import Embeddings, position_ids
+from bertjax.modeling.layers import Dropout, activation, constrain, dense, gather_rows, layer_norm
+from bertjax.modeling.moe import MoeFeedForward, token_mask
+
+Array = jax.Array
+
+
+class FeedForward(nn.Module):
+    """Dense D -> F, activation, Dense F -> D."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BTD: Array) -> Array:
+        cfg = self.cfg
+        h_BTF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BTD)
+        h_BTF = constrain(activation(cfg.hidden_act)(h_BTF), ("act_batch", "act_len", "act_mlp"))
+        y_BTD = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BTF)
+        return constrain(y_BTD, ("act_batch", "act_len", "act_embed"))
+
+
+class BertLayer(nn.Module):
+    """One transformer layer, post-LN (BERT) or pre-LN; ``moe``: its feed-forward is
+    `MoeFeedForward` (same parameter path ``mlp``). Returns (x, None) so it can be scanned.
+    ``rows`` ([B, R]): the layer's output only at those positions, [B, R, D] (its queries,
+    residuals and feed-forward run on those rows alone; keys and values on all)."""
+
+    cfg: BertConfig
+    moe: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        mask: Array,
+        deterministic: bool,
+        layer_index=0,
+        rows: Array | None = None,
+    ):
+        cfg = self.cfg
+        drop = Dropout(cfg.hidden_dropout_prob)
+        attention = SelfAttention(cfg, name="attention")
+        if self.moe:
+            experts = MoeFeedForward(cfg, name="mlp")
+
+            def mlp(h):  # MoE layers always run every row (see last_layer_at_rows)
+                return experts(h, token_mask(mask))
+        else:
+            mlp = FeedForward(cfg, name="mlp")
+        attention_norm = layer_norm(cfg, "embed", "attention_norm")
+        output_norm = layer_norm(cfg, "embed", "output_norm")
+        residual = x if rows is None else gather_rows(x, rows)
+
+        def attend(h):
+            return drop(attention(h, mask, deterministic, layer_index, rows), deterministic)
+
+        if cfg.pre_layer_norm:
+            x = residual + attend(attention_norm(x))
+            x = x + drop(mlp(output_norm(x)), deterministic)
+        else:
+            x = attention_norm(residual + attend(x))
+            x = output_norm(x + drop(mlp(x), deterministic))
+        return constrain(x, ("act_batch", "act_len", "act_embed")), None
+
+
+_REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def last_layer_at_rows(cfg: BertConfig) -> bool:
+    """Whether the Encoder's last layer computes only the requested output rows (see Encoder)."""
+    return not cfg.scan_layers and not cfg.num_experts
+
+
+class Encoder(nn.Module):
+    """The layer stack: a Python loop or `nn.scan`; ALBERT groups share one layer's parameters.
+    ``rows`` ([B, R]): the output only at those positions, [B, R, D]; in the loop over dense
+    layers the last layer computes just those rows (MosaicBERT's trick for the MLM loss: no
+    position's output but those reaches it). A scanned stack repeats one layer shape and an MoE
+    layer's expert capacity depends on its token count, so those compute every row and gather."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(
+        self, x: Array, mask: Array, deterministic: bool, rows: Array | None = None
+    ) -> Array:
+        cfg = self.cfg
+        groups = cfg.num_groups
+        repeats = cfg.num_hidden_layers // groups
+        sparse = rows is not None and last_layer_at_rows(cfg)  # last layer at `rows` only
+        layer_cls = BertLayer
+        if cfg.remat != "none":
+            layer_cls = nn.remat(
+                layer_cls,
+                policy=_REMAT_POLICIES[cfg.remat],
+                prevent_cse=not cfg.scan_layers,
+                static_argnums=(3,),  # deterministic (self counts as 0)
+            )
+
+        if cfg.scan_layers:  # one layer type: BertConfig allows MoE here only in every layer
+            block = layer_cls
+            sown = {"intermediates": 0} if cfg.num_experts else {}  # per-layer MoE stats
+            if repeats > 1:  # shared layer applied `repeats` times: broadcast its parameters
+                block = nn.scan(
+                    block,
+                    variable_broadcast="params",
+                    variable_axes=sown,
+                    split_rngs={"params": False, "dropout": True},
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                    length=repeats,
+                )
+            stack = nn.scan(
+                block,
+                variable_axes={"params": 0, **sown},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, nn.broadcast, 0),
+                length=groups,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            layer_indices = jnp.arange(groups)  # the first layer's init differs (local heads)
+            x, _ = stack(cfg, cfg.is_moe_layer(0), name="layers")(
+                x, mask, deterministic, layer_indices
+            )
+        else:
+            layers = [layer_cls(cfg, cfg.is_moe_layer(g), name=f"layer_{g}") for g in range(groups)]
+            for index in range(cfg.num_hidden_layers):
+                at_rows = sparse and index == cfg.num_hidden_layers - 1
+                group = index // repeats
+                x, _ = layers[group](x, mask, deterministic, group, rows if at_rows else None)
+        if rows is not None and not sparse:  # every row computed: keep the requested ones
+            x = gather_rows(x, rows)
+        if cfg.pre_layer_norm:
+            x = layer_norm(cfg, "embed", "final_norm")(x)
+        return x
+
+
+class BertModel(nn.Module):
+    """The bare encoder: (sequence_output [B, T, D], pooled_output [B, D] or None).
+
+    ``output_positions`` ([B, P]): the sequence output only at those positions, [B, P, D], and
+    the last layer computes only those rows (plus [CLS] for the pooler): same values there,
+    less work (see Encoder).
+
+    Example::
+
+        cfg = bertjax.BertConfig.preset("tiny", vocab_size=1000)
+        model = bertjax.BertModel(cfg)
+        ids = jnp.ones((2, 16), jnp.int32)
+        params = model.init(jax.random.key(0), ids)["params"]
+        sequence_BTD, pooled_BD = model.apply({"params": params}, ids)
+    """
+
+    cfg: BertConfig
+    add_pooler: bool = True
+
+    def setup(self):
+        self.embeddings = Embeddings(self.cfg)
+        self.encoder = Encoder(self.cfg)
+        if self.add_pooler:
+            self.pooler = dense(self.cfg, self.cfg.hidden_size, ("embed", "embed_out"), "pooler")
+
+    def __call__(
+        self,
+        input_ids: Array,
+        token_type_ids: Array | None = None,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+        positions: Array | None = None,
+        deterministic: bool = True,
+        output_positions: Array | None = None,
+    ):
+        cfg = self.cfg
+        batch, length = input_ids.shape
+        if length > cfg.max_position_embeddings - cfg.position_offset:
+            raise ValueError(
+                f"sequence length {length} exceeds max_position_embeddings "
+                f"{cfg.max_position_embeddings} (position_offset {cfg.position_offset})"
+            )
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if positions is None:
+            positions = position_ids(segment_ids, batch, length, cfg.position_offset)
+        x = self.embeddings(input_ids, token_type_ids, positions, deterministic)
+        mask = make_attention_mask(attention_mask, segment_ids, batch, length)
+        rows = output_positions
+        if rows is not None and self.add_pooler:  # [CLS] first, for the pooler
+            rows = jnp.concatenate([jnp.zeros((batch, 1), rows.dtype), rows], axis=1)
+        x = self.encoder(x, mask, deterministic, rows)
+        pooled = None
+        if self.add_pooler:
+            pooled = jnp.tanh(self.pooler(x[:, 0]))
+            if output_positions is not None:
+                x = x[:, 1:]
+        return x, pooled
+
+    def attend(self, x: Array, bias: Array | None = None) -> Array:
+        return self.embeddings.attend(x, bias)

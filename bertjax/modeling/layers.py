@@ -1,0 +1,97 @@
+"""Layer factories shared by every module of the encoder: initializers with logical axis names,
+Dense and LayerNorm as BertConfig asks for them, the activation, dropout, and row gathers.
+
+Every parameter carries logical axis names and main activations carry ``act_*`` names
+(`bertjax.training.sharding` maps both to mesh axes); no layer names a mesh axis.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.ops import dense as dense_ops
+from bertjax.ops.elementwise import erf_gelu, keep_mask
+
+Array = jax.Array
+
+
+def activation(name: str):
+    """The feed-forward non-linearity named by BertConfig.hidden_act."""
+    if name == "gelu":
+        return erf_gelu
+    if name in ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh"):
+        return functools.partial(jax.nn.gelu, approximate=True)
+    return {"relu": jax.nn.relu, "silu": jax.nn.silu, "swish": jax.nn.silu, "tanh": jnp.tanh}[name]
+
+
+def normal_init(cfg: BertConfig, axes: tuple):
+    """BERT's normal(initializer_range) init, boxed with logical axis names."""
+    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), axes)
+
+
+def zeros_init(axes: tuple):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def ones_init(axes: tuple):
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def dense(cfg: BertConfig, features: int, axes: tuple, name: str) -> nn.Dense:
+    """A Dense layer with logical names on kernel (in, out) and bias (out,); its product is
+    `bertjax.ops.dense.project` (hand-written backward, optional bf16 operands)."""
+    return nn.Dense(
+        features,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        kernel_init=normal_init(cfg, axes),
+        bias_init=zeros_init(axes[-1:]),
+        name=name,
+        dot_general=functools.partial(dense_ops.dense_dot_general, operand_dtype=cfg.matmul_dtype),
+    )
+
+
+def layer_norm(cfg: BertConfig, axis: str, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        scale_init=ones_init((axis,)),
+        bias_init=zeros_init((axis,)),
+        name=name,
+    )
+
+
+def constrain(x: Array, axes: tuple) -> Array:
+    """A logical sharding constraint on an activation (``act_*`` names)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+def gather_rows(x: Array, rows_BR: Array, axis: int = 1) -> Array:
+    """x's entries at per-example positions along ``axis``: [B, ..., T, ...] x [B, R] ->
+    [B, ..., R, ...] (an axis of size 1 broadcasts: returned as is)."""
+    if x.shape[axis] == 1:
+        return x
+    shape = [1] * x.ndim
+    shape[0], shape[axis] = rows_BR.shape
+    return jnp.take_along_axis(x, rows_BR.astype(jnp.int32).reshape(shape), axis=axis)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (as nn.Dropout) on `keep_mask`'s bits; rng collection "dropout"."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate >= 1.0:
+            return jnp.zeros_like(x)
+        keep = keep_mask(self.make_rng("dropout"), x.shape, 1.0 - self.rate)
+        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))

@@ -1,0 +1,22 @@
+"""What a step optimizes: objectives, each declared by `Objective` (base.py).
+
+base               the Objective interface, config.loss defaults, MoE losses added in one place
+registry           objectives by name (config.loss.objective)
+pretraining        MLM (+ NSP/SOP)
+finetune           sequence / token classification, the init_from encoder
+task_data, tasks   fine-tuning data: task examples (built-in, files, tfds GLUE) as rows
+task_metrics       GLUE and CoNLL metrics
+distill            DistilBERT's distillation from a frozen teacher
+diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)
+"""
+
+from bertjax.objectives.base import Objective, default_loss_config
+from bertjax.objectives.registry import OBJECTIVES, make_objective, validate_loss_config
+
+__all__ = [
+    "OBJECTIVES",
+    "Objective",
+    "default_loss_config",
+    "make_objective",
+    "validate_loss_config",
+]

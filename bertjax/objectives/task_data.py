@@ -1,0 +1,211 @@
+"""Fine-tuning data: the task's train/dev examples encoded once into fixed-shape rows, served as
+a `DataSource` (batches keyed by the step, the dev split for evaluation, task metrics)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+import jax
+import numpy as np
+
+from bertjax.data import keys
+from bertjax.data.source import DataSource, host_rows
+from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
+from bertjax.interop.pretrained import PretrainedSource
+from bertjax.objectives import task_metrics, tasks
+
+
+def _fingerprint(*splits: dict) -> str:
+    """A stable hash of encoded rows (stands for the data in checkpoint meta)."""
+    digest = hashlib.sha256()
+    for rows in splits:
+        for key in sorted(rows):
+            digest.update(key.encode() + np.ascontiguousarray(rows[key]).tobytes())
+    return digest.hexdigest()[:16]
+
+
+class TaskData(DataSource):
+    """Encoded train/dev rows of ``config.task``; `batch(step)` is a pure function of the step.
+
+    ``objective`` says what rows to make (``tokens``: token tags; ``num_labels``: 1 is
+    regression). With ``config.init_from`` the pretrained model's tokenizer is used and
+    `pretrained` holds that model (its weights are read by the objective's `prepare_state`).
+    """
+
+    def __init__(self, config, workdir: str, objective):
+        self.config, self.workdir, self.objective = config, workdir, objective
+        task, tokens = config.task, objective.tokens
+        self.pretrained, self._model_cfg = None, None
+        if config.init_from:
+            self.pretrained = PretrainedSource(config.init_from, "config.init_from")
+            overrides = {"dtype": config.model.dtype}
+            if self.pretrained.is_hf:  # HF layers are stacked on load when the run scans them
+                overrides["scan_layers"] = config.model.scan_layers
+            self._model_cfg = self.pretrained.model_config(**overrides)
+            self.tokenizer = Tokenizer(
+                self.pretrained.tokenizer_file(os.path.join(workdir, "tokenizer")),
+                lowercase=config.data.lowercase,
+            )
+        train = tasks.load_examples(task, "train", tokens)
+        dev = tasks.load_examples(task, "dev", tokens)
+        if not train or not dev:
+            raise ValueError(
+                f"config.task.source={task.source!r}: {len(train)} train and {len(dev)} "
+                "dev examples; both must be non-empty"
+            )
+        if 0 < int(task.train_examples) < len(train):
+            subset = keys.generator(config.seed, 0, "finetune/subset").permutation(len(train))
+            train = [train[i] for i in np.sort(subset[: int(task.train_examples)])]
+        if not config.init_from:
+            self.tokenizer = self._own_tokenizer(train)
+        self.labels = tasks.label_index(train, task.labels, objective.num_labels, tokens)
+        self.dev_metric = task.metric or (
+            "entity_f1" if tokens else "pearson" if objective.num_labels == 1 else "accuracy"
+        )
+        length = int(config.data.max_seq_length)
+        if self._model_cfg is not None:
+            cfg = self._model_cfg
+            length = min(length, cfg.max_position_embeddings - cfg.position_offset)
+        self.dev_examples = dev
+        self.train, self.dev = self._encode(train, length), self._encode(dev, length)
+        self.num_train, self.num_dev = len(train), len(dev)
+        self._fingerprint = _fingerprint(self.train, self.dev)
+        self.global_batch_size = int(config.batch_size)
+        self._rows = host_rows(self.global_batch_size, jax.process_index(), jax.process_count())
+        self._predictions = None
+        logging.info(
+            "task %s: %d train, %d dev examples, labels %s, T=%d",
+            task.source,
+            self.num_train,
+            self.num_dev,
+            self.labels,
+            length,
+        )
+
+    def _own_tokenizer(self, train):
+        c = self.config.data
+        if c.hf_vocab or c.tokenizer_model:
+            return Tokenizer(c.hf_vocab or c.tokenizer_model, lowercase=c.lowercase)
+        texts = (
+            [" ".join(e["tokens"]) for e in train]
+            if self.objective.tokens
+            else [e["text"] for e in train] + [e["text_pair"] for e in train if e["text_pair"]]
+        )
+        path = train_sentencepiece(
+            texts,
+            os.path.join(self.workdir, "tokenizer"),
+            vocab_size=int(c.vocab_size),
+            model_type=c.tokenizer_type,
+            seed=int(self.config.seed),
+        )
+        return Tokenizer(path)
+
+    def _label_id(self, value):
+        if not self.labels:
+            return float(value)
+        try:
+            return self.labels.index(str(value))
+        except ValueError:
+            raise ValueError(
+                f"label {value!r} of config.task.source={self.config.task.source!r} is "
+                f"not in the label set {self.labels} (config.task.labels)"
+            ) from None
+
+    def _encode(self, examples, length):
+        if self.objective.tokens:
+            tags = [[self._label_id(t) for t in e["tags"]] for e in examples]
+            return tasks.encode_words(self.tokenizer, [e["tokens"] for e in examples], tags, length)
+        rows = tasks.encode_pairs(
+            self.tokenizer,
+            [e["text"] for e in examples],
+            [e["text_pair"] for e in examples],
+            length,
+        )
+        rows["labels"] = np.asarray(
+            [self._label_id(e["label"]) for e in examples],
+            np.float32 if not self.labels else np.int32,
+        )
+        rows["label_weights"] = np.ones(len(examples), np.float32)
+        return rows
+
+    @staticmethod
+    def _take(rows, index, weights=None):
+        out = {k: v[index] for k, v in rows.items() if k != "word_positions"}
+        if weights is not None:
+            out["label_weights"] = out["label_weights"] * weights.reshape(
+                (-1,) + (1,) * (out["label_weights"].ndim - 1)
+            )
+        return out
+
+    def batch(self, step: int) -> dict:
+        """This host's rows of global batch ``step``: epoch-wise shuffles keyed by (seed, epoch)."""
+        positions = (
+            int(step) * self.global_batch_size + np.arange(self.global_batch_size)[self._rows]
+        )
+        epochs, offsets = np.divmod(positions, self.num_train)
+        index = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            order = keys.generator(self.config.seed, int(epoch), "finetune/order").permutation(
+                self.num_train
+            )
+            index[epochs == epoch] = order[offsets[epochs == epoch]]
+        return self._take(self.train, index)
+
+    def eval_batches(self, num_batches: int):
+        """The dev split in order, padded with weight-0 rows (``num_batches`` > 0 caps it)."""
+        total = -(-self.num_dev // self.global_batch_size)
+        for b in range(min(total, num_batches) if num_batches > 0 else total):
+            positions = b * self.global_batch_size + np.arange(self.global_batch_size)[self._rows]
+            real = (positions < self.num_dev).astype(np.float32)
+            yield self._take(self.dev, np.minimum(positions, self.num_dev - 1), real)
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the encoded train and dev rows."""
+        return self._fingerprint
+
+    def model_config(self):
+        """The init_from model's BertConfig (None: the run's config.model)."""
+        return self._model_cfg
+
+    def score(self, predictions: np.ndarray) -> dict:
+        """Task metrics of the dev predictions (global rows in dev order; padding rows dropped)."""
+        predictions = np.asarray(predictions)[: self.num_dev]
+        self._predictions = predictions
+        if not self.objective.tokens:
+            return task_metrics.sequence_metrics(
+                predictions, self.dev["labels"][: len(predictions)], self.objective.num_labels
+            )
+        predicted, gold = self._word_tags(predictions)
+        return task_metrics.entity_f1(predicted, gold)
+
+    def _word_tags(self, predictions):
+        predicted, gold = [], []
+        for i, row in enumerate(predictions):
+            positions = self.dev["word_positions"][i]
+            n = int(np.sum(positions >= 0))
+            predicted.append([self.labels[int(row[p])] for p in positions[:n]])
+            gold.append(list(self.dev_examples[i]["tags"][:n]))
+        return predicted, gold
+
+    def write_predictions(self, path: str) -> None:
+        """Dev predictions as TSV: the input and the predicted and gold labels."""
+        if jax.process_index() != 0 or self._predictions is None:
+            return
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            if self.objective.tokens:
+                predicted, gold = self._word_tags(self._predictions)
+                f.write("tokens\tpredicted\tgold\n")
+                for e, p, g in zip(self.dev_examples, predicted, gold):
+                    f.write(f"{' '.join(e['tokens'][: len(p)])}\t{' '.join(p)}\t{' '.join(g)}\n")
+            else:
+                f.write("text\ttext_pair\tpredicted\tgold\n")
+                for e, p in zip(self.dev_examples, self._predictions):
+                    name = self.labels[int(p)] if self.labels else f"{float(p):.6g}"
+                    clean = lambda s: str(s).replace("\t", " ").replace("\n", " ")  # noqa: E731
+                    f.write(
+                        f"{clean(e['text'])}\t{clean(e['text_pair'])}\t{name}\t{clean(e['label'])}\n"
+                    )
+        os.replace(path + ".tmp", path)

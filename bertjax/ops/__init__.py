@@ -1,0 +1,11 @@
+"""The optional speed layer: hand-written backward passes and cheap random bits, each used where
+it was measured faster (XLA:CPU today; benchmarks/results.md). Each op computes what its plain
+JAX reference computes (the tests compare them); the model and objectives call these, never the
+other way round, and nothing here imports the rest of bertjax.
+
+dense        `project` (Dense, Q/K/V, attention output) and `tied_decoder` (MLM decoder)
+attention    softmax attention in independent row chains
+elementwise  exact GELU with a saved Phi(x), dropout masks from 16-bit halves of one hash
+loss         cross-entropy whose backward is softmax minus one-hot in one pass
+platform     `on_cpu()`, the switch between these paths and autodiff's
+"""

@@ -1,0 +1,11 @@
+"""Running the encoder: the pure step and everything around the loop.
+
+step         TrainState, train_step / eval_step (pure, jitted once with shardings)
+optim        AdamW / LAMB / Adafactor, schedules, LR scaling, layer-wise LR decay
+sharding     the device mesh, logical-axis rules, global batches
+checkpoint   Orbax checkpoints with exact resume (best: WORKDIR/best by a dev metric)
+run_config   the run config's keys and defaults, recipe files
+trainer      train_and_evaluate: the loop, logging, evaluation and checkpoint cadence
+metrics      TensorBoard + metrics.jsonl, model FLOPs and MFU
+runtime      process settings applied at start (glibc malloc on huge pages)
+"""

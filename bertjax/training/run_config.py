@@ -1,0 +1,119 @@
+"""The run config (``config``): every key a run reads, with defaults; the model config it
+implies; the checks across sub-configs; and loading a recipe file (configs/*.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import typing
+
+import ml_collections
+from ml_collections import config_dict
+
+from bertjax.data import default_data_config
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.training.step import default_step_config
+
+# Model fields the tokenizer decides; a run config never sets them.
+_TOKENIZER_FIELDS = (
+    "vocab_size",
+    "pad_token_id",
+    "unk_token_id",
+    "cls_token_id",
+    "sep_token_id",
+    "mask_token_id",
+)
+_FIELD_TYPES = typing.get_type_hints(BertConfig)
+
+
+def _optional_type(name: str) -> type:
+    """The type inside a BertConfig field's ``Optional[...]`` (int, float or str)."""
+    return next(t for t in typing.get_args(_FIELD_TYPES[name]) if t is not type(None))
+
+
+def model_config_dict(preset: str, **overrides) -> ml_collections.ConfigDict:
+    """``config.model``: every BertConfig field of a preset except the tokenizer's ids/size; a
+    field that is None gets a typed placeholder, so it can be set on the command line."""
+    fields = BertConfig.preset(preset, **overrides).to_dict()
+    return ml_collections.ConfigDict(
+        {
+            k: config_dict.placeholder(_optional_type(k)) if v is None else v
+            for k, v in fields.items()
+            if k not in _TOKENIZER_FIELDS
+        }
+    )
+
+
+def default_run_config() -> ml_collections.ConfigDict:
+    """Every key a pretraining run reads, with defaults; configs/*.py start from this."""
+    config = default_step_config()  # seed, batch_size, skip_nonfinite, optim, mesh, loss
+    config.num_train_steps = 1000  # optimizer steps; the LR schedule spans them
+    config.optim.total_steps = config.get_ref("num_train_steps")
+    config.model = model_config_dict("tiny")  # BertConfig fields (vocab and special ids: tokenizer)
+    config.data = default_data_config()
+    config.log_every = 50  # steps between train-metric fetches (the only host syncs)
+    config.eval_every = 500  # steps between held-out evals (0: no eval)
+    config.eval_batches = 8  # held-out batches per eval (fixed, same every eval)
+    config.checkpoint_every = 500  # steps between checkpoints (0: only at the end)
+    config.keep_checkpoints = 3  # complete checkpoints kept
+    config.async_checkpoints = True  # save in the background while training continues
+    # new models' MLM decoder bias: "unigram" (log token frequencies) | "zeros" (BERT)
+    config.mlm_bias_init = "unigram"
+    config.peak_flops_per_device = 0.0  # for MFU; 0 = by device kind, CPU measured at start
+    config.progress_bar = True  # tqdm bar with loss, tokens/s, MFU and ETA (process 0)
+    return config
+
+
+def model_config(config: ml_collections.ConfigDict, tokenizer) -> BertConfig:
+    """The BertConfig of a run: ``config.model`` plus the tokenizer's vocabulary and ids."""
+    fields = dict(config.model.to_dict())
+    fields.update(
+        vocab_size=tokenizer.vocab_size,
+        pad_token_id=tokenizer.pad_id,
+        unk_token_id=tokenizer.unk_id,
+        cls_token_id=tokenizer.cls_id,
+        sep_token_id=tokenizer.sep_id,
+        mask_token_id=tokenizer.mask_id,
+    )
+    try:
+        return BertConfig.from_dict(fields)
+    except ValueError as error:
+        raise ValueError(f"config.model: {error}") from error
+
+
+def validate_run_config(config: ml_collections.ConfigDict) -> None:
+    """Cross-field checks that no single sub-config can make."""
+    for key in ("num_train_steps", "batch_size", "log_every", "checkpoint_every", "eval_every"):
+        positive = key in ("num_train_steps", "batch_size", "log_every")
+        if int(config[key]) < 0 or (positive and int(config[key]) == 0):
+            raise ValueError(f"config.{key}={config[key]!r}: must be positive")
+    if config.get("mlm_bias_init", "zeros") not in ("unigram", "zeros"):
+        raise ValueError(
+            f"config.mlm_bias_init={config.mlm_bias_init!r}: must be 'unigram' or 'zeros'"
+        )
+    diffusion = config.loss.objective == "diffusion"
+    if diffusion != (config.data.masking == "diffusion"):
+        raise ValueError(
+            f"config.loss.objective={config.loss.objective!r} with config.data.masking="
+            f"{config.data.masking!r}: the diffusion objective and diffusion masking go together "
+            "(bertjax.diffusion.add_diffusion_config sets both)"
+        )
+    if config.optim.total_steps != config.num_train_steps:
+        logging.warning(
+            "config.optim.total_steps=%s differs from num_train_steps=%s",
+            config.optim.total_steps,
+            config.num_train_steps,
+        )
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    """``get_config()`` of a recipe file such as configs/bert_tiny.py (recipes build on others
+    with it: ``load_config_file(os.path.join(os.path.dirname(__file__), "bert_tiny.py"))``)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path!r} does not exist")
+    name = "_bertjax_config_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()

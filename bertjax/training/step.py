@@ -1,0 +1,307 @@
+"""The pure pretraining step: train state, `train_step`, `eval_step`, and their jitted forms.
+
+`train_step(state, batch, rng)` and `eval_step(state, batch)` are pure functions of
+pytrees; everything static (model config, loss weights, optimizer) rides in the
+state's non-pytree fields, so one jit serves every step. `jit_steps` binds them to a
+mesh with shardings and donation. Metrics stay on device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import struct
+from jax.sharding import Mesh
+
+from bertjax import objectives
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.training import optim, sharding
+
+Array = jax.Array
+
+
+def default_step_config() -> ml_collections.ConfigDict:
+    """Run-level pieces the step needs; the trainer adds data, eval and checkpoint fields."""
+    c = ml_collections.ConfigDict()
+    c.batch_size = 256  # global batch size (all hosts, all microbatches)
+    c.seed = 0  # seeds parameter init and dropout
+    c.skip_nonfinite_updates = True  # a non-finite loss/grad leaves params and opt_state unchanged
+    c.optim = optim.default_optim_config()
+    c.mesh = sharding.default_mesh_config()
+    c.loss = objectives.default_loss_config()
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Static, hashable description of what a step computes."""
+
+    model_cfg: BertConfig
+    objective: objectives.Objective
+    grad_accum_steps: int = 1
+    skip_nonfinite_updates: bool = True
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict, model_cfg: BertConfig) -> StepSpec:
+        optim.validate_optim_config(config.optim)
+        return cls(
+            model_cfg,
+            objectives.make_objective(config),
+            int(config.optim.grad_accum_steps),
+            bool(config.skip_nonfinite_updates),
+        )
+
+    def model(self) -> nn.Module:
+        return self.objective.model(self.model_cfg)
+
+
+@struct.dataclass
+class TrainState:
+    """step, fp32 master params and optimizer state; static fields say how to update them."""
+
+    step: Array
+    params: Any
+    opt_state: Any
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    learning_rate_fn: Callable = struct.field(pytree_node=False)
+    spec: StepSpec = struct.field(pytree_node=False)
+    frozen: Any = None  # params the step reads but never updates (a distillation teacher)
+
+
+def abstract_train_state(
+    config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh
+) -> tuple[TrainState, TrainState, Callable]:
+    """(state shapes, state shardings, init fn): no arrays allocated; also the restore target."""
+    experts_axis = dict(mesh.shape).get("expert", 1)
+    if model_cfg.num_experts and model_cfg.num_experts % experts_axis:
+        raise ValueError(
+            f"config.mesh.expert={experts_axis} must divide model.num_experts="
+            f"{model_cfg.num_experts}: each device holds whole experts"
+        )
+    spec = StepSpec.from_config(config, model_cfg)
+    tx, learning_rate_fn = optim.make_optimizer(config.optim, model_cfg, config.batch_size)
+    model = spec.model()
+    init_batch = spec.objective.init_batch(model_cfg)
+    rules = sharding.logical_axis_rules()
+
+    def init_variables(rng):
+        return spec.objective.init(model, {"params": rng, "dropout": rng}, init_batch)
+
+    def init_fn(rng):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            variables = nn.unbox(init_variables(rng))
+        params = variables["params"]
+        return TrainState(
+            jnp.zeros((), jnp.int32),
+            params,
+            tx.init(params),
+            tx,
+            learning_rate_fn,
+            spec,
+            variables.get("frozen"),
+        )
+
+    rng_shape = jax.random.key(0)
+    boxed_variables = jax.eval_shape(init_variables, rng_shape)
+    boxed = boxed_variables["params"]
+    param_shardings = sharding.logical_to_shardings(boxed, mesh, rules)
+    frozen_shardings = (
+        sharding.logical_to_shardings(boxed_variables["frozen"], mesh, rules)
+        if boxed_variables.get("frozen") is not None
+        else None
+    )
+    shapes = jax.eval_shape(init_fn, rng_shape)
+    everything = sharding.replicated(mesh)
+    # Moments shaped like their parameter share its sharding (ZeRO-3 shards them too); other
+    # state (counts, Adafactor's factored row/column statistics) is replicated.
+    opt_shardings = optax.tree_map_params(
+        tx,
+        lambda leaf, param, param_sharding: (
+            param_sharding if leaf.shape == param.shape else everything
+        ),
+        shapes.opt_state,
+        shapes.params,
+        param_shardings,
+        transform_non_params=lambda _: everything,
+    )
+    shardings = shapes.replace(
+        step=everything, params=param_shardings, opt_state=opt_shardings, frozen=frozen_shardings
+    )
+    shapes = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
+    return shapes, shardings, init_fn
+
+
+def init_train_state(
+    config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh, rng: Array
+) -> TrainState:
+    """A fresh TrainState, created directly in its shardings on ``mesh``."""
+    _, shardings, init_fn = abstract_train_state(config, model_cfg, mesh)
+    return jax.jit(init_fn, out_shardings=shardings)(rng)
+
+
+def _forward(spec: StepSpec, params, batch: dict, rng, deterministic: bool, frozen=None):
+    variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
+    return spec.objective.apply(
+        spec.model(), variables, batch, None if deterministic else {"dropout": rng}, deterministic
+    )
+
+
+def _microbatches(batch: dict, k: int) -> dict:
+    """[B, ...] -> [k, B/k, ...]; microbatch i takes rows i, i+k, ... so every shard feeds each."""
+
+    def split(x):
+        if x.shape[0] % k:
+            raise ValueError(
+                f"config.optim.grad_accum_steps={k} does not divide the batch size {x.shape[0]}"
+            )
+        x = jnp.swapaxes(x.reshape((x.shape[0] // k, k) + x.shape[1:]), 0, 1)
+        names = (None, "act_batch") + (None,) * (x.ndim - 2)
+        return nn.with_logical_constraint(x, names)
+
+    return {key: split(value) for key, value in batch.items()}
+
+
+def fgm_perturbation(grads, epsilon: float):
+    """FGM (Miyato et al. 2017): r = epsilon * g / ||g|| on the word embeddings, 0 elsewhere."""
+    g = grads["bert"]["embeddings"]["word_embeddings"]
+    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+    perturbation = jax.tree.map(jnp.zeros_like, grads)
+    perturbation["bert"]["embeddings"]["word_embeddings"] = (epsilon * g / (norm + 1e-12)).astype(
+        g.dtype
+    )
+    return perturbation
+
+
+def with_fgm(grad_fn: Callable, epsilon: float) -> Callable:
+    """``grad_fn`` plus the gradient at embeddings moved by the FGM perturbation (clean +
+    adversarial,
+    as in the usual FGM recipe); the loss sums stay the clean pass's."""
+
+    def fgm_grad_fn(params, batch, rng):
+        grads, sums = grad_fn(params, batch, rng)
+        perturbed = jax.tree.map(jnp.add, params, fgm_perturbation(grads, epsilon))
+        adversarial, _ = grad_fn(perturbed, batch, rng)
+        return jax.tree.map(jnp.add, grads, adversarial), sums
+
+    return fgm_grad_fn
+
+
+def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
+    """Whole-batch gradients and loss sums, accumulated over microbatches with lax.scan."""
+    spec = state.spec
+    objective = spec.objective
+    norms = objective.norms(batch)
+
+    def loss_fn(params, microbatch, microbatch_rng):
+        outputs = _forward(
+            spec, params, microbatch, microbatch_rng, deterministic=False, frozen=state.frozen
+        )
+        sums = objective.sums(outputs, microbatch)
+        return objective.loss(sums, norms), sums
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    if objective.fgm_epsilon > 0:  # fine-tuning: adversarial second pass
+        grad_fn = with_fgm(grad_fn, objective.fgm_epsilon)
+    k = spec.grad_accum_steps
+    if k == 1:
+        grads, sums = grad_fn(state.params, batch, rng)
+        return grads, sums, norms
+
+    def accumulate(carry, xs):
+        microbatch, index = xs
+        grads, sums = grad_fn(state.params, microbatch, jax.random.fold_in(rng, index))
+        return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+    microbatches = _microbatches(batch, k)
+    first = jax.tree.map(lambda x: x[0], microbatches)
+    sums_shape = jax.eval_shape(lambda: grad_fn(state.params, first, rng)[1])
+    zeros = (
+        jax.tree.map(jnp.zeros_like, state.params),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape),
+    )
+    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (microbatches, jnp.arange(k)))
+    return grads, sums, norms
+
+
+def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, dict]:
+    """One optimizer step on the global batch; pure, no host sync."""
+    rng = jax.random.fold_in(rng, state.step)
+    grads, sums, norms = _gradients(state, batch, rng)
+    metrics = state.spec.objective.report(sums, norms)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    if state.spec.skip_nonfinite_updates:
+        # opt_state (and its schedule count) stays put, so after n skips the applied LR lags
+        # the reported learning_rate(step) by n steps.
+        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        params = jax.tree.map(keep, params, state.params)
+        opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+    metrics.update(
+        grad_norm=grad_norm,
+        param_norm=optax.tree.norm(params),
+        learning_rate=state.learning_rate_fn(state.step),
+        nonfinite=(~finite).astype(jnp.float32),
+    )
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(state: TrainState, batch: dict) -> dict:
+    """Deterministic metrics of one batch, plus its loss ``sums`` and ``norms``: adding those
+    over many batches and calling ``objective.report`` gives exact held-out averages; with
+    ``predictions`` when the objective scores them (fine-tuning)."""
+    objective = state.spec.objective
+    outputs = _forward(
+        state.spec, state.params, batch, None, deterministic=True, frozen=state.frozen
+    )
+    sums, norms = objective.sums(outputs, batch), objective.norms(batch)
+    result = {**objective.report(sums, norms), "sums": sums, "norms": norms}
+    predictions = objective.predictions(outputs)
+    if predictions is not None:
+        result["predictions"] = predictions
+    return result
+
+
+class Steps(NamedTuple):
+    """`train_step` and `eval_step` jitted once for one mesh and state layout."""
+
+    train: Callable
+    eval: Callable
+
+
+def _on_mesh(fn: Callable, mesh: Mesh) -> Callable:
+    def bound(*args):
+        with (
+            jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+            nn.logical_axis_rules(sharding.logical_axis_rules()),
+        ):
+            return fn(*args)
+
+    bound.__name__ = fn.__name__
+    return bound
+
+
+def jit_steps(state: TrainState, mesh: Mesh) -> Steps:
+    """Jitted train/eval steps with state/batch shardings; the train state is donated."""
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    batch, everything = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    train = jax.jit(
+        _on_mesh(train_step, mesh),
+        in_shardings=(state_shardings, batch, everything),
+        out_shardings=(state_shardings, everything),
+        donate_argnums=(0,),
+    )
+    evaluate = jax.jit(
+        _on_mesh(eval_step, mesh), in_shardings=(state_shardings, batch), out_shardings=everything
+    )
+    return Steps(train, evaluate)

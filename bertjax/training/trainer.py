@@ -1,0 +1,322 @@
+"""`train_and_evaluate(config, workdir)`: the training loop behind `train.py`.
+
+The loop only moves data and calls the jitted step: batch `s` comes from the data source
+as a pure function of the step, metrics stay on device until a log step, checkpoints are
+written asynchronously, and a restart resumes from the last complete checkpoint with
+bit-identical results. SIGTERM/SIGINT save the current step and stop. The objective decides
+the data source and how a fresh state is prepared; the data source may ask for the best
+checkpoint by a dev metric to be kept (WORKDIR/best).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from bertjax import objectives
+from bertjax.interop.checkpoints import tokenizer_meta
+from bertjax.training import metrics as metrics_lib
+from bertjax.training import sharding
+from bertjax.training import step as step_lib
+from bertjax.training.best import BestCheckpoint
+from bertjax.training.checkpoint import Checkpointer, check_compatible
+from bertjax.training.run_config import model_config, validate_run_config
+
+
+def init_mlm_bias(state, log_prior: np.ndarray):
+    """Sets the MLM decoder bias of a new model to the corpus' log unigram frequencies (a model
+    then starts at the unigram loss; a zero bias spends hundreds of Adam steps of ~lr each getting
+    there). Works on any mesh and process count; a state without an MLM head is returned as is."""
+    head = state.params.get("mlm_head", {})
+    if "bias" not in head:
+        return state
+    bias = head["bias"]
+    if bias.shape != log_prior.shape:
+        raise ValueError(
+            f"unigram prior of shape {log_prior.shape} does not fit the MLM bias "
+            f"{bias.shape}: tokenizer and model disagree on the vocabulary size"
+        )
+    values = np.asarray(log_prior, bias.dtype)
+    new_bias = jax.make_array_from_callback(bias.shape, bias.sharding, lambda index: values[index])
+    return state.replace(params={**state.params, "mlm_head": {**head, "bias": new_bias}})
+
+
+def _prepare_workdir(workdir: str) -> str:
+    workdir = os.path.abspath(workdir)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as error:
+        raise ValueError(f"workdir {workdir!r} is not writable: {error}") from error
+    return workdir
+
+
+class _StopSignal:
+    """Turns SIGTERM/SIGINT into a flag the loop checks after each step."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def evaluate(steps, state, data, mesh, config) -> dict:
+    """Held-out metrics over fixed eval batches: the objective's metrics of the summed loss
+    sums and normalizers (exact averages), MLM perplexity, and the majority baseline."""
+    totals = None
+    counts: dict[int, int] = {}
+    predictions = []
+    for batch in data.eval_batches(int(config.eval_batches)):
+        if "masked_ids" in batch:
+            ids = batch["masked_ids"][batch["masked_weights"] > 0]
+            for token, count in zip(*np.unique(ids, return_counts=True)):
+                counts[int(token)] = counts.get(int(token), 0) + int(count)
+        out = steps.eval(state, sharding.global_batch(batch, mesh, config.batch_size))
+        parts = jax.device_get({"sums": out["sums"], "norms": out["norms"]})
+        if "predictions" in out:  # fine-tuning: task metrics need every dev prediction on host
+            predictions.append(jax.device_get(out["predictions"]))
+        totals = parts if totals is None else jax.tree.map(np.add, totals, parts)
+    if totals is None:
+        return {}
+    result = {
+        k: float(v) for k, v in state.spec.objective.report(totals["sums"], totals["norms"]).items()
+    }
+    if "mlm_loss" in result:
+        result["perplexity"] = math.exp(min(result["mlm_loss"], 50.0))
+    if counts:  # guessing the single most frequent masked token: the floor to beat
+        result["majority_baseline"] = max(counts.values()) / sum(counts.values())
+    if predictions:
+        result.update(data.score(np.concatenate(predictions)))
+    return result
+
+
+def _meta(config, model_cfg, data) -> dict:
+    return {
+        "config": config.to_dict(),
+        "model_config": model_cfg.to_dict(),
+        "data_fingerprint": data.fingerprint,
+        **tokenizer_meta(data.tokenizer),
+    }
+
+
+def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer):
+    """The train state: the latest checkpoint in ``ckpt`` if there is one, else a fresh state
+    (MLM bias from unigram frequencies if configured, then the objective's preparation:
+    a pretrained encoder, a distillation teacher)."""
+    abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
+    if ckpt.latest_step() is not None:
+        check_compatible(ckpt.read_meta(), model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
+        state, _ = ckpt.restore(abstract)
+        logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
+        return state
+    state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
+    prior = data.unigram_log_prior() if config.get("mlm_bias_init") == "unigram" else None
+    if prior is not None:
+        state = init_mlm_bias(state, prior)
+    return objective.prepare_state(state, data)
+
+
+class _LogWindow:
+    """Tokens and model FLOPs of the steps since the last log line, for tokens/s and MFU."""
+
+    def __init__(self, config, model_cfg, objective, peak: float):
+        self.config, self.model_cfg, self.objective, self.peak = config, model_cfg, objective, peak
+        self.num_devices = jax.device_count()
+        self.restart()
+
+    def restart(self) -> None:
+        self.tokens = self.flops = 0.0
+        self.start = time.perf_counter()
+
+    def add(self, host_batch: dict) -> None:
+        processes = jax.process_count()
+        self.tokens += float(np.sum(host_batch["attention_mask"])) * processes
+        masked = float(np.sum(host_batch.get("masked_weights", 0) > 0)) * processes
+        rows = None
+        if "masked_positions" in host_batch:  # rows a sparse last layer computes
+            width = host_batch["masked_positions"].shape[1]
+            rows = self.objective.last_layer_rows(self.model_cfg, width)
+        batch_size = self.config.batch_size
+        length = host_batch["input_ids"].shape[1]
+        self.flops += batch_size * metrics_lib.train_flops_per_sequence(
+            self.model_cfg, length, masked / batch_size, rows
+        )
+
+    def scalars(self, steps: int) -> dict:
+        """perf/* of the window's ``steps`` steps; starts a new window."""
+        elapsed = time.perf_counter() - self.start
+        out = {
+            "perf/tokens_per_second": self.tokens / elapsed,
+            "perf/steps_per_second": steps / elapsed,
+            "perf/mfu": metrics_lib.mfu(
+                self.flops / steps, elapsed / steps, self.num_devices, self.peak
+            ),
+        }
+        self.restart()
+        return out
+
+
+class _Run:
+    """One call of `train_and_evaluate`: its parts, the loop, and the cadence of logging,
+    evaluation and checkpoints."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+        self.config, self.workdir = config, workdir
+        self.is_chief = jax.process_index() == 0
+        self.objective = objectives.make_objective(config)
+        self.data = self.objective.make_data(config, workdir)
+        self.model_cfg = self.data.model_config() or model_config(config, self.data.tokenizer)
+        self.mesh = sharding.make_mesh(config.mesh)
+        self.ckpt = Checkpointer(
+            os.path.join(workdir, "checkpoints"),
+            keep=int(config.keep_checkpoints),
+            async_save=bool(config.async_checkpoints),
+        )
+        self.state = restore_or_init(
+            config, self.objective, self.data, self.model_cfg, self.mesh, self.ckpt
+        )
+        self.steps = step_lib.jit_steps(self.state, self.mesh)
+        self.meta = _meta(config, self.model_cfg, self.data)
+        self.best = None
+        if self.data.dev_metric:
+            self.best = BestCheckpoint(workdir, self.data.dev_metric)
+        self.writer = metrics_lib.MetricWriter(workdir, enabled=self.is_chief)
+        self.stop = _StopSignal()
+        peak = metrics_lib.peak_flops(float(config.peak_flops_per_device))
+        self.window = _LogWindow(config, self.model_cfg, self.objective, peak)
+        self.history, self.unchecked, self.summary = [], [], {}
+        self.progress = None
+
+    def train(self) -> dict:
+        config = self.config
+        total = int(config.num_train_steps)
+        start = int(jax.device_get(self.state.step))
+        if self.is_chief and config.progress_bar and start < total:
+            from tqdm.auto import tqdm
+
+            self.progress = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+        dropout_rng = jax.random.key(config.seed + 1)
+        self.window.restart()
+        for current in range(start, total):
+            host_batch = self.data.batch(current)
+            self.window.add(host_batch)
+            batch = sharding.global_batch(host_batch, self.mesh, config.batch_size)
+            self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
+            self.history.append(step_metrics)
+            self.unchecked.append(step_metrics)
+            done = current + 1
+            if self._after_step(done, total):
+                break
+        if start >= total and config.eval_every:  # already trained: report held-out metrics
+            self.summary.update(self._evaluate())
+        self.summary["step"] = int(jax.device_get(self.state.step))
+        self.summary["stopped_by_signal"] = self.stop.received is not None
+        return self.summary
+
+    def _after_step(self, done: int, total: int) -> bool:
+        """Logging, evaluation and checkpoints due after step ``done``; True: stop now."""
+        config = self.config
+        last = done == total
+        if done % config.log_every == 0 or last or self.stop.received is not None:
+            self._log(done)
+        if self.progress is not None:
+            self.progress.update(1)
+        if config.eval_every and (done % config.eval_every == 0 or last):
+            self._eval(done)
+        # Read the signal once: one that lands after this line is handled at the next step,
+        # so a stop always saves first.
+        stopping = self.stop.received is not None
+        every = config.checkpoint_every
+        if (every and done % every == 0) or last or stopping:
+            self._check_finite(done)
+            self.ckpt.save(self.state, self.meta, force=True)
+        if stopping:
+            logging.warning("signal %d: saved step %d, stopping", self.stop.received, done)
+        return stopping
+
+    def _log(self, done: int) -> None:
+        fetched = jax.device_get(self.history)
+        self.history = []
+        skipped = self._check_finite(done)
+        scalars = {f"train/{k}": v for k, v in metrics_lib.mean_metrics(fetched).items()}
+        scalars["train/skipped_updates"] = skipped
+        scalars.update(self.window.scalars(len(fetched)))
+        self.writer.write_scalars(done, scalars)
+        self.summary.update(scalars)
+        if self.progress is not None:
+            self.progress.set_postfix(
+                loss=f"{scalars['train/loss']:.3f}",
+                tok_s=f"{scalars['perf/tokens_per_second']:.0f}",
+                mfu=f"{scalars['perf/mfu']:.1%}",
+            )
+
+    def _check_finite(self, done: int) -> int:
+        """Fetches pending non-finite flags; stops the run before bad params are saved."""
+        flags = jax.device_get([m["nonfinite"] for m in self.unchecked])
+        self.unchecked.clear()
+        bad = int(np.sum(flags))
+        if bad and not self.config.skip_nonfinite_updates:
+            self.ckpt.wait()
+            raise FloatingPointError(
+                f"non-finite loss or gradient at or before step {done}; the last good checkpoint "
+                f"({self.ckpt.latest_step()}) in {self.ckpt.directory} is kept. Lower the "
+                "learning rate, check the data, or set --config.skip_nonfinite_updates=True"
+            )
+        return bad
+
+    def _evaluate(self) -> dict:
+        result = evaluate(self.steps, self.state, self.data, self.mesh, self.config)
+        return {f"eval/{k}": v for k, v in result.items()}
+
+    def _eval(self, done: int) -> None:
+        result = self._evaluate()
+        self.writer.write_scalars(done, result)
+        self.summary.update(result)
+        if result and self.is_chief:
+            line = " ".join(f"{k[5:]}={v:.4g}" for k, v in result.items())
+            (self.progress.write if self.progress is not None else print)(f"step {done}: {line}")
+        if result and self.best is not None:
+            self.best.update(done, result, self.state, self.meta, self.data.write_predictions)
+        self.window.restart()  # eval time is not training throughput
+
+    def close(self) -> None:
+        self.stop.restore()
+        if self.progress is not None:
+            self.progress.close()
+        self.ckpt.close()
+        if self.best is not None:
+            self.best.close()
+        self.writer.close()
+        self.data.close()
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Trains as configured, resuming from ``workdir`` if it holds checkpoints; returns the
+    last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...)."""
+    validate_run_config(config)
+    run = _Run(config, _prepare_workdir(workdir))
+    try:
+        return run.train()
+    finally:
+        run.close()
