@@ -10,6 +10,7 @@ import os
 import jax
 import numpy as np
 
+from bertjax import paths
 from bertjax.data import keys
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
@@ -192,20 +193,22 @@ class TaskData(DataSource):
 
     def write_predictions(self, path: str) -> None:
         """Dev predictions as TSV: the input and the predicted and gold labels."""
-        if jax.process_index() != 0 or self._predictions is None:
+        if self._predictions is None:
             return
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            if self.objective.tokens:
-                predicted, gold = self._word_tags(self._predictions)
-                f.write("tokens\tpredicted\tgold\n")
-                for e, p, g in zip(self.dev_examples, predicted, gold):
-                    f.write(f"{' '.join(e['tokens'][: len(p)])}\t{' '.join(p)}\t{' '.join(g)}\n")
-            else:
-                f.write("text\ttext_pair\tpredicted\tgold\n")
-                for e, p in zip(self.dev_examples, self._predictions):
-                    name = self.labels[int(p)] if self.labels else f"{float(p):.6g}"
-                    clean = lambda s: str(s).replace("\t", " ").replace("\n", " ")  # noqa: E731
-                    f.write(
-                        f"{clean(e['text'])}\t{clean(e['text_pair'])}\t{name}\t{clean(e['label'])}\n"
-                    )
-        os.replace(path + ".tmp", path)
+
+        def clean(value):
+            return str(value).replace("\t", " ").replace("\n", " ")
+
+        if self.objective.tokens:
+            predicted, gold = self._word_tags(self._predictions)
+            lines = ["tokens\tpredicted\tgold"] + [
+                f"{' '.join(e['tokens'][: len(p)])}\t{' '.join(p)}\t{' '.join(g)}"
+                for e, p, g in zip(self.dev_examples, predicted, gold)
+            ]
+        else:
+            lines = ["text\ttext_pair\tpredicted\tgold"]
+            for e, p in zip(self.dev_examples, self._predictions):
+                name = self.labels[int(p)] if self.labels else f"{float(p):.6g}"
+                row = (clean(e["text"]), clean(e["text_pair"]), name, clean(e["label"]))
+                lines.append("\t".join(row))
+        paths.write_text(path, "\n".join(lines) + "\n")

@@ -11,12 +11,12 @@ killed half-way is never listed, and restore falls back to the last complete ste
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from bertjax import paths
 from bertjax.interop.checkpoints import ITEMS
 from bertjax.modeling.bert_config import BertConfig
 
@@ -32,7 +32,7 @@ class Checkpointer:
     """Periodic (async) saves under ``workdir/checkpoints``, keeping the last ``keep``."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        self.directory = paths.resolve(directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
