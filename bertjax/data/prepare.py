@@ -53,6 +53,28 @@ def _barrier(name: str, process_count: int) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def workdir_tokenizer(
+    sentences, workdir: str, cache: str, process_index: int, process_count: int, **options
+) -> str:
+    """A SentencePiece model trained on ``sentences`` (an iterable, or a callable returning one;
+    only consumed when training happens) and kept as WORKDIR/tokenizer/spm.model; a local path
+    to it. ``options``: train_sentencepiece's (vocab_size, model_type, language, seed)."""
+
+    def train(directory: str) -> str:
+        return train_sentencepiece(
+            sentences() if callable(sentences) else sentences, directory, **options
+        )
+
+    if not paths.is_url(workdir):  # local (or shared) disk: train in place
+        return train(os.path.join(workdir, "tokenizer"))
+    kept = paths.join(workdir, "tokenizer", TOKENIZER_FILE)
+    if process_index == 0 and not paths.exists(kept):
+        key = hashlib.sha256(kept.encode()).hexdigest()[:16]
+        paths.upload(train(os.path.join(cache, "tokenizers", key)), kept)
+    _barrier("bertjax-tokenizer", process_count)
+    return paths.local_copy(kept, cache)
+
+
 def load_tokenizer(config, workdir: str, process_index: int = 0, process_count: int = 1):
     """The configured tokenizer; trains a SentencePiece model into WORKDIR/tokenizer/ when none is
     given (see the module docstring for cloud-storage workdirs)."""
@@ -63,26 +85,18 @@ def load_tokenizer(config, workdir: str, process_index: int = 0, process_count: 
         return Tokenizer(vocab, language=c.language, lowercase=c.lowercase)
     if c.tokenizer_model:
         return Tokenizer(paths.local_copy(c.tokenizer_model, cache), language=c.language)
-
-    def train(directory: str) -> str:
-        sentences = (s for _, doc in documents(c, "train") for s in doc)
-        return train_sentencepiece(
-            sentences,
-            directory,
-            vocab_size=c.vocab_size,
-            model_type=c.tokenizer_type,
-            language=c.language,
-            seed=config.seed,
-        )
-
-    if not paths.is_url(workdir):  # local (or shared) disk: train in place, as before
-        return Tokenizer(train(os.path.join(workdir, "tokenizer")), language=c.language)
-    kept = paths.join(workdir, "tokenizer", TOKENIZER_FILE)
-    if process_index == 0 and not paths.exists(kept):
-        key = hashlib.sha256(kept.encode()).hexdigest()[:16]
-        paths.upload(train(os.path.join(cache, "tokenizers", key)), kept)
-    _barrier("bertjax-tokenizer", process_count)
-    return Tokenizer(paths.local_copy(kept, cache), language=c.language)
+    path = workdir_tokenizer(
+        lambda: (s for _, doc in documents(c, "train") for s in doc),
+        workdir,
+        cache,
+        process_index,
+        process_count,
+        vocab_size=c.vocab_size,
+        model_type=c.tokenizer_type,
+        language=c.language,
+        seed=config.seed,
+    )
+    return Tokenizer(path, language=c.language)
 
 
 def store_key(c, tokenizer: Tokenizer) -> str:

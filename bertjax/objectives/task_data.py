@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 
 import jax
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import keys
+from bertjax.data import keys, prepare
 from bertjax.data.source import DataSource, host_rows
-from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
+from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.objectives import task_metrics, tasks
 
@@ -46,7 +45,7 @@ class TaskData(DataSource):
                 overrides["scan_layers"] = config.model.scan_layers
             self._model_cfg = self.pretrained.model_config(**overrides)
             self.tokenizer = Tokenizer(
-                self.pretrained.tokenizer_file(os.path.join(workdir, "tokenizer")),
+                self.pretrained.tokenizer_file(paths.cache_dir(config.data.cache_dir)),
                 lowercase=config.data.lowercase,
             )
         train = tasks.load_examples(task, "train", tokens)
@@ -86,17 +85,25 @@ class TaskData(DataSource):
         )
 
     def _own_tokenizer(self, train):
+        """The configured tokenizer, else a SentencePiece model of the task's training text
+        (kept as WORKDIR/tokenizer/spm.model)."""
         c = self.config.data
+        cache = paths.cache_dir(c.cache_dir)
         if c.hf_vocab or c.tokenizer_model:
-            return Tokenizer(c.hf_vocab or c.tokenizer_model, lowercase=c.lowercase)
+            return Tokenizer(
+                paths.local_copy(c.hf_vocab or c.tokenizer_model, cache), lowercase=c.lowercase
+            )
         texts = (
             [" ".join(e["tokens"]) for e in train]
             if self.objective.tokens
             else [e["text"] for e in train] + [e["text_pair"] for e in train if e["text_pair"]]
         )
-        path = train_sentencepiece(
+        path = prepare.workdir_tokenizer(
             texts,
-            os.path.join(self.workdir, "tokenizer"),
+            self.workdir,
+            cache,
+            jax.process_index(),
+            jax.process_count(),
             vocab_size=int(c.vocab_size),
             model_type=c.tokenizer_type,
             seed=int(self.config.seed),

@@ -52,6 +52,7 @@ class Checkpointer:
         step = int(jax.device_get(state.step))
         if step in self._manager.all_steps():
             return False
+        self._remove_unfinished(step)
         return self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -59,6 +60,20 @@ class Checkpointer:
             ),
             force=force,
         )
+
+    def _remove_unfinished(self, step: int) -> None:
+        """Removes what a save killed half-way left of ``step`` (never listed, never resumed
+        from): on object stores orbax writes a step in place and marks it complete with a
+        commit file, so the leftovers would be written over."""
+        self.wait()
+        leftover = paths.join(self.directory, str(step))
+        if jax.process_index() == 0 and paths.exists(leftover):
+            logging.warning("removing %s, an unfinished save of step %d", leftover, step)
+            paths.Path(leftover).rmtree()
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"bertjax-checkpoint-{step}")
 
     def wait(self) -> None:
         self._manager.wait_until_finished()
