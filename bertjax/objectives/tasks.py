@@ -9,11 +9,17 @@ Built-in tasks (offline, from CPython's own docstrings, see bertjax/data/builtin
                      (text, files, network, concurrency); train/dev split by document.
   stdlib_code_spans  BIO tags over words: EXC (names ending in Error/Exception/Warning) and
                      CODE (runs of code-like words: dotted, snake_case, calls); split by document.
+  stdlib_word_order  is a sentence (6-24 words, any document) as written or has a span of 3-4
+                     inner words been permuted? Labels "as_written" / "reordered", about half
+                     each, fixed per sentence by a hash; both classes have the same bag of
+                     words, so unlike stdlib_families it needs word order (CoLA-like).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -90,7 +96,10 @@ FAMILIES = {
         "multiprocessing",
     ),
 }
-BUILTIN_TASKS = ("stdlib_families", "stdlib_code_spans")
+BUILTIN_TASKS = ("stdlib_families", "stdlib_code_spans", "stdlib_word_order")
+# stdlib_word_order: sentence lengths in words (whole sentences fit a 64-token row), span lengths.
+WORD_ORDER_WORDS = (6, 24)
+WORD_ORDER_SPANS = (3, 4)
 # TFDS glue configs: (text feature, pair feature or "", number of labels; 1 = regression).
 GLUE = {
     "cola": ("sentence", "", 2),
@@ -131,6 +140,28 @@ def code_span_tags(words: Sequence[str]) -> list[str]:
     return tags
 
 
+def reorder_span(words: Sequence[str], key: str) -> tuple[list[str], bool] | None:
+    """The word-order example of a sentence: (words, reordered) where, for about half the keys,
+    a span of 3-4 distinct inner words (never the first or last word) is permuted into another
+    order; None when the sentence is too short/long or the drawn span repeats a word. Depends
+    only on ``key`` and the words."""
+    low, high = WORD_ORDER_WORDS
+    if not low <= len(words) <= high:
+        return None
+    seed = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
+    rng = np.random.default_rng(seed)
+    width = int(rng.integers(WORD_ORDER_SPANS[0], WORD_ORDER_SPANS[1] + 1))
+    start = int(rng.integers(1, len(words) - width))  # inner words only: [1, len - 1)
+    span = list(words[start : start + width])
+    if len(set(span)) < width:  # a permuted span of equal words could read as written
+        return None
+    if rng.random() < 0.5:
+        return list(words), False
+    orders = list(itertools.permutations(range(width)))[1:]  # every order but the original
+    order = orders[int(rng.integers(len(orders)))]
+    return list(words[:start]) + [span[i] for i in order] + list(words[start + width :]), True
+
+
 def builtin_examples(name: str, split: str, dev_fraction: float) -> list[dict]:
     """Examples of a built-in task; documents go to dev by a stable hash of their id."""
     from bertjax.data import builtin_corpus
@@ -139,8 +170,17 @@ def builtin_examples(name: str, split: str, dev_fraction: float) -> list[dict]:
         raise ValueError(f"config.task.source='builtin:{name}': built-in tasks are {BUILTIN_TASKS}")
     examples = []
     for doc_id, sentences in builtin_corpus.documents():
+        if (split == "dev") != is_heldout(doc_id, dev_fraction):
+            continue
+        if name == "stdlib_word_order":
+            for index, sentence in enumerate(sentences):
+                made = reorder_span(sentence.split(), f"{doc_id}#{index}")
+                if made is not None:
+                    label = "reordered" if made[1] else "as_written"
+                    examples.append({"text": " ".join(made[0]), "text_pair": "", "label": label})
+            continue
         family = family_of(doc_id)
-        if family is None or (split == "dev") != is_heldout(doc_id, dev_fraction):
+        if family is None:
             continue
         for sentence in sentences:
             words = sentence.split()
