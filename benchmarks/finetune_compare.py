@@ -1,23 +1,15 @@
-"""Pretrained vs random init on the built-in `stdlib_families` task (configs/finetune_glue.py).
+"""Does pretraining help? The default encoder vs a random init on both built-in sequence tasks.
 
-  python benchmarks/finetune_compare.py --pretrained=/tmp/default_run   # a `python train.py`
-  workdir
-  python benchmarks/finetune_compare.py                                 # pretrains one first (800
-  steps)
+  python benchmarks/finetune_compare.py --pretrained=workdir/bert_tiny   # a `python train.py` run
+  python benchmarks/finetune_compare.py        # pretrains the default job first (3000 steps)
 
-Both runs use the same config, tokenizer (the pretrained run's SentencePiece model), model shape,
-seed and data order; only the encoder's initial weights differ. Prints the best dev metrics of each.
-
-Measured here (2-core CPU, alone), best dev accuracy on stdlib_families (965 dev sentences,
-majority 0.384), 600 steps. With /tmp/final_default2 = `python train.py` (the default run: 3000
-steps, local-attention init, held-out MLM accuracy 0.355); the random encoder has the same config,
-so it also starts with the local-attention heads:
-  --learning-rate=1e-4                  pretrained 0.661   random 0.448
-  (config's 5e-4)                       pretrained 0.757   random 0.759
-  --learning-rate=1e-3                  pretrained 0.773   random 0.759
-With the previous default encoder (3500 steps, BERT's init, MLM accuracy 0.153, close to a bag of
-words) the same runs gave 0.683 / 0.786 / 0.797 against 0.448 / 0.757 / 0.759: this topic-like task
-rewards the bag-of-words encoder more than the better masked-LM one at the higher LRs.
+Tasks (configs/finetune_glue.py, its LR, steps and batch; only the task and label count change):
+`stdlib_families` (docstring sentence -> library family; a bag of words solves most of it) and
+`stdlib_word_order` (sentence as written or with a span of inner words permuted: both classes
+have the same bag of words). Each (task, init) pair runs once per seed; the two inits share the
+tokenizer (the pretrained run's), model shape, seed and data order, so only the encoder's
+initial weights differ (the random encoder is drawn from the seed). Prints the best dev metric
+of each run and the median and range over seeds, as a markdown table for benchmarks/results.md.
 """
 
 from __future__ import annotations
@@ -29,11 +21,15 @@ import shutil
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bertjax import trainer  # noqa: E402
 from bertjax.training.checkpoint import Checkpointer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Built-in sequence tasks and their label counts.
+TASKS = {"stdlib_families": 4, "stdlib_word_order": 2}
 
 
 def _load_config(name: str):
@@ -42,13 +38,16 @@ def _load_config(name: str):
 
 def _pretrain(workdir: str, steps: int) -> None:
     config = _load_config("bert_tiny")
-    config.num_train_steps = steps
-    config.optim.total_steps = steps
+    if steps:
+        config.num_train_steps = config.optim.total_steps = steps
     trainer.train_and_evaluate(config, workdir)
 
 
-def _finetune(args, init_from: str, tokenizer_model: str, model: dict, workdir: str) -> dict:
+def _finetune(args, task: str, seed: int, init_from: str, tokenizer: str, model: dict, workdir):
     config = _load_config(args.task_config)
+    config.task.source = f"builtin:{task}"
+    config.loss.num_labels = TASKS[task]
+    config.seed = seed
     config.num_train_steps = config.optim.total_steps = args.steps
     config.eval_every = args.eval_every
     config.init_from = init_from
@@ -56,7 +55,7 @@ def _finetune(args, init_from: str, tokenizer_model: str, model: dict, workdir: 
     if args.learning_rate:
         config.optim.learning_rate = args.learning_rate
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, never a resume
-    config.data.tokenizer_model = tokenizer_model
+    config.data.tokenizer_model = tokenizer
     config.model.update(model)
     config.progress_bar = False
     start = time.time()
@@ -67,23 +66,8 @@ def _finetune(args, init_from: str, tokenizer_model: str, model: dict, workdir: 
     return best
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--pretrained", default="/tmp/default_run", help="bertjax pretraining workdir"
-    )
-    parser.add_argument(
-        "--pretrain-steps", type=int, default=800, help="if --pretrained has no checkpoint"
-    )
-    parser.add_argument("--workdir", default="/tmp/finetune_compare")
-    parser.add_argument("--task-config", default="finetune_glue")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--learning-rate", type=float, default=0.0, help="0 = the config's")
-    parser.add_argument(
-        "--train-examples", type=int, default=0, help="0 = all (else a seeded subset)"
-    )
-    args = parser.parse_args()
+def _encoder(args) -> tuple[str, dict]:
+    """The pretrained run's tokenizer file and model shape (pretraining it first if needed)."""
     checkpoints = os.path.join(args.pretrained, "checkpoints")
     if not (
         os.path.isdir(checkpoints) and Checkpointer(checkpoints, async_save=False).latest_step()
@@ -92,11 +76,9 @@ def main():
     ckpt = Checkpointer(checkpoints, async_save=False)
     meta = ckpt.read_meta()
     ckpt.close()
-    tokenizer_model = os.path.join(args.pretrained, "tokenizer", meta["tokenizer_file"])
-    if not os.path.isfile(tokenizer_model):
-        from bertjax.interop.checkpoints import write_tokenizer
+    from bertjax.interop.checkpoints import write_tokenizer
 
-        tokenizer_model = write_tokenizer(meta, os.path.join(args.workdir, "tokenizer"))
+    tokenizer = write_tokenizer(meta, os.path.join(args.workdir, "tokenizer"))
     shape = (
         "hidden_size",
         "num_hidden_layers",
@@ -104,24 +86,55 @@ def main():
         "intermediate_size",
         "max_position_embeddings",
     )
-    model = {k: meta["model_config"][k] for k in shape}
-    results = {
-        "pretrained": _finetune(
-            args, args.pretrained, "", model, os.path.join(args.workdir, "pretrained")
-        ),
-        "random": _finetune(args, "", tokenizer_model, model, os.path.join(args.workdir, "random")),
-    }
-    metric = results["pretrained"]["metric"]
-    print(
-        f"\n{args.task_config}: best dev {metric} over {args.steps} steps (eval every "
-        f"{args.eval_every}), lr {args.learning_rate or 'from config'}, "
-        f"train examples {args.train_examples or 'all'}"
+    return tokenizer, {k: meta["model_config"][k] for k in shape}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pretrained", default="/tmp/bertjax_default_encoder")
+    parser.add_argument(
+        "--pretrain-steps", type=int, default=0, help="if --pretrained has no checkpoint (0: 3000)"
     )
-    print(f"{'init':<12}{metric:>10}{'step':>6}  other dev metrics")
-    for name, best in results.items():
-        others = " ".join(f"{k[5:]}={v:.3f}" for k, v in best["metrics"].items() if k[5:] != metric)
+    parser.add_argument("--workdir", default="/tmp/finetune_compare")
+    parser.add_argument("--task-config", default="finetune_glue")
+    parser.add_argument("--tasks", default=",".join(TASKS), help="built-in tasks, comma-separated")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--learning-rate", type=float, default=0.0, help="0 = the config's")
+    parser.add_argument(
+        "--train-examples", type=int, default=0, help="0 = all (else a seeded subset)"
+    )
+    args = parser.parse_args()
+    tokenizer, model = _encoder(args)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rows = []
+    for task in args.tasks.split(","):
+        for init, init_from in (("pretrained", args.pretrained), ("random", "")):
+            runs = []
+            for seed in seeds:
+                workdir = os.path.join(args.workdir, task, init, f"seed{seed}")
+                # the pretrained run reads its checkpoint's tokenizer; the random one the same file
+                best = _finetune(args, task, seed, init_from, "" if init_from else tokenizer,
+                                 model, workdir)  # fmt: skip
+                runs.append(best)
+                print(f"{task} {init} seed {seed}: {best['metric']}={best['value']:.4f} "
+                      f"(step {best['step']}, {best['seconds']:.0f}s)", flush=True)  # fmt: skip
+            rows.append((task, init, runs))
+    lr = args.learning_rate or "the config's"
+    print(
+        f"\nbest dev metric over {args.steps} steps (eval every {args.eval_every}), lr {lr}, "
+        f"seeds {seeds}, train examples {args.train_examples or 'all'}\n"
+    )
+    print("| task | init | metric | median | range | per seed | s/run |")
+    print("|---|---|---|---|---|---|---|")
+    for task, init, runs in rows:
+        values = np.array([r["value"] for r in runs])
+        seconds = np.median([r["seconds"] for r in runs])
+        per_seed = ", ".join(f"{v:.3f}" for v in values)
         print(
-            f"{name:<12}{best['value']:>10.4f}{best['step']:>6}  {others}  ({best['seconds']:.0f}s)"
+            f"| {task} | {init} | {runs[0]['metric']} | {np.median(values):.3f} | "
+            f"{values.min():.3f}-{values.max():.3f} | {per_seed} | {seconds:.0f} |"
         )
 
 

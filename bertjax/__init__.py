@@ -7,11 +7,13 @@ ops/         the optional speed layer: hand-written backward passes per platform
 objectives/  what a step optimizes: pretraining, fine-tuning (+ task data and metrics),
              distillation, masked diffusion (+ sampling)
 training/    the step, optimizers, sharding, checkpoints, the trainer, metrics, runtime
+evaluation/  suites of fine-tuning runs above the trainer: GLUE (`python -m bertjax.glue`)
 data/        corpus -> tokenizer -> token store -> sample plans -> masking -> batches
 interop/     Hugging Face weights both ways; read-only bertjax checkpoints
 
 The public faces: `bertjax.BertConfig` and the models below, `bertjax.convert` (from_hf,
-to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertjax.diffusion`.
+to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertjax.diffusion`,
+`bertjax.glue`.
 """
 
 from bertjax.modeling import (

@@ -5,6 +5,7 @@ registry           objectives by name (config.loss.objective)
 pretraining        MLM (+ NSP/SOP)
 finetune           sequence / token classification, the init_from encoder
 task_data, tasks   fine-tuning data: task examples (built-in, files, tfds GLUE) as rows
+glue_tasks         GLUE directories as the download script writes them; official metrics, score
 task_metrics       GLUE and CoNLL metrics
 distill            DistilBERT's distillation from a frozen teacher
 diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)

@@ -28,9 +28,8 @@ from bertjax.ops.loss import cross_entropy
 def default_task_config() -> ml_collections.ConfigDict:
     """``config.task``: where examples come from and which dev metric picks the best checkpoint."""
     c = ml_collections.ConfigDict()
-    c.source = (
-        "builtin:stdlib_families"  # "builtin:NAME" | "files" | "tfds:glue/NAME" (no download)
-    )
+    # "builtin:NAME" | "files" | "glue:NAME" (a GLUE directory) | "tfds:glue/NAME" (no download)
+    c.source = "builtin:stdlib_families"
     c.train_file = (
         ""  # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
     )
@@ -45,6 +44,7 @@ def default_task_config() -> ml_collections.ConfigDict:
     c.dev_fraction = 0.2  # built-in tasks: fraction of documents (by hash of id) in dev
     c.train_examples = 0  # > 0: train on a seeded random subset of this many (low-resource runs)
     c.tfds_data_dir = ""  # tfds: data_dir ("" = tfds default); nothing is downloaded
+    c.glue_dir = ""  # source="glue:NAME": the GLUE download script's folder (CoLA/, SST-2/, ...)
     return c
 
 

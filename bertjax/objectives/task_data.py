@@ -14,7 +14,7 @@ from bertjax.data import keys, prepare
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.pretrained import PretrainedSource
-from bertjax.objectives import task_metrics, tasks
+from bertjax.objectives import glue_tasks, task_metrics, tasks
 
 
 def _fingerprint(*splits: dict) -> str:
@@ -61,14 +61,18 @@ class TaskData(DataSource):
         if not config.init_from:
             self.tokenizer = self._own_tokenizer(train)
         self.labels = tasks.label_index(train, task.labels, objective.num_labels, tokens)
-        self.dev_metric = task.metric or (
-            "entity_f1" if tokens else "pearson" if objective.num_labels == 1 else "accuracy"
-        )
+        self.glue_task = glue_tasks.task_of_source(task.source)
+        self.dev_metric = task.metric or self._main_metric()
         length = int(config.data.max_seq_length)
         if self._model_cfg is not None:
             cfg = self._model_cfg
             length = min(length, cfg.max_position_embeddings - cfg.position_offset)
         self.dev_examples = dev
+        # Dev files scored apart (MNLI matched / mismatched): (metric suffix, example indices).
+        parts = [e.get("dev_part", "") for e in dev]
+        self._dev_parts = [
+            (part, np.flatnonzero(np.asarray(parts) == part)) for part in dict.fromkeys(parts)
+        ]
         self.train, self.dev = self._encode(train, length), self._encode(dev, length)
         self.num_train, self.num_dev = len(train), len(dev)
         self._fingerprint = _fingerprint(self.train, self.dev)
@@ -83,6 +87,14 @@ class TaskData(DataSource):
             self.labels,
             length,
         )
+
+    def _main_metric(self) -> str:
+        """The dev metric the best checkpoint is kept by when config.task.metric is empty."""
+        if self.objective.tokens:
+            return "entity_f1"
+        if self.glue_task:
+            return "score"
+        return "pearson" if self.objective.num_labels == 1 else "accuracy"
 
     def _own_tokenizer(self, train):
         """The configured tokenizer, else a SentencePiece model of the task's training text
@@ -179,15 +191,25 @@ class TaskData(DataSource):
         return self._model_cfg
 
     def score(self, predictions: np.ndarray) -> dict:
-        """Task metrics of the dev predictions (global rows in dev order; padding rows dropped)."""
+        """Task metrics of the dev predictions (global rows in dev order; padding rows dropped);
+        a second dev file's metrics carry its suffix (``accuracy_mm``); GLUE tasks add ``score``
+        (the mean of the task's official metrics)."""
         predictions = np.asarray(predictions)[: self.num_dev]
         self._predictions = predictions
-        if not self.objective.tokens:
-            return task_metrics.sequence_metrics(
-                predictions, self.dev["labels"][: len(predictions)], self.objective.num_labels
+        if self.objective.tokens:
+            predicted, gold = self._word_tags(predictions)
+            return task_metrics.entity_f1(predicted, gold)
+        labels = self.dev["labels"][: len(predictions)]
+        result = {}
+        for part, index in self._dev_parts:
+            index = index[index < len(predictions)]
+            metrics = task_metrics.sequence_metrics(
+                predictions[index], labels[index], self.objective.num_labels
             )
-        predicted, gold = self._word_tags(predictions)
-        return task_metrics.entity_f1(predicted, gold)
+            result.update({f"{k}_{part}" if part else k: v for k, v in metrics.items()})
+        if self.glue_task:
+            result["score"] = glue_tasks.task_score(self.glue_task, result)
+        return result
 
     def _word_tags(self, predictions):
         predicted, gold = [], []

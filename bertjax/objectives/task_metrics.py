@@ -3,10 +3,18 @@
 Sequence tasks: accuracy, binary F1 (positive class 1), Matthews correlation (CoLA), Pearson and
 Spearman (STS-B; Spearman = Pearson of average-tie ranks). Token tasks: entity-level F1 over BIO
 spans with exact (start, end, type) match, as seqeval's default mode counts them.
+
+Each agrees with its reference on any input (tests/task_metrics_test.py: scikit-learn's
+accuracy_score, f1_score, matthews_corrcoef; SciPy's pearsonr, spearmanr; seqeval). Degenerate
+inputs: an F1 without true or predicted positives is 0 and Matthews with constant predictions or
+labels is 0, as scikit-learn returns them; a correlation with a constant side is 0 with a logged
+warning, where SciPy returns NaN (a NaN would poison a GLUE average and the best-checkpoint
+comparison).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,9 +38,13 @@ def f1_binary(predictions, labels, positive: int = 1) -> float:
     return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
 
 
-def macro_f1(predictions, labels, num_labels: int) -> float:
-    """Unweighted mean over classes of each class's F1 (multi-class tasks)."""
-    return float(np.mean([f1_binary(predictions, labels, c) for c in range(num_labels)]))
+def macro_f1(predictions, labels) -> float:
+    """Unweighted mean of each class's F1 over the classes present in the labels or the
+    predictions (scikit-learn's average="macro"); a class absent from both is not averaged."""
+    classes = np.union1d(np.asarray(predictions), np.asarray(labels))
+    if not len(classes):
+        return 0.0
+    return float(np.mean([f1_binary(predictions, labels, c) for c in classes]))
 
 
 def matthews_corrcoef(predictions, labels) -> float:
@@ -49,12 +61,18 @@ def matthews_corrcoef(predictions, labels) -> float:
     return float((correct * n - t @ p) / denominator) if denominator else 0.0
 
 
-def pearson(x, y) -> float:
-    """Pearson correlation; 0 when either side is constant."""
+def pearson(x, y, name: str = "pearson") -> float:
+    """Pearson correlation of predictions ``x`` and labels ``y``; 0 (and a logged warning) when
+    either side is constant (where SciPy returns NaN)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    constant = [side for side, v in (("predictions", x), ("labels", y)) if np.all(v == v[:1])]
+    if constant:
+        logging.warning(
+            "%s: the %s are constant (%d values); reporting 0", name, constant[0], len(x)
+        )
+        return 0.0
     x, y = x - x.mean(), y - y.mean()
-    denominator = np.sqrt(np.sum(x * x) * np.sum(y * y))
-    return float(np.sum(x * y) / denominator) if denominator else 0.0
+    return float(np.sum(x * y) / np.sqrt(np.sum(x * x) * np.sum(y * y)))
 
 
 def average_ranks(x) -> np.ndarray:
@@ -72,7 +90,7 @@ def average_ranks(x) -> np.ndarray:
 
 def spearman(x, y) -> float:
     """Spearman correlation: Pearson of average-tie ranks."""
-    return pearson(average_ranks(x), average_ranks(y))
+    return pearson(average_ranks(x), average_ranks(y), name="spearman")
 
 
 def bio_spans(tags: Sequence[str]) -> set:
@@ -120,7 +138,7 @@ def sequence_metrics(predictions, labels, num_labels: int) -> dict:
     if num_labels == 2:
         result["f1"] = f1_binary(predictions, labels)
     else:
-        result["macro_f1"] = macro_f1(predictions, labels, num_labels)
+        result["macro_f1"] = macro_f1(predictions, labels)
     return result
 
 

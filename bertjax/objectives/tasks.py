@@ -1,5 +1,6 @@
-"""Fine-tuning task data: examples from built-in tasks, local TSV/CSV/JSONL/CoNLL files or TFDS
-`glue/*`, encoded once into fixed-shape numpy rows.
+"""Fine-tuning task data: examples from built-in tasks, local TSV/CSV/JSONL/CoNLL files, a GLUE
+directory (bertjax/objectives/glue_tasks.py) or TFDS `glue/*`, encoded once into fixed-shape
+numpy rows.
 
 Sequence rows are `[CLS] a [SEP] (b [SEP])`, truncated longest-first. Token rows label the first
 piece of each word and give the word's other pieces (and [CLS]/[SEP]/padding) weight 0.
@@ -9,11 +10,18 @@ Built-in tasks (offline, from CPython's own docstrings, see bertjax/data/builtin
                      (text, files, network, concurrency); train/dev split by document.
   stdlib_code_spans  BIO tags over words: EXC (names ending in Error/Exception/Warning) and
                      CODE (runs of code-like words: dotted, snake_case, calls); split by document.
+  stdlib_word_order  is a sentence (6-24 words, any document) as written or has a span of 3-4
+                     inner words been permuted? Labels "as_written" / "reordered", about half
+                     each, fixed per sentence by a hash; both classes have the same bag of
+                     words, so unlike stdlib_families it needs word order (CoLA-like). Split by
+                     document; dev leaves out sentences a train document repeats.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -22,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax.data.text import is_heldout
+from bertjax.objectives import glue_tasks
 
 # Library families of the built-in classification task (module -> family via these prefixes).
 FAMILIES = {
@@ -90,19 +99,10 @@ FAMILIES = {
         "multiprocessing",
     ),
 }
-BUILTIN_TASKS = ("stdlib_families", "stdlib_code_spans")
-# TFDS glue configs: (text feature, pair feature or "", number of labels; 1 = regression).
-GLUE = {
-    "cola": ("sentence", "", 2),
-    "sst2": ("sentence", "", 2),
-    "mrpc": ("sentence1", "sentence2", 2),
-    "qqp": ("question1", "question2", 2),
-    "stsb": ("sentence1", "sentence2", 1),
-    "mnli": ("premise", "hypothesis", 3),
-    "qnli": ("question", "sentence", 2),
-    "rte": ("sentence1", "sentence2", 2),
-    "wnli": ("sentence1", "sentence2", 2),
-}
+BUILTIN_TASKS = ("stdlib_families", "stdlib_code_spans", "stdlib_word_order")
+# stdlib_word_order: sentence lengths in words (whole sentences fit a 64-token row), span lengths.
+WORD_ORDER_WORDS = (6, 24)
+WORD_ORDER_SPANS = (3, 4)
 _EXCEPTION = re.compile(r"^[A-Z]\w*(Error|Exception|Warning)$")
 _CODE = re.compile(r"^\w+(\.\w+)+(\(\))?$|^\w*_\w*(\(\))?$|^\w+\(\)$")
 
@@ -131,16 +131,61 @@ def code_span_tags(words: Sequence[str]) -> list[str]:
     return tags
 
 
+def reorder_span(words: Sequence[str], key: str) -> tuple[list[str], bool] | None:
+    """The word-order example of a sentence: (words, reordered) where, for about half the keys,
+    a span of 3-4 distinct inner words (never the first or last word) is permuted into another
+    order; None when the sentence is too short/long or the drawn span repeats a word. Depends
+    only on ``key`` and the words."""
+    low, high = WORD_ORDER_WORDS
+    if not low <= len(words) <= high:
+        return None
+    seed = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
+    rng = np.random.default_rng(seed)
+    width = int(rng.integers(WORD_ORDER_SPANS[0], WORD_ORDER_SPANS[1] + 1))
+    start = int(rng.integers(1, len(words) - width))  # inner words only: [1, len - 1)
+    span = list(words[start : start + width])
+    if len(set(span)) < width:  # a permuted span of equal words could read as written
+        return None
+    if rng.random() < 0.5:
+        return list(words), False
+    orders = list(itertools.permutations(range(width)))[1:]  # every order but the original
+    order = orders[int(rng.integers(len(orders)))]
+    return list(words[:start]) + [span[i] for i in order] + list(words[start + width :]), True
+
+
+def _word_order_examples(documents, split: str, dev_fraction: float) -> list[dict]:
+    """stdlib_word_order's examples; a dev sentence that a train document also holds (the
+    stdlib repeats some docstrings) is left out, so dev is never memorised."""
+    examples, train_sentences = [], set()
+    for doc_id, sentences in documents:
+        dev = is_heldout(doc_id, dev_fraction)
+        train_sentences.update(() if dev else sentences)
+        for index, sentence in enumerate(sentences if dev == (split == "dev") else ()):
+            made = reorder_span(sentence.split(), f"{doc_id}#{index}")
+            if made is not None:
+                label = "reordered" if made[1] else "as_written"
+                examples.append({"text": " ".join(made[0]), "label": label, "source": sentence})
+    return [
+        {"text": e["text"], "text_pair": "", "label": e["label"]}
+        for e in examples
+        if split != "dev" or e["source"] not in train_sentences
+    ]
+
+
 def builtin_examples(name: str, split: str, dev_fraction: float) -> list[dict]:
     """Examples of a built-in task; documents go to dev by a stable hash of their id."""
     from bertjax.data import builtin_corpus
 
     if name not in BUILTIN_TASKS:
         raise ValueError(f"config.task.source='builtin:{name}': built-in tasks are {BUILTIN_TASKS}")
+    if name == "stdlib_word_order":
+        return _word_order_examples(builtin_corpus.documents(), split, dev_fraction)
     examples = []
     for doc_id, sentences in builtin_corpus.documents():
+        if (split == "dev") != is_heldout(doc_id, dev_fraction):
+            continue
         family = family_of(doc_id)
-        if family is None or (split == "dev") != is_heldout(doc_id, dev_fraction):
+        if family is None:
             continue
         for sentence in sentences:
             words = sentence.split()
@@ -223,29 +268,47 @@ def tfds_examples(name: str, split: str, data_dir: str) -> list[dict]:
             "pip install 'bertjax[tfds]'"
         ) from None
     task = name.split("/")[-1]
-    if not name.startswith("glue/") or task not in GLUE:
+    if not name.startswith("glue/") or task not in glue_tasks.TASKS:
         raise ValueError(
-            f"config.task.source='tfds:{name}': supported are {['glue/' + t for t in GLUE]}"
+            f"config.task.source='tfds:{name}': supported are "
+            f"{['glue/' + t for t in glue_tasks.TASKS]}"
         )
-    split = {"dev": "validation_matched" if task == "mnli" else "validation"}.get(split, split)
-    try:
-        source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-    except Exception as e:  # tfds raises several types for a dataset that is not prepared
-        raise FileNotFoundError(
-            f"config.task.source='tfds:{name}': cannot open split {split!r} "
-            f"(data_dir={data_dir or 'tfds default'}): {e}"
-        ) from e
-    text, pair, _ = GLUE[task]
+    splits = [split]
+    if split == "dev":  # MNLI: matched, then mismatched (TaskData scores them apart)
+        splits = (
+            ["validation_matched", "validation_mismatched"] if task == "mnli" else ["validation"]
+        )
+    text, pair = glue_tasks.TFDS_FEATURES[task]
     decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
-    return [
-        {"text": decode(r[text]), "text_pair": decode(r[pair]) if pair else "", "label": r["label"]}
-        for r in (source[i] for i in range(len(source)))
-    ]
+    examples = []
+    for number, name_of_split in enumerate(splits):
+        try:
+            source = tfds.data_source(
+                name, split=name_of_split, data_dir=data_dir or None, download=False
+            )
+        except Exception as e:  # tfds raises several types for a dataset that is not prepared
+            raise FileNotFoundError(
+                f"config.task.source='tfds:{name}': cannot open split {name_of_split!r} "
+                f"(data_dir={data_dir or 'tfds default'}): {e}"
+            ) from e
+        extra = {"dev_part": "mm"} if number else {}
+        examples.extend(
+            {
+                "text": decode(r[text]),
+                "text_pair": decode(r[pair]) if pair else "",
+                "label": r["label"],
+                **extra,
+            }
+            for r in (source[i] for i in range(len(source)))
+        )
+    return examples
 
 
 def load_examples(task, split: str, tokens: bool) -> list[dict]:
     """Examples of ``config.task`` for split 'train' or 'dev'."""
     source = task.source
+    if source.startswith("glue:"):
+        return glue_tasks.glue_examples(task.glue_dir, source[len("glue:") :], split)
     if source.startswith("builtin:"):
         return builtin_examples(source[len("builtin:") :], split, float(task.dev_fraction))
     if source.startswith("tfds:"):
@@ -256,7 +319,8 @@ def load_examples(task, split: str, tokens: bool) -> list[dict]:
             raise ValueError(f"config.task.{split}_file is empty: set it (source='files')")
         return file_examples(path, task, tokens)
     raise ValueError(
-        f"config.task.source={source!r}: expected 'builtin:NAME', 'files' or 'tfds:glue/NAME'"
+        f"config.task.source={source!r}: expected 'builtin:NAME', 'files', 'glue:NAME' (a GLUE "
+        "directory) or 'tfds:glue/NAME'"
     )
 
 

@@ -153,3 +153,37 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()
+
+
+def config_path(argv, default: str) -> str:
+    """The recipe file named by ``--config=PATH`` or ``--config PATH`` (absl takes both)."""
+    path = default
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+    return path.split(":", 1)[0]  # config_flags' "file.py:argument" form
+
+
+def check_config_overrides(argv, default: str) -> None:
+    """Names an unknown --config.KEY clearly (config_flags alone fails with a bare KeyError);
+    call before config_flags parses ``argv``. ``default``: the recipe without --config."""
+    path = config_path(argv, default)
+    try:
+        config = load_config_file(path)
+    except FileNotFoundError as error:
+        raise SystemExit(str(error)) from None
+    for arg in argv[1:]:
+        if not arg.startswith("--config."):
+            continue
+        node, parts = config, arg[len("--config.") :].split("=", 1)[0].split(".")
+        for depth, part in enumerate(parts):
+            if not hasattr(node, "keys") or part not in node.keys():
+                where = "config" + "".join(f".{p}" for p in parts[:depth])
+                known = sorted(node.keys()) if hasattr(node, "keys") else []
+                raise SystemExit(
+                    f"unknown config key {'config.' + '.'.join(parts)!r} ({path}): "
+                    f"{where} has no {part!r}; its keys are {known}"
+                )
+            node = node[part]

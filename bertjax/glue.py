@@ -1,0 +1,63 @@
+"""GLUE in one command: fine-tune one encoder on CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI and
+RTE (WNLI optional), choose each task's learning rate by the median over seeds and write
+OUT/glue_results.json; the public face of bertjax/evaluation/glue.py.
+
+Run: python -m bertjax.glue --glue_dir=DIR --workdir=OUT [--config=configs/glue.py]
+         [--config.init_from=WORKDIR_OR_HF_DIR] [--config.KEY=VALUE ...]
+
+``DIR`` holds the standard GLUE download script's folders (CoLA/, SST-2/, ...); without
+``--glue_dir`` the tasks come from prepared TFDS ``glue/*`` (``--config.task.tfds_data_dir``).
+From Python: ``results = bertjax.glue.run_glue(config, glue_dir, workdir)``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from bertjax.evaluation.glue import default_glue_config, run_glue
+from bertjax.objectives.glue_tasks import GLUE_TASKS, TASKS
+
+DEFAULT_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "glue.py"
+)
+__all__ = ["DEFAULT_CONFIG", "GLUE_TASKS", "TASKS", "default_glue_config", "main", "run_glue"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bertjax.glue`: absl flags --glue_dir, --workdir and a config file with
+    --config.KEY=VALUE overrides (an unknown key stops with the keys that exist)."""
+    from absl import app, flags, logging
+    from ml_collections import config_flags
+
+    from bertjax.training.run_config import check_config_overrides
+
+    argv = list(sys.argv if argv is None else argv)
+    check_config_overrides(argv, DEFAULT_CONFIG)  # before config_flags applies the overrides
+    config = config_flags.DEFINE_config_file(
+        "config", DEFAULT_CONFIG, "GLUE recipe (a get_config() -> ConfigDict).", lock_config=True
+    )
+    glue_dir = flags.DEFINE_string(
+        "glue_dir", "", "GLUE download script's folder (CoLA/, SST-2/, ...); '' = TFDS glue/*."
+    )
+    workdir = flags.DEFINE_string(
+        "workdir", None, "Output: runs/, glue_results.json, glue_results.md.", required=True
+    )
+
+    def run(args):
+        if len(args) > 1:
+            raise app.UsageError(f"unexpected arguments: {args[1:]}")
+        if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
+            logging.set_verbosity(logging.WARNING)
+        run_glue(config.value, glue_dir.value, workdir.value)
+        with open(os.path.join(workdir.value, "glue_results.md")) as f:
+            print(f.read())
+
+    app.run(run, argv=argv)
+
+
+if __name__ == "__main__":
+    from bertjax.training.runtime import reexec_with_hugepage_malloc
+
+    reexec_with_hugepage_malloc()  # as train.py (bertjax/training/runtime.py)
+    main()

@@ -1,0 +1,238 @@
+"""GLUE: the download script's formats read exactly, the best LR by the median over seeds, and
+`python -m bertjax.glue` end to end on a fixture directory (all eight tasks, MNLI start for RTE,
+resume); the built-in word-order task."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from glue_fixtures import SIZES, write_glue_dir
+
+from bertjax.evaluation import glue_report
+from bertjax.objectives import glue_tasks, tasks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def glue_dir(tmp_path_factory):
+    return write_glue_dir(str(tmp_path_factory.mktemp("glue_data")))
+
+
+# ---- readers ----
+
+
+def test_readers_keep_the_download_scripts_formats(glue_dir):
+    n_train, n_dev = SIZES["train"], SIZES["dev"]
+    for name, task in glue_tasks.TASKS.items():
+        train = glue_tasks.glue_examples(glue_dir, name, "train")
+        dev = glue_tasks.glue_examples(glue_dir, name, "dev")
+        # CoLA: no header row is swallowed; QQP: the malformed row is skipped; SST-2: the
+        # unbalanced quote does not join lines
+        assert len(train) == n_train, name
+        assert len(dev) == n_dev * (2 if name == "mnli" else 1), name
+        for example in train + dev:
+            assert (example["text_pair"] != "") == (task.pair is not None), name
+            if task.labels:
+                assert example["label"] in task.labels, (name, example)
+            else:
+                assert 0.0 <= float(example["label"]) <= 5.0
+    cola = open(os.path.join(glue_dir, "CoLA", "train.tsv")).readline().split("\t")
+    assert glue_tasks.glue_examples(glue_dir, "cola", "train")[0]["text"] == cola[3].strip()
+    assert glue_tasks.glue_examples(glue_dir, "sst2", "train")[0]["text"].startswith('" ')
+    parts = [e.get("dev_part", "") for e in glue_tasks.glue_examples(glue_dir, "mnli", "dev")]
+    assert parts == [""] * n_dev + ["mm"] * n_dev
+
+
+def test_readers_name_the_file_and_what_is_wrong(glue_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"RTE.*train\.tsv.*download script"):
+        glue_tasks.glue_examples(str(tmp_path), "rte", "train")
+    (tmp_path / "MRPC").mkdir()
+    (tmp_path / "MRPC" / "train.tsv").write_text("Quality\tsentence1\tsentence2\n1\ta\tb\n")
+    with pytest.raises(ValueError, match="no column '#1 String'"):
+        glue_tasks.glue_examples(str(tmp_path), "mrpc", "train")
+    with pytest.raises(ValueError, match="config.task.glue_dir"):
+        glue_tasks.glue_examples("", "rte", "train")
+
+
+def test_official_metrics_and_score():
+    metrics = {"eval/accuracy": 0.8, "eval/accuracy_mm": 0.7, "eval/matthews": 0.1}
+    assert glue_tasks.official_metrics("mnli", metrics) == {"accuracy_m": 0.8, "accuracy_mm": 0.7}
+    assert glue_tasks.task_score("mnli", metrics) == pytest.approx(0.75)
+    assert glue_tasks.task_score("stsb", {"pearson": 0.9, "spearman": 0.8}) == pytest.approx(0.85)
+    assert glue_tasks.task_of_source("glue:rte") == "rte"
+    assert glue_tasks.task_of_source("tfds:glue/mnli") == "mnli"
+    assert glue_tasks.task_of_source("builtin:stdlib_families") is None
+
+
+# ---- selection and reports ----
+
+
+def _run(lr, seed, f1, accuracy):
+    return {
+        "learning_rate": lr,
+        "seed": seed,
+        "metrics": {"f1": f1, "accuracy": accuracy},
+        "score": (f1 + accuracy) / 2,
+    }
+
+
+def test_best_learning_rate_by_median_over_seeds():
+    # 1e-5 has the best single run (and mean) but 2e-5 the best median: the median wins
+    runs = [
+        _run(1e-5, 0, 0.99, 0.99),
+        _run(1e-5, 1, 0.50, 0.50),
+        _run(1e-5, 2, 0.52, 0.52),
+        _run(2e-5, 0, 0.70, 0.60),
+        _run(2e-5, 1, 0.72, 0.66),
+        _run(2e-5, 2, 0.60, 0.64),
+    ]
+    chosen = glue_report.select("mrpc", runs)
+    assert chosen["learning_rate"] == 2e-5
+    assert chosen["metrics"] == {"f1": 0.70, "accuracy": 0.64}  # per-metric medians
+    assert chosen["score"] == pytest.approx(0.67)
+    assert chosen["score_range"] == pytest.approx([0.62, 0.69])
+    assert chosen["median_score_by_learning_rate"] == pytest.approx({"1e-05": 0.52, "2e-05": 0.65})
+
+
+def test_results_average_the_eight_tasks_not_wnli(tmp_path):
+    selected = {
+        name: glue_report.select(
+            name,
+            [
+                {
+                    "learning_rate": 1e-5,
+                    "seed": 0,
+                    "metrics": {k: 0.1 * (i + 1) for k, _ in task.metrics},
+                    "score": 0.1 * (i + 1),
+                }
+            ],
+        )
+        for i, (name, task) in enumerate(glue_tasks.TASKS.items())
+    }
+    results = glue_report.write_reports(str(tmp_path), selected)
+    assert list(results) == [*glue_tasks.GLUE_TASKS, "wnli", "average"]
+    assert results["average"] == pytest.approx(np.mean([0.1 * (i + 1) for i in range(8)]))
+    assert json.load(open(tmp_path / "glue_results.json")) == results
+    table = (tmp_path / "glue_results.md").read_text().splitlines()
+    assert len(table) == 2 + 9 + 1 and table[-1].startswith("| **average** (8 tasks)")
+
+
+# ---- the command ----
+
+
+def _command(glue_dir, workdir, spm, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "bertjax.glue",
+        f"--glue_dir={glue_dir}",
+        f"--workdir={workdir}",
+        "--config.glue.learning_rates=(2e-3,)",
+        "--config.glue.seeds=(0,)",
+        "--config.glue.epochs=1",
+        "--config.glue.batch_size=16",
+        "--config.glue.sst2.epochs=15",  # the learnable signal: enough steps to learn it
+        "--config.glue.from_mnli=('rte',)",
+        f"--config.data.tokenizer_model={spm}",
+        "--config.data.max_seq_length=32",
+        "--config.model.hidden_size=32",
+        "--config.model.num_hidden_layers=2",
+        "--config.model.num_attention_heads=2",
+        "--config.model.intermediate_size=64",
+        "--config.model.max_position_embeddings=64",
+        "--config.progress_bar=False",
+        "--config.peak_flops_per_device=1e12",
+        *extra,
+    ]
+
+
+def _run_command(args):
+    env = dict(os.environ, BERTJAX_HUGEPAGE_MALLOC="0")
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def glue_run(glue_dir, small_spm, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("glue_out")
+    result = _run_command(_command(glue_dir, workdir, small_spm))
+    assert result.returncode == 0, result.stderr[-4000:]
+    return workdir, result
+
+
+def test_one_command_writes_all_eight_tasks_and_learns_sst2(glue_run):
+    workdir, result = glue_run
+    results = json.load(open(workdir / "glue_results.json"))
+    assert list(results) == [*glue_tasks.GLUE_TASKS, "average"]
+    for name in glue_tasks.GLUE_TASKS:
+        official = [k for k, _ in glue_tasks.TASKS[name].metrics]
+        assert list(results[name]) == [*official, "score"], name
+        assert results[name]["score"] == pytest.approx(
+            np.mean([results[name][k] for k in official])
+        )
+    assert set(results["mnli"]) == {"accuracy_m", "accuracy_mm", "score"}
+    assert results["average"] == pytest.approx(
+        np.mean([results[n]["score"] for n in glue_tasks.GLUE_TASKS])
+    )
+    assert results["sst2"]["accuracy"] >= 0.9  # the fixture's learnable signal
+    assert "| **average** (8 tasks)" in (workdir / "glue_results.md").read_text()
+    assert "| SST-2 | accuracy" in result.stdout
+
+
+def test_rte_starts_from_mnli_and_checkpoints_are_cleaned(glue_run):
+    workdir, _ = glue_run
+    runs = json.load(open(workdir / "glue_runs.json"))
+    mnli_best = workdir / "runs" / "mnli" / "lr0.002_seed0" / "best"
+    assert runs["rte"]["runs"][0]["init_from"] == str(mnli_best)
+    assert runs["sst2"]["runs"][0]["init_from"] == ""
+    assert mnli_best.is_dir()  # kept: RTE started from it
+    for name in glue_tasks.GLUE_TASKS:
+        run = workdir / "runs" / name / "lr0.002_seed0"
+        assert (run / "result.json").is_file()
+        assert not (run / "checkpoints").exists(), name
+        assert (run / "best").exists() == (name == "mnli"), name
+
+
+def test_a_second_call_reruns_nothing_and_other_settings_are_refused(glue_run, glue_dir, small_spm):
+    workdir, _ = glue_run
+    before = (workdir / "glue_results.json").read_text()
+    again = _run_command(_command(glue_dir, workdir, small_spm))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "GLUE cola lr=" not in again.stdout and "step " not in again.stdout  # no training
+    assert (workdir / "glue_results.json").read_text() == before
+    changed = _run_command(_command(glue_dir, workdir, small_spm, "--config.glue.batch_size=8"))
+    assert changed.returncode != 0
+    assert "written by a run with other settings" in changed.stderr
+
+
+# ---- the built-in word-order task ----
+
+
+def test_word_order_reorders_one_inner_span_of_about_half_the_sentences():
+    words = "The quick brown fox jumps over the lazy dog near our house today.".split()
+    made = [tasks.reorder_span(words, f"doc:x#{i}") for i in range(400)]
+    assert made[:50] == [tasks.reorder_span(words, f"doc:x#{i}") for i in range(50)]  # stable
+    reordered = [m for m in made if m is not None and m[1]]
+    kept = [m for m in made if m is not None and not m[1]]
+    assert 0.4 < len(reordered) / (len(reordered) + len(kept)) < 0.6
+    assert all(m[0] == words for m in kept)
+    for new, _ in reordered:
+        assert sorted(new) == sorted(words) and new != words  # the same bag of words
+        changed = [i for i, (a, b) in enumerate(zip(new, words)) if a != b]
+        assert changed[0] >= 1 and changed[-1] <= len(words) - 2  # inner words only
+        assert changed[-1] - changed[0] + 1 <= max(tasks.WORD_ORDER_SPANS)
+    assert tasks.reorder_span(words[:5], "doc:x#0") is None  # too short
+
+
+def test_word_order_task_is_balanced_and_split_by_document():
+    train = tasks.builtin_examples("stdlib_word_order", "train", 0.2)
+    dev = tasks.builtin_examples("stdlib_word_order", "dev", 0.2)
+    assert len(train) > 5000 and len(dev) > 1000
+    for split in (train, dev):
+        share = np.mean([e["label"] == "reordered" for e in split])
+        assert 0.45 < share < 0.55
+    written = lambda split: {e["text"] for e in split if e["label"] == "as_written"}  # noqa: E731
+    assert not written(train) & written(dev)  # a dev sentence repeated in train is left out
