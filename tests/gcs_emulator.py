@@ -11,7 +11,6 @@ import sys
 from gcp_storage_emulator import server
 from gcp_storage_emulator.handlers import objects
 
-
 _download = objects.download
 
 

@@ -6,6 +6,7 @@ tokenizer; a head the params lack gets one clear error."""
 
 import logging
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -193,3 +194,30 @@ def test_a_saved_directory_fine_tunes_with_its_own_tokenizer(tokenizers_by_famil
     tokenizer = Tokenizer(str(tmp_path / "hf" / "tokenizer.json"))
     text = "Return the value of the socket."
     assert list(tokenizer.encode([text])[0]) == fast(text, add_special_tokens=False)["input_ids"]
+
+
+def test_an_export_carries_its_sentencepiece_tokenizer(small_spm, tmp_path):
+    """to_hf(tokenizer_file=spm.model) writes spiece.model beside the weights: from_hf reads the
+    special ids from it, and fine-tuning's init_from finds it."""
+    from bertjax.interop import hf_files
+
+    tokenizer = Tokenizer(small_spm)
+    cfg = bertjax.BertConfig.preset(
+        "tiny", **{**COMMON, "vocab_size": tokenizer.vocab_size, "num_hidden_layers": 1}
+    )
+    params = bertjax.BertForPreTraining(cfg).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+    convert.to_hf(cfg, params["params"], str(tmp_path), tokenizer_file=small_spm)
+    again, _ = convert.from_hf(str(tmp_path))
+    ids = (again.pad_token_id, again.unk_token_id, again.cls_token_id, again.sep_token_id)
+    assert ids + (again.mask_token_id,) == (
+        tokenizer.pad_id,
+        tokenizer.unk_id,
+        tokenizer.cls_id,
+        tokenizer.sep_id,
+        tokenizer.mask_id,
+    )
+    found = hf_files.tokenizer_file(str(tmp_path), "config.init_from")
+    assert (
+        found.endswith("spiece.model") and Tokenizer(found).fingerprint() == tokenizer.fingerprint()
+    )
+    transformers.BertForPreTraining.from_pretrained(str(tmp_path))

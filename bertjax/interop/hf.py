@@ -320,8 +320,17 @@ _ARCHITECTURES = {
 }
 
 
-def to_hf(cfg: BertConfig, params: dict, path: str, *, token_classification: bool = False) -> None:
-    """Writes an HF directory (config.json + model.safetensors) that ``from_pretrained`` loads."""
+def to_hf(
+    cfg: BertConfig,
+    params: dict,
+    path: str,
+    *,
+    token_classification: bool = False,
+    tokenizer_file: str = "",
+) -> None:
+    """Writes an HF directory (config.json + model.safetensors) that ``from_pretrained`` loads;
+    ``tokenizer_file`` (a SentencePiece .model, tokenizer.json or vocab.txt) is copied beside
+    them (a .model as spiece.model), so the directory fine-tunes with its own tokenizer."""
     from flax import linen as nn
     from safetensors.numpy import save_file
 
@@ -414,3 +423,10 @@ def to_hf(cfg: BertConfig, params: dict, path: str, *, token_classification: boo
         save_file(tensors, local, metadata={"format": "pt"})
         paths.upload(local, paths.join(path, "model.safetensors"))
     paths.write_text(paths.join(path, "config.json"), json.dumps(hf, indent=2, sort_keys=True))
+    if tokenizer_file:
+        name = (
+            "spiece.model"
+            if tokenizer_file.endswith(".model")
+            else os.path.basename(tokenizer_file)
+        )
+        paths.upload(tokenizer_file, paths.join(path, name))

@@ -11,7 +11,8 @@ import numpy as np
 from bertjax import paths
 from bertjax.modeling.bert_config import BertConfig
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # in the order they are preferred
+# In the order they are preferred; spiece.model is a SentencePiece model (as ALBERT ships).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
 
 
 def is_hf_dir(path: str) -> bool:
@@ -91,7 +92,7 @@ _FAMILY_DEFAULTS = {  # the ids of the reference vocabularies when no tokenizer 
 
 
 def _vocab_of(path: str) -> dict[str, int]:
-    """token -> id from a directory's vocab.txt or tokenizer.json, if it has one."""
+    """token -> id from a directory's vocab.txt, tokenizer.json or spiece.model, if it has one."""
     vocab_txt = paths.join(path, "vocab.txt")
     if paths.isfile(vocab_txt):
         lines = paths.read_text(vocab_txt).split("\n")  # only "\n" ends a token's line
@@ -108,6 +109,12 @@ def _vocab_of(path: str) -> dict[str, int]:
         elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
             vocab = {**{piece: i for i, (piece, _) in enumerate(model_vocab)}, **vocab}
         return vocab
+    spiece = paths.join(path, "spiece.model")
+    if paths.isfile(spiece):
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_proto=paths.Path(spiece).read_bytes())
+        return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     return {}
 
 
