@@ -29,7 +29,9 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", DEFAULT_CONFIG, "Run config file (a get_config() -> ConfigDict).", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string(
-    "workdir", "workdir/bert_tiny", "Directory for tokenizer, token store, checkpoints and metrics."
+    "workdir",
+    "workdir/bert_tiny",
+    "Directory or URL (gs://, s3://, file://) for the tokenizer, checkpoints and metrics.",
 )
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "Call jax.distributed.initialize() first (TPU pods, SLURM GPU clusters)."
@@ -45,10 +47,13 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     if _MULTIHOST.value:
         jax.distributed.initialize()
-    from bertjax import trainer
+    from bertjax import paths, trainer
 
     logging.info("devices: %s", jax.devices())
-    summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    try:
+        summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except paths.MissingPathError as error:  # a path setting names nothing: one line, no traceback
+        raise SystemExit(f"error: {error}") from None
     if jax.process_index() == 0:
         keys = (
             "step",

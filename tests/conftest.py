@@ -46,3 +46,57 @@ def small_spm(tmp_path_factory) -> str:
     """A 400-piece model of the built-in corpus: the end-to-end runs' tokenizer (tiny models learn
     within their few steps at this vocabulary)."""
     return _builtin_spm(tmp_path_factory, 400)
+
+
+@pytest.fixture(scope="session")
+def gcs_bucket():
+    """A Google Cloud Storage emulator on the loopback address (tests/gcs_emulator.py, started
+    here) that both orbax's TensorStore and epath (gcsfs) speak; yields ``gs://BUCKET``. The
+    emulator's address goes into this process's environment, so subprocesses use it too."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        "STORAGE_EMULATOR_HOST": url,  # gcsfs (epath's gs:// backend)
+        "TENSORSTORE_GCS_HTTP_URL": url,  # orbax's array writes
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+        "GOOGLE_CLOUD_PROJECT": "bertjax-test",
+    }
+    previous = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        for _ in range(100):
+            try:
+                request = urllib.request.Request(
+                    f"{url}/storage/v1/b?project=bertjax-test",
+                    data=json.dumps({"name": "bertjax-test"}).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                urllib.request.urlopen(request, timeout=5).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("the GCS emulator did not start")
+        yield "gs://bertjax-test"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -33,11 +33,11 @@ def _child_env() -> dict:
     return env
 
 
-def _start_two_processes(out_path: pathlib.Path) -> list:
+def _start_two_processes(out_path: pathlib.Path, workdir: str) -> list:
     port = _free_port()
     return [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i), "2", str(out_path)],
+            [sys.executable, str(WORKER), str(port), str(i), "2", str(out_path), workdir],
             cwd=REPO,
             env=_child_env(),
             stdout=subprocess.PIPE,
@@ -69,28 +69,42 @@ def _one_process_losses() -> list:
 
 
 @pytest.fixture(scope="module")
-def losses(tmp_path_factory):
-    """(two-process result, one-process losses); the reference runs while the workers do.
+def losses(tmp_path_factory, gcs_bucket):
+    """(two-process result, one-process losses, the shared workdir); the reference runs while
+    the workers do. Both workers also train into one gs:// workdir (the local GCS emulator).
 
     One retry with a fresh port covers a port taken between choosing and binding it.
     """
     log, reference = "", None
     for attempt in range(2):
         out_path = tmp_path_factory.mktemp(f"two_process_{attempt}") / "result.json"
-        procs = _start_two_processes(out_path)
+        workdir = f"{gcs_bucket}/two_processes_{attempt}"
+        procs = _start_two_processes(out_path, workdir)
         try:
             reference = reference or _one_process_losses()
         finally:
             ok, log = _wait(procs, out_path)
         if ok:
-            return json.loads(out_path.read_text()), reference
+            return json.loads(out_path.read_text()), reference, workdir
     pytest.fail(f"two-process run failed twice; last logs:\n{log}")
 
 
 def test_two_processes_match_one_process_with_four_devices(losses):
-    result, reference = losses
+    result, reference, _ = losses
     assert result["devices"] == 4 and result["local_devices"] == 2
     assert result["rows"] == [0, worker.BATCH // 2]  # process 0 fed only its half
     # fp32, same global batch; only the collectives' (gloo vs in-process) reduction order differs.
     np.testing.assert_allclose(result["losses"], reference, rtol=1e-5)
     assert reference[0] != reference[1]  # two different batches were really trained on
+
+
+def test_two_processes_share_one_url_workdir_and_one_writes_the_shared_files(losses):
+    from bertjax import paths
+
+    result, _, workdir = losses
+    assert result["shared_workdir_step"] == 4
+    metrics = paths.read_text(f"{workdir}/metrics.jsonl").splitlines()
+    assert [json.loads(line)["step"] for line in metrics] == [2, 4]  # one writer, not two
+    assert paths.isfile(f"{workdir}/tokenizer/spm.model")  # process 0's, read by both
+    assert paths.isfile(f"{workdir}/checkpoints/4/state/commit_success.txt")
+    assert not {"gs:"} & set(os.listdir(REPO))

@@ -42,17 +42,21 @@ def test_process_restarts_once_with_the_same_arguments():
         for k, v in __import__("os").environ.items()
         if k not in ("GLIBC_TUNABLES", "BERTJAX_HUGEPAGE_MALLOC")
     }
-    out = subprocess.run(
+    run = subprocess.run(
         [sys.executable, "-c", PROBE, "--flag=x"],
         env=env,
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
-    ).stdout.splitlines()
+    )
+    out = run.stdout.splitlines()
     if runtime.hugepage_malloc_supported():  # this machine: glibc 2.36, THP "madvise"
-        ours = runtime.TUNABLES[:1] if runtime.accelerator_present() else runtime.TUNABLES
-        assert out == ["start", "start", ":".join(ours) + " ['--flag=x']"]
+        ours = ":".join(runtime.TUNABLES[:1] if runtime.accelerator_present() else runtime.TUNABLES)
+        assert out == ["start", "start", ours + " ['--flag=x']"]
+        # the restart says so, once, naming the tunables and how to turn it off
+        said = [line for line in run.stderr.splitlines() if line.startswith("bertjax: restarting")]
+        assert len(said) == 1 and ours in said[0] and "BERTJAX_HUGEPAGE_MALLOC=0" in said[0]
     else:
         assert out == ["start", " ['--flag=x']"]
     off = subprocess.run(

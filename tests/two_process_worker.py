@@ -1,8 +1,9 @@
 """Shared tiny setup for the step tests, and the worker of the two-process test.
 
-As a script: ``python two_process_worker.py PORT PROCESS_ID NUM_PROCESSES OUT_JSON`` joins a
-localhost `jax.distributed` run with 2 CPU devices per process, trains a few steps on its
-rows of the global batch, and (process 0) writes the per-step losses to OUT_JSON.
+As a script: ``python two_process_worker.py PORT PROCESS_ID NUM_PROCESSES OUT_JSON [WORKDIR]``
+joins a localhost `jax.distributed` run with 2 CPU devices per process, trains a few steps on
+its rows of the global batch, and (process 0) writes the per-step losses to OUT_JSON. With a
+WORKDIR (a URL), both processes then run the trainer into that one workdir.
 """
 
 import json
@@ -86,7 +87,25 @@ def train_losses(mesh) -> list:
     return [float(loss) for loss in losses]
 
 
-def main(port: int, process_id: int, num_processes: int, out_path: str) -> None:
+def shared_workdir_run(workdir: str) -> dict:
+    """Both processes train the tiny default recipe into one (URL) workdir: the tokenizer is
+    trained by process 0 and read by both, the checkpoints are written together."""
+    import os
+
+    from bertjax import trainer
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = trainer.load_config_file(os.path.join(root, "configs", "bert_tiny.py"))
+    config.batch_size, config.num_train_steps = 8, 4
+    config.data.max_seq_length, config.data.max_predictions, config.data.vocab_size = 32, 5, 400
+    config.model.hidden_size, config.model.num_attention_heads = 32, 2
+    config.model.intermediate_size = 64
+    config.optim.warmup_steps, config.log_every, config.eval_every = 1, 2, 0
+    config.checkpoint_every, config.progress_bar = 4, False
+    return trainer.train_and_evaluate(config, workdir)
+
+
+def main(port: int, process_id: int, num_processes: int, out_path: str, workdir: str = "") -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 2)
@@ -101,6 +120,7 @@ def main(port: int, process_id: int, num_processes: int, out_path: str) -> None:
 
     mesh = sharding.make_mesh(step_config(data=-1).mesh)
     losses = train_losses(mesh)
+    shared = shared_workdir_run(workdir) if workdir else {}
     if process_id == 0:
         with open(out_path, "w") as f:
             rows = sharding.process_batch_rows(mesh, BATCH)
@@ -110,6 +130,7 @@ def main(port: int, process_id: int, num_processes: int, out_path: str) -> None:
                     "devices": jax.device_count(),
                     "local_devices": jax.local_device_count(),
                     "rows": [rows.start, rows.stop],
+                    "shared_workdir_step": shared.get("step"),
                 },
                 f,
             )
@@ -117,4 +138,4 @@ def main(port: int, process_id: int, num_processes: int, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6])

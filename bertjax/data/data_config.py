@@ -58,6 +58,9 @@ def default_data_config() -> ml_collections.ConfigDict:
         False  # False: schedule is consecutive phases; True: per-step choice by fraction
     )
     c.heldout_fraction = 0.02  # fraction of documents (by hash of their id) kept for eval
+    # local cache of token stores and downloaded files ("" = $BERTJAX_CACHE_DIR, else
+    # bertjax-cache under the system temp dir); see bertjax/data/prepare.py
+    c.cache_dir = ""
     c.num_workers = 0  # tokenization processes while preparing the store (0 = in-process)
     c.prefetch = 2  # batches computed ahead in a background thread (0 = none)
     c.lock()  # a misspelled key is an error, not a new field

@@ -14,60 +14,18 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import os
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import corpus as corpus_lib
-from bertjax.data import data_config, keys, masking, rows, samples, similarity
+from bertjax.data import data_config, keys, masking, prepare, rows, samples, similarity
 from bertjax.data.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
-from bertjax.data.store import Store, prepare_store
-from bertjax.data.text import CorpusStats, is_heldout
-from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
+from bertjax.data.store import Store
+from bertjax.data.tokenizer import Tokenizer
 
 _CACHE_SIZE = 4  # (length, epoch) plans kept in memory
-
-
-def _corpus_description(c) -> str:
-    corpus = corpus_lib.describe(c.corpus, c.corpus_format, c.text_feature)
-    return f"{corpus} heldout={c.heldout_fraction}"
-
-
-def _documents(c, split: str | None, stats=None):
-    """(doc_id, sentences) of the configured corpus; only one split's documents when `split` is
-    given."""
-    for doc_id, doc in corpus_lib.iter_documents(
-        c.corpus,
-        c.corpus_format,
-        text_feature=c.text_feature,
-        tfds_data_dir=c.tfds_data_dir,
-        stats=stats,
-    ):
-        if split is None or (split == "eval") == is_heldout(doc_id, c.heldout_fraction):
-            yield doc_id, doc
-
-
-def load_tokenizer(config, workdir: str) -> Tokenizer:
-    """The configured tokenizer; trains a SentencePiece model into WORKDIR/tokenizer/ when none is
-    given."""
-    c = config.data
-    if c.hf_vocab:
-        return Tokenizer(c.hf_vocab, language=c.language, lowercase=c.lowercase)
-    path = c.tokenizer_model
-    if not path:
-        sentences = (s for _, doc in _documents(c, "train") for s in doc)
-        path = train_sentencepiece(
-            sentences,
-            os.path.join(workdir, "tokenizer"),
-            vocab_size=c.vocab_size,
-            model_type=c.tokenizer_type,
-            language=c.language,
-            seed=config.seed,
-        )
-    return Tokenizer(path, language=c.language)
 
 
 class _Split:
@@ -333,7 +291,8 @@ def make_pipeline(
     process_index: int | None = None,
     process_count: int | None = None,
 ) -> Pipeline:
-    """Prepares (or reuses) WORKDIR/tokenizer and WORKDIR/store; returns this host's pipeline."""
+    """Prepares (or reuses) the tokenizer and the token store (bertjax/data/prepare.py); returns
+    this host's pipeline."""
     data_config.validate(config)
     c = config.data
     if process_index is None or process_count is None:
@@ -342,25 +301,11 @@ def make_pipeline(
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
-    tokenizer = load_tokenizer(config, workdir)
-    store_dir = os.path.join(workdir, "store")
-    description = _corpus_description(c)
-    if not os.path.exists(store_dir):
-        stats = CorpusStats()
-        prepare_store(
-            store_dir,
-            tokenizer,
-            _documents(c, None, stats),
-            heldout_fraction=c.heldout_fraction,
-            corpus_description=description,
-            stats=stats,
-            num_workers=c.num_workers,
-        )
-    store = Store(store_dir, split, tokenizer, description)
-    eval_store = Store(store_dir, "eval", tokenizer, description)
+    tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
+    store, eval_store = prepare.load_store(config, tokenizer, split)
     if store.num_documents == 0:
         raise ValueError(
-            f"store {store_dir!r} has no {split!r} documents "
+            f"store {store.directory!r} has no {split!r} documents "
             f"(heldout_fraction={c.heldout_fraction}); "
             "use a bigger corpus or change config.data.heldout_fraction"
         )

@@ -288,10 +288,11 @@ class Store:
     @property
     def fingerprint(self) -> str:
         """A stable hash of the store's meta (tokenizer, corpus, counts): changes when the data
-        does."""
+        does, not when the same store is opened from another place."""
         import hashlib
 
-        return hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode()).hexdigest()[:16]
+        meta = {k: v for k, v in self.meta.items() if k != "tokenizer_path"}
+        return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def num_documents(self) -> int:

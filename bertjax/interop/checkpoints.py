@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bertjax import paths
 from bertjax.modeling.bert_config import BertConfig
 
 ITEMS = ("state", "meta")
@@ -43,8 +44,8 @@ def write_tokenizer(meta: dict, directory: str) -> str:
 
 def require_dir(path: str, key: str) -> None:
     """Stops with one line naming the setting when ``path`` is not a directory."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
+    if not paths.isdir(path):
+        raise paths.MissingPathError(
             f"{key}={path!r} is not a directory (a bertjax workdir, its checkpoints/ dir, "
             "or a Hugging Face model dir)"
         )
@@ -52,8 +53,8 @@ def require_dir(path: str, key: str) -> None:
 
 def checkpoints_dir(path: str) -> str:
     """The checkpoints directory of a bertjax workdir (or the directory itself)."""
-    sub = os.path.join(path, "checkpoints")
-    return sub if os.path.isdir(sub) else path
+    sub = paths.join(path, "checkpoints")
+    return sub if paths.isdir(sub) else path
 
 
 class CheckpointReader:

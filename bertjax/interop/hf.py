@@ -11,12 +11,15 @@ plus whichever heads the checkpoint has (``mlm_head``, ``nsp_head``, ``classifie
 from __future__ import annotations
 
 import json
+import logging
 import os
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from bertjax import paths
 from bertjax.interop.hf_files import read_config, read_weights
 from bertjax.modeling.bert_config import BertConfig
 
@@ -167,8 +170,9 @@ def _mapping(cfg: BertConfig, heads: set[str]) -> dict[str, Rule]:
             "sop_classifier.classifier" if fam == "albert" else "cls.seq_relationship",
             ("nsp_head",),
         )
-    if "classifier" in heads:
-        add_linear("classifier.out_proj" if fam == "roberta" else "classifier", ("classifier",))
+    if "classifier" in heads:  # RoBERTa's sequence head: classifier.dense (pooler) + out_proj
+        classifier = "classifier.out_proj" if "roberta_classifier" in heads else "classifier"
+        add_linear(classifier, ("classifier",))
     return rules
 
 
@@ -187,6 +191,32 @@ def _heads_in(keys: set[str], fam: str) -> set[str]:
     return heads
 
 
+_ENCODER_PARTS = ("embeddings.", "encoder.", "pooler.")  # the key prefixes of a base-model save
+
+
+def _with_prefix(weights: dict, fam: str) -> tuple[dict, bool]:
+    """Keys of a base-model save (``BertModel``/``RobertaModel``/``AlbertModel``: no
+    ``bert.``-style prefix) renamed as the task models name them; whether they were renamed."""
+    base = f"{fam}."
+    if any(k.startswith(base) for k in weights):
+        return weights, False
+    renamed = {(base + k if k.startswith(_ENCODER_PARTS) else k): v for k, v in weights.items()}
+    return renamed, True
+
+
+def describe_heads(heads: set[str]) -> str:
+    """A line naming the heads a converted checkpoint has and lacks."""
+    names = {
+        "pooler": "pooler",
+        "mlm": "MLM head",
+        "nsp": "NSP/SOP head",
+        "classifier": "classifier",
+    }
+    have = [names[h] for h in names if h in heads]
+    lack = [names[h] for h in names if h not in heads]
+    return f"heads present: {', '.join(have) or 'none'}; absent: {', '.join(lack) or 'none'}"
+
+
 def _set(tree: dict, path: tuple[str, ...], value) -> None:
     for key in path[:-1]:
         tree = tree.setdefault(key, {})
@@ -200,16 +230,30 @@ def _get(tree: dict, path: tuple[str, ...]):
 
 
 def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
-    """(BertConfig, params) from an HF BERT/RoBERTa/ALBERT directory.
+    """(BertConfig, params) from an HF BERT/RoBERTa/ALBERT directory (local or a URL), however the
+    model was saved: a base model (``BertModel``: the encoder and pooler), a task model
+    (``...ForSequenceClassification``, ``...ForTokenClassification``) or a pretraining model
+    (``...ForPreTraining``, ``...ForMaskedLM``). ``params`` hold the encoder under ``bert`` and
+    whichever heads the checkpoint has (``mlm_head``, ``nsp_head``, ``classifier``); the heads
+    present and absent are logged (`describe_heads`).
 
     ``overrides`` change config fields (e.g. ``dropout``, ``dtype``, ``scan_layers=True``,
     which stacks the layers as `nn.scan` expects).
+
+    Example::
+
+        cfg, params = bertjax.convert.from_hf("path/to/bert-base-uncased")
+        logits = bertjax.BertForPreTraining(cfg).apply({"params": params}, ids)["mlm_logits"]
     """
     scan = overrides.pop("scan_layers", False)
     cfg = read_config(path, **overrides)
-    weights = read_weights(path)
+    weights, base_model = _with_prefix(read_weights(path), cfg.model_type)
     keys = set(weights)
-    rules = _mapping(cfg, _heads_in(keys, cfg.model_type))
+    heads = _heads_in(keys, cfg.model_type)
+    logging.info(
+        "from_hf(%r): %s%s", path, "a base-model save; " * base_model, describe_heads(heads)
+    )
+    rules = _mapping(cfg, heads)
     missing = sorted(set(rules) - keys)
     unknown = sorted(k for k in keys - set(rules) if not k.endswith(_IGNORED_SUFFIXES))
     if missing or unknown:
@@ -276,8 +320,17 @@ _ARCHITECTURES = {
 }
 
 
-def to_hf(cfg: BertConfig, params: dict, path: str, *, token_classification: bool = False) -> None:
-    """Writes an HF directory (config.json + model.safetensors) that ``from_pretrained`` loads."""
+def to_hf(
+    cfg: BertConfig,
+    params: dict,
+    path: str,
+    *,
+    token_classification: bool = False,
+    tokenizer_file: str = "",
+) -> None:
+    """Writes an HF directory (config.json + model.safetensors) that ``from_pretrained`` loads;
+    ``tokenizer_file`` (a SentencePiece .model, tokenizer.json or vocab.txt) is copied beside
+    them (a .model as spiece.model), so the directory fine-tunes with its own tokenizer."""
     from flax import linen as nn
     from safetensors.numpy import save_file
 
@@ -364,9 +417,16 @@ def to_hf(cfg: BertConfig, params: dict, path: str, *, token_classification: boo
             id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
             label2id={f"LABEL_{i}": i for i in range(num_labels)},
         )
-    os.makedirs(path, exist_ok=True)
-    tmp = os.path.join(path, "model.safetensors.tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(path, "model.safetensors"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf, f, indent=2, sort_keys=True)
+    paths.makedirs(path)
+    with tempfile.TemporaryDirectory() as tmp:  # safetensors writes a local file; then copy it
+        local = os.path.join(tmp, "model.safetensors")
+        save_file(tensors, local, metadata={"format": "pt"})
+        paths.upload(local, paths.join(path, "model.safetensors"))
+    paths.write_text(paths.join(path, "config.json"), json.dumps(hf, indent=2, sort_keys=True))
+    if tokenizer_file:
+        name = (
+            "spiece.model"
+            if tokenizer_file.endswith(".model")
+            else os.path.basename(tokenizer_file)
+        )
+        paths.upload(tokenizer_file, paths.join(path, name))

@@ -4,58 +4,57 @@ BertConfig (special-token ids from its vocabulary), its tokenizer file, its weig
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import numpy as np
 
+from bertjax import paths
 from bertjax.modeling.bert_config import BertConfig
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # in the order they are preferred
+# In the order they are preferred; spiece.model is a SentencePiece model (as ALBERT ships).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
 
 
 def is_hf_dir(path: str) -> bool:
-    """Whether ``path`` is a Hugging Face model directory (it has a config.json)."""
-    return os.path.isfile(os.path.join(path, "config.json"))
+    """Whether ``path`` (a directory or a URL) is a Hugging Face model dir: it has config.json."""
+    return paths.isfile(paths.join(path, "config.json"))
 
 
 def read_config(path: str, **overrides: Any) -> BertConfig:
     """The BertConfig of an HF directory's config.json (no weights are read)."""
-    config_file = os.path.join(path, "config.json")
-    if not os.path.isfile(config_file):
+    config_file = paths.join(path, "config.json")
+    if not paths.isfile(config_file):
         raise FileNotFoundError(
             f"{config_file} not found: a Hugging Face model directory has config.json and "
             "model.safetensors"
         )
-    with open(config_file) as f:
-        return config_from_hf(json.load(f), path, **overrides)
+    return config_from_hf(json.loads(paths.read_text(config_file)), path, **overrides)
 
 
 def tokenizer_file(path: str, key: str) -> str:
     """The directory's tokenizer.json or vocab.txt; ``key`` names the setting in the error."""
     for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(path, name)):
-            return os.path.join(path, name)
+        if paths.isfile(paths.join(path, name)):
+            return paths.local_copy(paths.join(path, name))
     raise FileNotFoundError(f"{key}={path!r} has no {' or '.join(TOKENIZER_FILES)}")
 
 
 def read_weights(path: str) -> dict[str, np.ndarray]:
-    """All tensors of an HF directory as float32 numpy arrays."""
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    torch_bin = os.path.join(path, "pytorch_model.bin")
-    if os.path.exists(single) or os.path.exists(index):
+    """All tensors of an HF directory (local or a URL) as float32 numpy arrays."""
+    single = paths.join(path, "model.safetensors")
+    index = paths.join(path, "model.safetensors.index.json")
+    torch_bin = paths.join(path, "pytorch_model.bin")
+    if paths.isfile(single) or paths.isfile(index):
         from safetensors import safe_open
 
-        files = (
-            [single]
-            if os.path.exists(single)
-            else sorted(
-                {os.path.join(path, f) for f in json.load(open(index))["weight_map"].values()}
-            )
+        names = (
+            ["model.safetensors"]
+            if paths.isfile(single)
+            else sorted(set(json.loads(paths.read_text(index))["weight_map"].values()))
         )
         weights = {}
-        for file in files:
+        for name in names:
+            file = paths.local_copy(paths.join(path, name))
             try:
                 with safe_open(file, framework="np") as reader:
                     for key in reader.keys():
@@ -63,7 +62,7 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
             except Exception as error:  # corrupt header, truncated file, ...
                 raise ValueError(f"cannot read safetensors file {file}: {error}") from error
         return weights
-    if os.path.exists(torch_bin):
+    if paths.isfile(torch_bin):
         try:
             import torch
         except ImportError as error:
@@ -71,7 +70,7 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
                 f"{torch_bin} needs torch to read; install torch or save the "
                 "model with safetensors (save_pretrained does by default)"
             ) from error
-        state = torch.load(torch_bin, map_location="cpu", weights_only=True)
+        state = torch.load(paths.local_copy(torch_bin), map_location="cpu", weights_only=True)
         return {k: v.float().numpy() for k, v in state.items()}
     raise FileNotFoundError(
         f"no weights in {path}: expected model.safetensors, model.safetensors.index.json "
@@ -93,15 +92,16 @@ _FAMILY_DEFAULTS = {  # the ids of the reference vocabularies when no tokenizer 
 
 
 def _vocab_of(path: str) -> dict[str, int]:
-    """token -> id from a directory's vocab.txt or tokenizer.json, if it has one."""
-    vocab_txt = os.path.join(path, "vocab.txt")
-    if os.path.isfile(vocab_txt):
-        with open(vocab_txt, encoding="utf-8") as f:
-            return {line.rstrip("\n"): i for i, line in enumerate(f)}
-    tokenizer_json = os.path.join(path, "tokenizer.json")
-    if os.path.isfile(tokenizer_json):
-        with open(tokenizer_json, encoding="utf-8") as f:
-            data = json.load(f)
+    """token -> id from a directory's vocab.txt, tokenizer.json or spiece.model, if it has one."""
+    vocab_txt = paths.join(path, "vocab.txt")
+    if paths.isfile(vocab_txt):
+        lines = paths.read_text(vocab_txt).split("\n")  # only "\n" ends a token's line
+        if lines and lines[-1] == "":
+            lines.pop()
+        return {line: i for i, line in enumerate(lines)}
+    tokenizer_json = paths.join(path, "tokenizer.json")
+    if paths.isfile(tokenizer_json):
+        data = json.loads(paths.read_text(tokenizer_json))
         vocab = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         model_vocab = data.get("model", {}).get("vocab", {})
         if isinstance(model_vocab, dict):
@@ -109,6 +109,12 @@ def _vocab_of(path: str) -> dict[str, int]:
         elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
             vocab = {**{piece: i for i, (piece, _) in enumerate(model_vocab)}, **vocab}
         return vocab
+    spiece = paths.join(path, "spiece.model")
+    if paths.isfile(spiece):
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_proto=paths.Path(spiece).read_bytes())
+        return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     return {}
 
 

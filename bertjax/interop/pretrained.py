@@ -6,6 +6,9 @@ Fine-tuning's ``config.init_from`` and a distillation teacher (``config.loss.tea
 
 from __future__ import annotations
 
+import os
+
+from bertjax import paths
 from bertjax.interop import hf, hf_files
 from bertjax.interop.checkpoints import CheckpointReader, require_dir
 from bertjax.modeling.bert_config import BertConfig
@@ -26,11 +29,14 @@ class PretrainedSource:
             return hf_files.read_config(self.path, **overrides)
         return self._reader.model_config(**overrides)
 
-    def tokenizer_file(self, directory: str) -> str:
-        """The model's tokenizer file: an HF directory's own, or a checkpoint's written into
-        ``directory``."""
+    def tokenizer_file(self, cache: str | None = None) -> str:
+        """The model's tokenizer as a local file: an HF directory's own (copied into the local
+        cache when it is a URL), or a bertjax checkpoint's, written into the local cache
+        (``cache``, default `bertjax.paths.cache_dir()`) under its fingerprint."""
         if self.is_hf:
             return hf_files.tokenizer_file(self.path, self.key)
+        fingerprint = self._reader.meta.get("tokenizer_fingerprint", "unknown")
+        directory = os.path.join(cache or paths.cache_dir(), "tokenizers", fingerprint)
         return self._reader.write_tokenizer(directory)
 
     @property

@@ -13,8 +13,8 @@ from bertjax.modeling.layers import constrain, gather_rows, normal_init, zeros_i
 from bertjax.modeling.position_init import attention_kernel_init
 from bertjax.ops import attention as attention_ops
 from bertjax.ops import dense as dense_ops
+from bertjax.ops import platform
 from bertjax.ops.elementwise import keep_mask
-from bertjax.ops.platform import on_cpu
 
 Array = jax.Array
 
@@ -123,7 +123,7 @@ class SelfAttention(nn.Module):
                 (q_BTNH.shape[0], heads, q_BTNH.shape[1], k_BSNH.shape[1]),
                 1.0 - rate,
             )
-        if cfg.attention_implementation is None and on_cpu():
+        if cfg.attention_implementation is None and platform.on_cpu():
             chains = attention_ops.cpu_chains(q_BTNH.shape[0])
             ctx_BTNH = attention_ops.attention(q_BTNH, k_BSNH, v_BSNH, mask, keep, rate, chains)
         elif keep is not None:  # dot_product_attention has no dropout: the exact path

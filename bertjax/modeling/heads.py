@@ -78,6 +78,7 @@ class BertForPreTraining(nn.Module):
         masked_positions: Array | None = None,
         deterministic: bool = True,
     ) -> dict:
+        self._check_heads()
         sparse = self.sparse_last_layer and masked_positions is not None
         x, pooled = self.bert(
             input_ids,
@@ -96,6 +97,23 @@ class BertForPreTraining(nn.Module):
         if self.next_sentence:
             outputs["nsp_logits"] = self.nsp_head(pooled)
         return outputs
+
+    def _check_heads(self) -> None:
+        """One clear error when the params lack a head this model applies (a checkpoint saved
+        without it: a base-model or task-model save, a RoBERTa MLM without NSP)."""
+        if self.is_initializing():
+            return
+        params = self.variables.get("params", {})
+        if "mlm_head" not in params:
+            raise ValueError(
+                "these params have no MLM head (mlm_head): a base-model or task-model save; run "
+                "the encoder with bertjax.BertModel(cfg) on params['bert']"
+            )
+        if self.next_sentence and "nsp_head" not in params:
+            raise ValueError(
+                "these params have no NSP/SOP head (nsp_head), as RoBERTa and MLM-only checkpoints:"
+                " use bertjax.BertForPreTraining(cfg, next_sentence=False)"
+            )
 
 
 class _Classifier(nn.Module):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Mapping
 
 import jax
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bertjax import paths
 from bertjax.data import make_pipeline
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.modeling.bert_config import BertConfig
@@ -261,9 +261,11 @@ class Distillation(Objective):
         source = PretrainedSource(self.teacher, TEACHER_KEY)
         config = config.copy_and_resolve_references()
         if source.is_hf and not config.data.hf_vocab:
-            config.data.hf_vocab = source.tokenizer_file(workdir)
+            config.data.hf_vocab = source.tokenizer_file()
         elif not source.is_hf and not (config.data.tokenizer_model or config.data.hf_vocab):
-            config.data.tokenizer_model = source.tokenizer_file(os.path.join(workdir, "teacher"))
+            config.data.tokenizer_model = source.tokenizer_file(
+                paths.cache_dir(config.data.cache_dir)
+            )
         pipeline = make_pipeline(config, workdir)
         expected = source.tokenizer_fingerprint
         if expected is not None and pipeline.tokenizer.fingerprint() != expected:

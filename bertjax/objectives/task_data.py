@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 
 import jax
 import numpy as np
 
-from bertjax.data import keys
+from bertjax import paths
+from bertjax.data import keys, prepare
 from bertjax.data.source import DataSource, host_rows
-from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
+from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.objectives import glue_tasks, task_metrics, tasks
 
@@ -45,7 +45,7 @@ class TaskData(DataSource):
                 overrides["scan_layers"] = config.model.scan_layers
             self._model_cfg = self.pretrained.model_config(**overrides)
             self.tokenizer = Tokenizer(
-                self.pretrained.tokenizer_file(os.path.join(workdir, "tokenizer")),
+                self.pretrained.tokenizer_file(paths.cache_dir(config.data.cache_dir)),
                 lowercase=config.data.lowercase,
             )
         train = tasks.load_examples(task, "train", tokens)
@@ -97,17 +97,25 @@ class TaskData(DataSource):
         return "pearson" if self.objective.num_labels == 1 else "accuracy"
 
     def _own_tokenizer(self, train):
+        """The configured tokenizer, else a SentencePiece model of the task's training text
+        (kept as WORKDIR/tokenizer/spm.model)."""
         c = self.config.data
+        cache = paths.cache_dir(c.cache_dir)
         if c.hf_vocab or c.tokenizer_model:
-            return Tokenizer(c.hf_vocab or c.tokenizer_model, lowercase=c.lowercase)
+            return Tokenizer(
+                paths.local_copy(c.hf_vocab or c.tokenizer_model, cache), lowercase=c.lowercase
+            )
         texts = (
             [" ".join(e["tokens"]) for e in train]
             if self.objective.tokens
             else [e["text"] for e in train] + [e["text_pair"] for e in train if e["text_pair"]]
         )
-        path = train_sentencepiece(
+        path = prepare.workdir_tokenizer(
             texts,
-            os.path.join(self.workdir, "tokenizer"),
+            self.workdir,
+            cache,
+            jax.process_index(),
+            jax.process_count(),
             vocab_size=int(c.vocab_size),
             model_type=c.tokenizer_type,
             seed=int(self.config.seed),
@@ -214,20 +222,22 @@ class TaskData(DataSource):
 
     def write_predictions(self, path: str) -> None:
         """Dev predictions as TSV: the input and the predicted and gold labels."""
-        if jax.process_index() != 0 or self._predictions is None:
+        if self._predictions is None:
             return
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            if self.objective.tokens:
-                predicted, gold = self._word_tags(self._predictions)
-                f.write("tokens\tpredicted\tgold\n")
-                for e, p, g in zip(self.dev_examples, predicted, gold):
-                    f.write(f"{' '.join(e['tokens'][: len(p)])}\t{' '.join(p)}\t{' '.join(g)}\n")
-            else:
-                f.write("text\ttext_pair\tpredicted\tgold\n")
-                for e, p in zip(self.dev_examples, self._predictions):
-                    name = self.labels[int(p)] if self.labels else f"{float(p):.6g}"
-                    clean = lambda s: str(s).replace("\t", " ").replace("\n", " ")  # noqa: E731
-                    f.write(
-                        f"{clean(e['text'])}\t{clean(e['text_pair'])}\t{name}\t{clean(e['label'])}\n"
-                    )
-        os.replace(path + ".tmp", path)
+
+        def clean(value):
+            return str(value).replace("\t", " ").replace("\n", " ")
+
+        if self.objective.tokens:
+            predicted, gold = self._word_tags(self._predictions)
+            lines = ["tokens\tpredicted\tgold"] + [
+                f"{' '.join(e['tokens'][: len(p)])}\t{' '.join(p)}\t{' '.join(g)}"
+                for e, p, g in zip(self.dev_examples, predicted, gold)
+            ]
+        else:
+            lines = ["text\ttext_pair\tpredicted\tgold"]
+            for e, p in zip(self.dev_examples, self._predictions):
+                name = self.labels[int(p)] if self.labels else f"{float(p):.6g}"
+                row = (clean(e["text"]), clean(e["text_pair"]), name, clean(e["label"]))
+                lines.append("\t".join(row))
+        paths.write_text(path, "\n".join(lines) + "\n")

@@ -14,20 +14,21 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from bertjax.ops.platform import on_cpu
+from bertjax.ops import platform
 
 Array = jax.Array
 
 
 def project(x: Array, *kernels: Array, operand_dtype=None) -> tuple:
-    """``x @ kernel`` for each 2-D kernel, [..., I] -> [..., O_k], with a hand-written backward.
+    """``x @ kernel`` for each 2-D kernel, [..., I] -> [..., O_k]; on XLA:CPU with a hand-written
+    backward, elsewhere the plain products under autodiff (GPU/TPU GEMMs read a transposed
+    operand directly, and XLA fuses around them).
 
     The kernels' gradients contract over all rows of x (tokens): XLA:CPU hands such products
     to Eigen after a slow transpose of whichever operand autodiff put first, often the wider
     one. Here the narrower operand is transposed, once for all kernels that share x (Q/K/V
     share one transpose), and the product is a plain row-major one; the optimization barrier
-    keeps XLA from folding the transpose back into the product. On GPU/TPU the kernel gradient
-    is the plain transposed-operand product, as autodiff writes it.
+    keeps XLA from folding the transpose back into the product.
 
     ``operand_dtype`` (BertConfig.matmul_dtype), when given, is the dtype the products read
     (x, kernels and, in the backward, the output gradients are cast to it) while they accumulate
@@ -35,7 +36,9 @@ def project(x: Array, *kernels: Array, operand_dtype=None) -> tuple:
     with float32 activations, as a TPU computes float32 matmuls at default precision.
     """
     operand = None if operand_dtype is None else jnp.dtype(operand_dtype)
-    return _project(operand, x, *kernels)
+    if platform.on_cpu():
+        return _project(operand, x, *kernels)
+    return tuple(_dot(x, kernel, ((x.ndim - 1,), (0,)), x.dtype, operand) for kernel in kernels)
 
 
 def _dot(a: Array, b: Array, contract: tuple, out_dtype, operand) -> Array:
@@ -70,9 +73,7 @@ def _project_bwd(operand, residuals, grads):
         g_RO = g.reshape(-1, g.shape[-1])
         d = _dot(g, kernel, ((g.ndim - 1,), (1,)), x_dtype, None)
         d_x = d if d_x is None else d_x + d
-        if not on_cpu():  # GPU/TPU: their GEMMs read a transposed operand
-            d_kernel = _dot(x_RI, g_RO, ((0,), (0,)), kernel_dtype, None)
-        elif width <= kernel.shape[1]:  # transpose x (shared): [I, R] @ [R, O]
+        if width <= kernel.shape[1]:  # transpose x (shared): [I, R] @ [R, O]
             if x_IR is None:
                 x_IR = jax.lax.optimization_barrier(x_RI.T)
             d_kernel = _dot(x_IR, g_RO, ((1,), (0,)), kernel_dtype, None)
@@ -109,17 +110,19 @@ def dense_dot_general(
 
 
 def tied_decoder(x: Array, table_VW: Array, bias_V: Array, operand_dtype=None) -> Array:
-    """``x @ table.T + bias`` over the vocabulary, [..., E] -> [..., V], with a hand-written
-    backward: the table's gradient as one [V, R] x [R, W] product and the bias's as ones x
-    [R, V] (R = rows of x, W = embedding width). XLA:CPU's own transpose of the einsum reduced
-    the bias gradient over rows and re-laid the logits gradient out.
+    """``x @ table.T + bias`` over the vocabulary, [..., W] -> [..., V]; on XLA:CPU with a
+    hand-written backward (elsewhere autodiff's): the table's gradient as one [V, R] x [R, W]
+    product and the bias's as ones x [R, V] (R = rows of x, W = embedding width). XLA:CPU's own
+    transpose of the einsum reduced the bias gradient over rows and re-laid the logits gradient out.
 
     ``operand_dtype`` (BertConfig.matmul_dtype): the logits and x's gradient are products read
     in that dtype, accumulated in x's; the table's gradient stays a product in x's dtype (in
     bfloat16 XLA:CPU runs that [V, R] x [R, W] shape slower than in float32).
     """
     operand = None if operand_dtype is None else jnp.dtype(operand_dtype)
-    return _tied_decoder(operand, x, table_VW, bias_V)
+    if platform.on_cpu():
+        return _tied_decoder(operand, x, table_VW, bias_V)
+    return _dot(x, table_VW, ((x.ndim - 1,), (1,)), x.dtype, operand) + bias_V
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -1,5 +1,5 @@
-"""Elementwise pieces of the encoder, written for speed on XLA:CPU: BERT's exact GELU with a
-hand-written backward, and dropout decisions on cheap random bits."""
+"""Elementwise pieces of the encoder: BERT's exact GELU (with a hand-written backward on XLA:CPU)
+and dropout decisions on cheap random bits (the key's own generator)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.random import threefry_2x32
 
+from bertjax.ops import platform
+
 Array = jax.Array
 
 
-@jax.custom_vjp
 def erf_gelu(x: Array) -> Array:
-    """BERT's exact GELU, x * Phi(x), with a hand-written backward: the forward keeps Phi(x)
-    for the derivative Phi(x) + x phi(x), where autodiff of jax.nn.gelu evaluates erf again."""
+    """BERT's exact GELU, x * Phi(x). On XLA:CPU with a hand-written backward (the forward keeps
+    Phi(x) for the derivative Phi(x) + x phi(x), where autodiff of jax.nn.gelu evaluates erf
+    again); elsewhere jax.nn.gelu under autodiff, which XLA fuses into its neighbours."""
+    if platform.on_cpu():
+        return _erf_gelu(x)
+    return jax.nn.gelu(x, approximate=False)
+
+
+@jax.custom_vjp
+def _erf_gelu(x: Array) -> Array:
     return _erf_gelu_fwd(x)[0]
 
 
@@ -29,24 +38,30 @@ def _erf_gelu_bwd(residuals, g):
     return (g * (cdf + x * density),)
 
 
-erf_gelu.defvjp(_erf_gelu_fwd, _erf_gelu_bwd)
+_erf_gelu.defvjp(_erf_gelu_fwd, _erf_gelu_bwd)
 
 
 def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
     """Boolean dropout mask, True with probability ``keep_prob`` (to 2^-16), from ``key``.
 
-    Threefry-2x32 (`jax.extend.random.threefry_2x32`, keyed by two words drawn from ``key``)
-    hashes a counter per pair of 32-bit words and each word decides two elements (its 16-bit
-    halves against round(keep_prob * 2^16)): four elements per hash, where
-    `jax.random.bernoulli` spends a hash (both its words XOR-ed into one) and a float
-    conversion per element (XLA:CPU's threefry is a 5-trip loop over the whole array).
+    Each 32-bit random word decides two elements (its 16-bit halves against
+    round(keep_prob * 2^16)), where `jax.random.bernoulli` spends a word and a float conversion
+    per element. The words come from the key's own generator: for a threefry key (JAX's
+    default), Threefry-2x32 hashes a counter per pair of words (`jax.extend.random.threefry_2x32`,
+    keyed by two words drawn from ``key``: four elements per hash; XLA:CPU's threefry is a
+    5-trip loop over the whole array); for ``rbg``/``unsafe_rbg`` keys (the usual choice on
+    TPU/GPU, ``jax_default_prng_impl``), `jax.random.bits` of that key.
     """
     size = int(np.prod(shape))
     threshold = round(keep_prob * 65536)
     if threshold >= 65536:
         return jnp.ones(shape, bool)
     words = (size + 1) // 2
-    pair = jax.random.bits(key, (2,), jnp.uint32)
-    hashed = threefry_2x32(pair, jax.lax.iota(jnp.uint32, words + words % 2))
-    halves = jax.lax.bitcast_convert_type(hashed, jnp.uint16).reshape(-1)[:size]
+    words += words % 2
+    if str(jax.random.key_impl(key)) == "threefry2x32":
+        pair = jax.random.bits(key, (2,), jnp.uint32)
+        bits = threefry_2x32(pair, jax.lax.iota(jnp.uint32, words))
+    else:
+        bits = jax.random.bits(key, (words,), jnp.uint32)
+    halves = jax.lax.bitcast_convert_type(bits, jnp.uint16).reshape(-1)[:size]
     return halves.reshape(shape) < jnp.uint16(threshold)

@@ -6,12 +6,22 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bertjax.ops import platform
+
 Array = jax.Array
 
 
-@jax.custom_vjp
 def nll(logits: Array, labels: Array) -> Array:
-    """-log softmax(logits)[label] as logsumexp minus the label's logit (fp32 [..., C] x [...])."""
+    """-log softmax(logits)[label] as logsumexp minus the label's logit (fp32 [..., C] x [...]);
+    with a hand-written backward on XLA:CPU, autodiff's elsewhere (XLA fuses it)."""
+    if platform.on_cpu():
+        return _nll(logits, labels)
+    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return jax.nn.logsumexp(logits, axis=-1) - label_logit
+
+
+@jax.custom_vjp
+def _nll(logits: Array, labels: Array) -> Array:
     return _nll_fwd(logits, labels)[0]
 
 
@@ -31,17 +41,17 @@ def _nll_bwd(residuals, g):
     return (probs - (index == labels[..., None]).astype(logits.dtype)) * g[..., None], None
 
 
-nll.defvjp(_nll_fwd, _nll_bwd)
+_nll.defvjp(_nll_fwd, _nll_bwd)
 
 
 def cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
     """Per-example fp32 cross-entropy and correctness of the argmax: [..., C] x [...] -> [...].
 
-    The loss has a hand-written backward (`nll`): XLA:CPU's autodiff of log_softmax + take and
+    On XLA:CPU the loss has a hand-written backward (`nll`): its autodiff of log_softmax + take and
     jnp.argmax (a two-value reduction) cost more at a BERT vocabulary. Correct means jnp.argmax's
-    answer (the first position holding the maximum) is the label: the label's logit is the
-    maximum and every logit before it is below that, a masked max reduction (cheaper on XLA:CPU
-    than the first-max index as a min over positions).
+    answer (the first position holding the maximum) is the label: the label's logit is the maximum
+    and every logit before it is below that, a masked max reduction (cheaper on XLA:CPU than the
+    first-max index as a min over positions).
     """
     logits = logits.astype(jnp.float32)
     labels = labels.astype(jnp.int32)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 
+import jax
+
+from bertjax import paths
 from bertjax.objectives.task_metrics import better
 from bertjax.training.checkpoint import Checkpointer
 
@@ -16,7 +18,7 @@ class BestCheckpoint:
 
     def __init__(self, workdir: str, metric: str, predictions_file: str = "dev_predictions.tsv"):
         self.metric, self.predictions_file = metric, predictions_file
-        self.directory = os.path.join(workdir, "best")
+        self.directory = paths.join(workdir, "best")
         self._ckpt = Checkpointer(self.directory, keep=1, async_save=False)
         self.value: float | None = None
         self.step: int | None = None
@@ -41,11 +43,10 @@ class BestCheckpoint:
         best = {"metric": self.metric, "value": value, "step": int(step)}
         self._ckpt.save(state, {**meta, "best": best}, force=True)
         self._ckpt.wait()
-        if not os.path.isdir(self.directory):
-            os.makedirs(self.directory, exist_ok=True)
-        write_predictions(os.path.join(self.directory, self.predictions_file))
-        with open(os.path.join(self.directory, "best.json"), "w") as f:
-            json.dump({**best, "metrics": {k: float(v) for k, v in result.items()}}, f, indent=1)
+        if jax.process_index() == 0:  # shared files: one writer
+            write_predictions(paths.join(self.directory, self.predictions_file))
+            record = {**best, "metrics": {k: float(v) for k, v in result.items()}}
+            paths.write_text(paths.join(self.directory, "best.json"), json.dumps(record, indent=1))
         logging.info("new best %s=%.4f at step %d -> %s", self.metric, value, step, self.directory)
         return True
 

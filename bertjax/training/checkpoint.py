@@ -11,12 +11,12 @@ killed half-way is never listed, and restore falls back to the last complete ste
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from bertjax import paths
 from bertjax.interop.checkpoints import ITEMS
 from bertjax.modeling.bert_config import BertConfig
 
@@ -32,7 +32,7 @@ class Checkpointer:
     """Periodic (async) saves under ``workdir/checkpoints``, keeping the last ``keep``."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        self.directory = paths.resolve(directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
@@ -52,6 +52,7 @@ class Checkpointer:
         step = int(jax.device_get(state.step))
         if step in self._manager.all_steps():
             return False
+        self._remove_unfinished(step)
         return self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -59,6 +60,20 @@ class Checkpointer:
             ),
             force=force,
         )
+
+    def _remove_unfinished(self, step: int) -> None:
+        """Removes what a save killed half-way left of ``step`` (never listed, never resumed
+        from): on object stores orbax writes a step in place and marks it complete with a
+        commit file, so the leftovers would be written over."""
+        self.wait()
+        leftover = paths.join(self.directory, str(step))
+        if jax.process_index() == 0 and paths.exists(leftover):
+            logging.warning("removing %s, an unfinished save of step %d", leftover, step)
+            paths.Path(leftover).rmtree()
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"bertjax-checkpoint-{step}")
 
     def wait(self) -> None:
         self._manager.wait_until_finished()

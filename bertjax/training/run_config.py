@@ -11,6 +11,7 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from bertjax import paths
 from bertjax.data import default_data_config
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.training.step import default_step_config
@@ -105,6 +106,41 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
             config.optim.total_steps,
             config.num_train_steps,
         )
+
+
+# (config key, must exist): every path a run config may name; resolved where the config enters.
+PATH_KEYS = (
+    ("init_from", True),
+    ("loss.teacher", True),
+    ("data.tokenizer_model", True),
+    ("data.hf_vocab", True),
+    ("data.similar_words_file", True),
+    ("data.cache_dir", False),
+    ("data.tfds_data_dir", False),
+    ("task.train_file", True),
+    ("task.dev_file", True),
+    ("task.tfds_data_dir", False),
+)
+
+
+def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy of ``config`` whose paths are resolved once (`bertjax.paths.resolve`: ``~``
+    expanded, relative to the current directory, URLs kept), so nothing deeper sees a relative
+    path; a path that must exist and does not raises MissingPathError naming the key."""
+    config = config.copy_and_resolve_references()
+    for key, must_exist in PATH_KEYS:
+        *parents, leaf = key.split(".")
+        node = config
+        for parent in parents:
+            node = node.get(parent) if hasattr(node, "get") else None
+        if node is None or not node.get(leaf):
+            continue
+        node[leaf] = paths.resolve(node[leaf], f"config.{key}", must_exist=must_exist)
+    corpus = config.data.get("corpus", "") if "data" in config else ""
+    if corpus and corpus != "builtin" and not corpus.startswith("tfds:"):
+        parts = [p.strip() for p in corpus.split(",") if p.strip()]
+        config.data.corpus = ",".join(paths.resolve(p) for p in parts)
+    return config
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:

@@ -85,6 +85,10 @@ def reexec_with_hugepage_malloc() -> None:
     env = hugepage_malloc_environment(dict(os.environ))
     if env is None:
         return
+    sys.stderr.write(
+        f"bertjax: restarting once with GLIBC_TUNABLES={env['GLIBC_TUNABLES']} (glibc malloc "
+        f"keeps its memory, on huge pages; {DISABLE_ENV}=0 turns this off)\n"
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     argv = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))

@@ -20,14 +20,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import objectives
+from bertjax import objectives, paths
 from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding
 from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
 from bertjax.training.checkpoint import Checkpointer, check_compatible
-from bertjax.training.run_config import model_config, validate_run_config
+from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
 
 
 def init_mlm_bias(state, log_prior: np.ndarray):
@@ -49,14 +49,16 @@ def init_mlm_bias(state, log_prior: np.ndarray):
 
 
 def _prepare_workdir(workdir: str) -> str:
-    workdir = os.path.abspath(workdir)
+    """The resolved workdir (a local path or a URL), created and probed for writing by process 0."""
+    workdir = paths.resolve(workdir, "--workdir")
+    if jax.process_index() != 0:
+        return workdir
+    probe = paths.join(workdir, f".write-test-{os.getpid()}")
     try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as error:
+        paths.makedirs(workdir)
+        paths.write_text(probe, "ok")
+        paths.Path(probe).unlink()
+    except (OSError, ValueError) as error:
         raise ValueError(f"workdir {workdir!r} is not writable: {error}") from error
     return workdir
 
@@ -189,7 +191,7 @@ class _Run:
         self.model_cfg = self.data.model_config() or model_config(config, self.data.tokenizer)
         self.mesh = sharding.make_mesh(config.mesh)
         self.ckpt = Checkpointer(
-            os.path.join(workdir, "checkpoints"),
+            paths.join(workdir, "checkpoints"),
             keep=int(config.keep_checkpoints),
             async_save=bool(config.async_checkpoints),
         )
@@ -315,6 +317,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains as configured, resuming from ``workdir`` if it holds checkpoints; returns the
     last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...)."""
     validate_run_config(config)
+    config = resolve_paths(config)
     run = _Run(config, _prepare_workdir(workdir))
     try:
         return run.train()

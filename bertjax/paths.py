@@ -1,0 +1,129 @@
+"""Paths a run reads and keeps: local paths or URLs (gs://, s3://, file://: what `etils.epath`,
+orbax's own path type, opens).
+
+Every path a user gives is resolved once, where it enters (`resolve`): ``~`` expanded, a relative
+path made absolute against the current directory, ``file://`` turned into its local path, other
+URLs left as they are; a path that must exist and does not stops with one line naming the
+setting (`MissingPathError`). Files the run writes go through `Path` (epath), so a workdir on
+cloud storage holds checkpoints, metrics, the tokenizer and the run meta. What a library can
+only read from local disk (SentencePiece models, memory-mapped token stores, safetensors)
+comes from `local_copy`, under the local cache directory (`cache_dir`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+
+from etils import epath
+
+CACHE_ENV = "BERTJAX_CACHE_DIR"  # overrides the default local cache directory
+
+
+class MissingPathError(FileNotFoundError):
+    """A path given in a setting does not exist (the message names the setting and the path)."""
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL other than file:// (those need `local_copy` to be read locally)."""
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def resolve(path: str, key: str = "", *, must_exist: bool = False) -> str:
+    """``path`` as the run will use it: URLs unchanged (file:// becomes a local path), ``~``
+    expanded, relative paths absolute. ``must_exist``: a missing path raises MissingPathError
+    naming ``key`` (the setting it came from)."""
+    if not path:
+        return path
+    path = str(path)
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    if not is_url(path):
+        path = os.path.abspath(os.path.expanduser(path))
+    if must_exist and not exists(path):
+        raise MissingPathError(f"{key or 'path'}={path!r} does not exist")
+    return path
+
+
+def Path(path: str) -> epath.Path:  # noqa: N802 (a constructor, as epath.Path)
+    """The path type every file the run keeps goes through."""
+    return epath.Path(path)
+
+
+def exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+def isdir(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+def isfile(path: str) -> bool:
+    path = Path(path)
+    return path.exists() and not path.is_dir()
+
+
+def join(path: str, *parts: str) -> str:
+    return os.fspath(Path(path).joinpath(*parts))
+
+
+def read_text(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes a whole file; a reader never sees half of it (a local file is written beside
+    and renamed; an object store's single upload is atomic)."""
+    if is_url(path):
+        Path(path).write_bytes(data)
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def makedirs(path: str) -> None:
+    Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def cache_dir(configured: str = "") -> str:
+    """The local cache directory: ``configured`` (config.data.cache_dir), else $BERTJAX_CACHE_DIR,
+    else bertjax-cache under the system temp directory."""
+    chosen = (
+        configured
+        or os.environ.get(CACHE_ENV)
+        or os.path.join(tempfile.gettempdir(), "bertjax-cache")
+    )
+    if is_url(chosen):
+        raise ValueError(f"config.data.cache_dir={chosen!r}: the cache must be a local directory")
+    return resolve(chosen)
+
+
+def local_copy(path: str, cache: str | None = None) -> str:
+    """A local file with the content of ``path``: ``path`` itself when it is local, else a copy
+    under ``cache`` (default `cache_dir()`) keyed by the URL, made once."""
+    if not is_url(path):
+        return path
+    digest = hashlib.sha256(path.encode()).hexdigest()[:16]
+    target = os.path.join(cache or cache_dir(), "downloads", digest, os.path.basename(path))
+    if not os.path.isfile(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        with Path(path).open("rb") as source, open(tmp, "wb") as sink:
+            shutil.copyfileobj(source, sink)
+        os.replace(tmp, target)
+    return target
+
+
+def upload(local: str, path: str) -> None:
+    """Copies a local file to ``path`` (local or URL)."""
+    with open(local, "rb") as f:
+        write_bytes(path, f.read())
