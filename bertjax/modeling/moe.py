@@ -31,6 +31,8 @@ from bertjax.modeling.layers import activation, constrain, normal_init, zeros_in
 
 Array = jax.Array
 STATS = ("z_loss", "balance_loss", "dropped_fraction", "expert_load")
+# MoeFeedForward's parameters with a leading ``expert`` axis (one slice per expert).
+EXPERT_PARAMS = ("intermediate_kernel", "intermediate_bias", "output_kernel", "output_bias")
 
 
 def expert_capacity(cfg: BertConfig, group_size: int) -> int:
