@@ -365,13 +365,11 @@ def test_lamb_ratio_is_one_for_biases_and_layer_norms_and_per_slice_for_stacks()
     ):
         name, axes = _path(path), optim.stacked_axes(path, param, model_cfg)
         if optim.decays_weight(path):
-
-            def norms(x):
-                x = np.asarray(x, np.float64)
-                return np.sqrt(np.sum(np.square(x), tuple(range(axes, x.ndim))))
-
-            assert norms(update).size == int(np.prod(np.shape(param)[:axes]))
-            np.testing.assert_allclose(norms(update), lr * norms(param), rtol=1e-5, err_msg=name)
+            over = tuple(range(axes, np.ndim(param)))  # one norm per layer / expert slice
+            got = np.sqrt(np.sum(np.square(np.asarray(update, np.float64)), over))
+            want = lr * np.sqrt(np.sum(np.square(np.asarray(param, np.float64)), over))
+            assert got.size == int(np.prod(np.shape(param)[:axes]))
+            np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
         else:  # Adam's first step: -lr * g / (|g| + eps)
             g = np.asarray(grad, np.float64)
             want = -lr * g / (np.abs(g) + 1e-6)
