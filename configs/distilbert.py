@@ -21,8 +21,9 @@ def get_config():
     config.batch_size = 32
     config.num_train_steps = 500
     config.model.num_hidden_layers = 1  # the student; width, heads, vocab follow the teacher's
-    # () = every other teacher layer (DistilBERT base: 0,2,4,7,9,11)
+    # () = teacher layers spread first to last (12 -> 6: 0,2,4,7,9,11 as HF's extract_distilbert)
     config.loss.student_layers = ()
+    config.loss.restrict_ce_to_mask = False  # soft-target KL at every real token (HF's default)
     config.data.vocab_size = 8000  # unused when a bertjax teacher brings its tokenizer
     config.data.max_seq_length = 128
     config.data.max_predictions = 20
