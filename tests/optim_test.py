@@ -1,6 +1,7 @@
 """Optimizer tests: schedules, batch-size scaling, weight-decay mask, layer-wise LR decay."""
 
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -10,6 +11,7 @@ import optax
 import pytest
 
 import bertjax
+from bertjax import trainer
 from bertjax.training import optim
 
 LAYERS = 4
@@ -452,3 +454,17 @@ def test_stacked_axes_checks_the_leaf_shape():
     )
     with pytest.raises(ValueError, match="layers axis of size 4"):
         optim.stacked_axes(path, np.zeros((3, 32, 2, 16)), model_cfg)
+
+
+def test_roberta_base_recipe_is_the_paper_s_table_9():
+    """RoBERTa-base (Liu et al. 2019, Table 9): peak LR 6e-4 at batch 8k after 24k warmup steps,
+    linear decay over 500k, b2 0.98, eps 1e-6, weight decay 0.01, no gradient clipping."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    config = trainer.load_config_file(os.path.join(root, "roberta_base.py"))
+    c = config.optim
+    schedule = optim.make_schedule(c, config.batch_size)
+    assert config.batch_size == 8192 and config.num_train_steps == c.total_steps == 500_000
+    np.testing.assert_allclose(float(schedule(24_000)), 6e-4, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(12_000)), 3e-4, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(262_000)), 3e-4, rtol=1e-5)
+    assert (c.b1, c.b2, c.eps, c.weight_decay, c.clip_norm) == (0.9, 0.98, 1e-6, 0.01, 0.0)
