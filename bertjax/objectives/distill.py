@@ -60,7 +60,7 @@ def add_distill_config(config: ml_collections.ConfigDict) -> ml_collections.Conf
         loss.teacher_dtype = (
             "float32"  # compute dtype of the teacher forward ("bfloat16" halves its cost)
         )
-        # teacher layer per student layer; () = evenly spaced (every other)
+        # teacher layer per student layer; () = spread first to last (default_student_layers)
         loss.student_layers = ()
         loss.temperature = 2.0  # softmax temperature T of the soft targets
         loss.alpha_ce = 5.0  # weight of T^2 * KL(teacher || student), mean over its positions
@@ -98,7 +98,7 @@ def _mlm_head_logits(model, x_BCD):
 def chunked_kl_sum(student_head, teacher_head, student_BTD, teacher_BTD, weights_BT, t, chunk):
     """`kl_sum` over every position, ``chunk`` positions at a time (0: all): each chunk's logits
     come from ``*_head(x_BCD)`` and are recomputed in the backward pass (`jax.checkpoint`)."""
-    batch, length, width = student_BTD.shape
+    batch, length = student_BTD.shape[:2]
     chunk = min(chunk or length, length)
     chunks = -(-length // chunk)
     pad = chunks * chunk - length
