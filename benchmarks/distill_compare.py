@@ -4,11 +4,12 @@
   train.py` workdir
 
 Every run uses configs/distilbert.py with the teacher's tokenizer, the same student shape, seed,
-data
-order, steps and held-out batches. Variants: "distilled" (teacher-layer init + DistilBERT's triple
-loss), "mlm_only" (random init, plain MLM: the same student without the teacher) and, with
---init_only, "teacher_init" (teacher-layer init, plain MLM). Prints held-out MLM accuracy of each,
-the teacher's on the same batches, and teacher vs student forward throughput.
+data order, steps and held-out batches. Variants: "distilled" (teacher-layer init + DistilBERT's
+triple loss, the KL at every real token), "mlm_only" (random init, plain MLM: the same student
+without the teacher) and, with --init_only, "teacher_init" (teacher-layer init, plain MLM); with
+--masked_kl, "distilled_masked_kl" (the KL at masked positions only). --seeds runs each variant
+once per seed and reports the median and range. Prints held-out MLM accuracy of each and teacher
+vs student forward throughput.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -34,8 +36,9 @@ from bertjax.objectives import distill  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(args, variant: str):
+def _config(args, variant: str, seed: int = 0):
     config = trainer.load_config_file(os.path.join(ROOT, "configs", "distilbert.py"))
+    config.seed = seed
     config.num_train_steps = config.optim.total_steps = args.steps
     config.eval_every = config.checkpoint_every = args.steps
     config.progress_bar = False
@@ -44,8 +47,9 @@ def _config(args, variant: str):
     for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
         config.model[key] = getattr(teacher_cfg, key)
     config.model.num_hidden_layers = args.student_layers
-    if variant == "distilled":
+    if variant.startswith("distilled"):
         config.loss.teacher = args.teacher
+        config.loss.restrict_ce_to_mask = variant == "distilled_masked_kl"
     else:  # plain MLM on the same student; "teacher_init" still starts from teacher layers
         config.loss.teacher = args.teacher if variant == "teacher_init" else ""
         config.loss.alpha_ce = config.loss.alpha_cos = 0.0
@@ -71,9 +75,9 @@ def _summary(workdir: str, steps: int):
     }
 
 
-def _run(args, variant: str) -> dict:
-    config, _ = _config(args, variant)
-    workdir = os.path.join(args.workdir, variant)
+def _run(args, variant: str, seed: int) -> dict:
+    config, _ = _config(args, variant, seed)
+    workdir = os.path.join(args.workdir, f"{variant}_seed{seed}")
     if args.reuse and _summary(workdir, args.steps):
         return _summary(workdir, args.steps)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -111,10 +115,27 @@ def main():
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--student_layers", type=int, default=1)
     parser.add_argument("--init_only", action="store_true", help="also run teacher_init (MLM only)")
+    parser.add_argument("--masked_kl", action="store_true", help="also the masked-only KL")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds, one run each")
     parser.add_argument("--reuse", action="store_true", help="keep variants already run to --steps")
     args = parser.parse_args()
-    variants = ["distilled", "mlm_only"] + (["teacher_init"] if args.init_only else [])
-    results = {v: _run(args, v) for v in variants}
+    variants = ["distilled", "mlm_only"]
+    variants += (["distilled_masked_kl"] if args.masked_kl else []) + (
+        ["teacher_init"] if args.init_only else []
+    )
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results = {}
+    for variant in variants:
+        runs = [_run(args, variant, seed) for seed in seeds]
+        summary = {"runs": runs}
+        for key in ("eval_mlm_accuracy", "eval_mlm_loss"):
+            values = [r[key] for r in runs]
+            summary[key] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+            }
+        results[variant] = summary
     config, teacher_cfg = _config(args, "distilled")
     student_cfg = teacher_cfg.replace(num_hidden_layers=args.student_layers)
     length, preds = int(config.data.max_seq_length), int(config.data.max_predictions)

@@ -22,6 +22,7 @@ def get_config():
         attention_probs_dropout_prob=0.0,
         dtype="bfloat16",
     )
+    config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
     config.batch_size = 4096
     config.num_train_steps = 125_000
     config.data.vocab_size = 30000

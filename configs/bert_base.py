@@ -13,6 +13,7 @@ from bertjax.trainer import default_run_config, model_config_dict
 def get_config():
     config = default_run_config()
     config.model = model_config_dict("base", dtype="bfloat16")
+    config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
     config.batch_size = 256
     config.num_train_steps = 1_000_000
     config.data.vocab_size = 30522

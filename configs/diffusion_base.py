@@ -24,6 +24,7 @@ def get_config():
         attention_probs_dropout_prob=0.0,
         dtype="bfloat16",
     )
+    config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
     config.batch_size = 256
     config.num_train_steps = 200_000
     config.data.vocab_size = 32000

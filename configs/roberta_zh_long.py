@@ -23,6 +23,7 @@ def get_config():
         remat="dots",
         scan_layers=True,
     )
+    config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
     config.batch_size = 256
     config.num_train_steps = 500_000
     config.data.corpus = "data/zh/*.txt"  # your Chinese corpus

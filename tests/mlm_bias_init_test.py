@@ -1,6 +1,8 @@
 """A new model's non-BERT initial values: the MLM output bias at the corpus' log unigram
 frequencies, and (when configured) first-layer heads pointed at relative offsets."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -111,3 +113,25 @@ def test_train_state_gets_local_attention_heads_on_a_tensor_parallel_mesh(setup)
     assert len(attention["query_kernel"].sharding.device_set) == 8
     other = state.params["bert"]["encoder"]["layer_1"]["attention"]["query_kernel"]
     assert abs(float(np.asarray(other)[:head_dim, 0].std()) - model_cfg.initializer_range) < 0.02
+
+
+BERT_SIZE = (
+    "bert_base",
+    "bert_large",
+    "roberta_base",
+    "albert_base",
+    "bert_wwm_zh",
+    "macbert_zh",
+    "roberta_zh_long",
+    "diffusion_base",
+)
+
+
+def test_bert_size_recipes_start_from_bert_init_and_tiny_ones_from_unigram():
+    """The unigram bias was measured to help only at the tiny scale (bert_tiny, moe_tiny,
+    diffusion_tiny); BERT-size recipes start from BERT's zero bias, as the README says."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    for name in BERT_SIZE + ("bert_tiny", "moe_tiny", "diffusion_tiny"):
+        config = trainer.load_config_file(os.path.join(root, f"{name}.py"))
+        want = "zeros" if name in BERT_SIZE else "unigram"
+        assert config.mlm_bias_init == want, name

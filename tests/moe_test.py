@@ -131,7 +131,7 @@ def test_expert_choice_experts_take_their_top_tokens_and_never_padding():
             )
     assert dispatch[1, 10:].sum() == 0 and dispatch[2, 3:].sum() == 0
     np.testing.assert_allclose(np.asarray(stats["expert_load"]), 0.25, rtol=1e-6)  # balanced
-    np.testing.assert_allclose(stats["balance_loss"], 1.0, rtol=1e-6)
+    assert float(stats["balance_loss"]) == 0.0  # none needed (flaxformer: 0)
     untaken = ((dispatch.sum(axis=(2, 3)) == 0) * valid).sum() / valid.sum()
     np.testing.assert_allclose(stats["dropped_fraction"], untaken, rtol=1e-6)
     # In the layer: a token's output is the probability-weighted sum of the experts that took it.
@@ -178,14 +178,48 @@ def test_dropped_tokens_get_zero_output():
     np.testing.assert_allclose(stats["dropped_fraction"], 1.0 - kept.mean(), rtol=1e-6)
 
 
-def test_balance_loss_is_minimal_for_uniform_router():
+def _flaxformer_balance_loss(probs_GTE, top_k_GTK):
+    """Numpy float64 port of flaxformer's ``_load_balancing_loss`` (architectures/moe/routing.py):
+    the per-group share of tokens routed to each expert (any of its k choices) times the
+    per-group mean probability, averaged over groups and experts, times E^2."""
+    groups, tokens, experts = probs_GTE.shape
+    routed_GTE = np.zeros((groups, tokens, experts))
+    for g, t, j in np.ndindex(*top_k_GTK.shape):
+        routed_GTE[g, t, top_k_GTK[g, t, j]] = 1.0
+    share_GE, mean_probs_GE = routed_GTE.mean(axis=1), probs_GTE.mean(axis=1)
+    return np.mean(share_GE * mean_probs_GE) * experts**2
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_balance_loss_matches_flaxformer(k):
+    """Uniform routing gives k (flaxformer's minimum); random routing equals a float64 port of
+    flaxformer's loss, and with padding the port on each group's real tokens (bertjax's stated
+    deviation: padding is left out of the averages)."""
     uniform = jnp.zeros((2, 16, 4))
-    _, _, stats = moe.route(uniform, 1, 16)
-    np.testing.assert_allclose(stats["balance_loss"], 1.0, rtol=1e-6)  # Switch minimum
+    _, _, stats = moe.route(uniform, k, 16)
+    np.testing.assert_allclose(stats["balance_loss"], float(k), rtol=1e-6)
     np.testing.assert_allclose(stats["z_loss"], np.log(4.0) ** 2, rtol=1e-6)
     skewed = jnp.zeros((2, 16, 4)).at[..., 0].set(10.0)
     _, _, stats = moe.route(skewed, 1, 16)
     assert stats["balance_loss"] > 3.9  # everything on one expert: close to E = 4
+    rs = np.random.RandomState(k)
+    logits = rs.randn(3, 16, 4) * 2.0
+    valid = np.ones((3, 16))
+    valid[1, 11:], valid[2, 5:] = 0.0, 0.0
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    top_k = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    with jax.enable_x64(True):
+        _, _, stats = moe.route(jnp.asarray(logits), k, 4)  # capacity 4: drops do not matter
+        np.testing.assert_allclose(
+            stats["balance_loss"], _flaxformer_balance_loss(probs, top_k), rtol=1e-12
+        )
+        _, _, stats = moe.route(jnp.asarray(logits), k, 4, jnp.asarray(valid))
+    per_group = [
+        _flaxformer_balance_loss(probs[g : g + 1, valid[g] > 0], top_k[g : g + 1, valid[g] > 0])
+        for g in range(3)
+    ]
+    np.testing.assert_allclose(stats["balance_loss"], np.mean(per_group), rtol=1e-12)
 
 
 def test_to_hf_rejects_moe(tmp_path):

@@ -1,6 +1,7 @@
 """Optimizer tests: schedules, batch-size scaling, weight-decay mask, layer-wise LR decay."""
 
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -10,6 +11,7 @@ import optax
 import pytest
 
 import bertjax
+from bertjax import trainer
 from bertjax.training import optim
 
 LAYERS = 4
@@ -247,3 +249,222 @@ def test_every_optimizer_reduces_a_quadratic(name):
         updates, state = tx.update(jax.grad(loss)(params), state, params)
         params = optax.apply_updates(params, updates)
     assert loss(params) < start
+
+
+def _reference_lamb(params, grads_per_step, *, lr, weight_decay, b1, b2, eps, clip):
+    """Numpy float64 port of ALBERT's LAMBOptimizer.apply_gradients (google-research/albert
+    lamb_optimizer.py) as optimization.py builds it: global-norm clipping first, then per
+    variable m, v, the Adam direction + weight decay, and the trust ratio ||w|| / ||u|| (1 where
+    a norm is 0), neither for LayerNorm parameters nor biases. Moments are bias-corrected (the
+    LAMB paper's Algorithm 2 and apex; ALBERT's TF code omits the correction). ``params``: one
+    entry per variable (one layer's / one expert's matrix), named like bertjax's paths."""
+    params = {k: np.array(v, np.float64) for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in params.items()}
+    v = {k: np.zeros_like(x) for k, x in params.items()}
+
+    def excluded(name):  # ALBERT: "LayerNorm", "layer_norm", "bias"; bertjax's norms are "*_norm"
+        name = name.split("[")[0]  # a slice of a stacked leaf: "path[layer, expert]"
+        return name.endswith("bias") or "norm/" in name
+
+    for t, grads in enumerate(grads_per_step, start=1):
+        norm = np.sqrt(sum(np.sum(np.square(g)) for g in grads.values()))
+        scale = clip / max(norm, clip)  # tf.clip_by_global_norm
+        for name, w in params.items():
+            g = grads[name] * scale
+            m[name] = b1 * m[name] + (1 - b1) * g
+            v[name] = b2 * v[name] + (1 - b2) * g * g
+            m_hat, v_hat = m[name] / (1 - b1**t), v[name] / (1 - b2**t)
+            update = m_hat / (np.sqrt(v_hat) + eps)
+            if not excluded(name):
+                update = update + weight_decay * w
+            ratio = 1.0
+            if not excluded(name):
+                w_norm, u_norm = np.linalg.norm(w), np.linalg.norm(update)
+                ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+            params[name] = w - ratio * lr * update
+    return params
+
+
+def _split_variables(tree, blocks):
+    """{path[i,j]: slice}: each stacked leaf cut into the variables the reference would hold."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        name, leaf = _path(path), np.asarray(leaf, np.float64)
+        count = blocks[name]
+        for index in np.ndindex(*leaf.shape[:count]):
+            out[f"{name}{list(index) if count else ''}"] = leaf[index]
+    return out
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"scan_layers": True, "num_experts": 2}, {"num_experts": 2, "experts_per_token": 2}],
+    ids=["loop", "scan_moe", "loop_moe"],
+)
+def test_lamb_matches_albert_reference_per_layer_and_expert(overrides):
+    """Three LAMB steps with clipping and weight decay equal the float64 reference, run per layer
+    of a scanned stack and per expert slice, with biases and LayerNorm parameters unadapted."""
+    lr, decay = 2.0**-7, 0.01  # an LR exact in float32 (the schedule's dtype)
+    model_cfg, shapes = _param_shapes(**overrides)
+    with jax.enable_x64(True):
+        leaves, treedef = jax.tree.flatten(shapes)
+        rs = np.random.RandomState(0)
+        params = treedef.unflatten([rs.randn(*s.shape) * 0.1 for s in leaves])
+        grads = [treedef.unflatten([rs.randn(*s.shape) for s in leaves]) for _ in range(3)]
+        blocks = {
+            _path(p): optim.stacked_axes(p, leaf, model_cfg)
+            for p, leaf in jax.tree_util.tree_leaves_with_path(params)
+        }
+        if overrides.get("scan_layers"):
+            assert blocks["bert/encoder/layers/mlp/intermediate_kernel"] == 2
+            assert blocks["bert/encoder/layers/attention/query_kernel"] == 1
+        if overrides.get("num_experts") and not overrides.get("scan_layers"):
+            assert blocks["bert/encoder/layer_1/mlp/output_kernel"] == 1
+        config = _config(
+            name="lamb",
+            schedule="constant",
+            warmup_fraction=0.0,
+            learning_rate=lr,
+            weight_decay=decay,
+            clip_norm=1.0,
+        )
+        tx = optim.make_optimizer(config, model_cfg, 256).tx
+        state, current = tx.init(params), params
+        for g in grads:
+            updates, state = tx.update(jax.tree.map(jnp.asarray, g), state, current)
+            current = optax.apply_updates(current, updates)
+        got = _split_variables(current, blocks)
+        want = _reference_lamb(
+            _split_variables(params, blocks),
+            [_split_variables(g, blocks) for g in grads],
+            lr=lr,
+            weight_decay=decay,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            clip=1.0,
+        )
+    assert set(got) == set(want)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-10, atol=1e-13, err_msg=name)
+
+
+def test_lamb_ratio_is_one_for_biases_and_layer_norms_and_per_slice_for_stacks():
+    """One step from zero moments: each adapted slice's update has norm lr * ||w|| (the ratio
+    rescales it to its weight's norm); biases and LayerNorm take the plain Adam step."""
+    lr = 2.0**-7
+    model_cfg, shapes = _param_shapes(scan_layers=True, num_experts=2)
+    params, grads = _random_like(shapes, 0), _random_like(shapes, 1)
+    config = _config(
+        name="lamb", schedule="constant", warmup_fraction=0.0, learning_rate=lr, clip_norm=0.0
+    )
+    tx = optim.make_optimizer(config, model_cfg, 256).tx
+    updates = tx.update(grads, tx.init(params), params)[0]
+    for (path, update), param, grad in zip(
+        jax.tree_util.tree_leaves_with_path(updates),
+        jax.tree.leaves(params),
+        jax.tree.leaves(grads),
+    ):
+        name, axes = _path(path), optim.stacked_axes(path, param, model_cfg)
+        if optim.decays_weight(path):
+            over = tuple(range(axes, np.ndim(param)))  # one norm per layer / expert slice
+            got = np.sqrt(np.sum(np.square(np.asarray(update, np.float64)), over))
+            want = lr * np.sqrt(np.sum(np.square(np.asarray(param, np.float64)), over))
+            assert got.size == int(np.prod(np.shape(param)[:axes]))
+            np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
+        else:  # Adam's first step: -lr * g / (|g| + eps)
+            g = np.asarray(grad, np.float64)
+            want = -lr * g / (np.abs(g) + 1e-6)
+            np.testing.assert_allclose(update, want, rtol=1e-5, err_msg=f"{name} took a ratio")
+
+
+def test_electra_convention_puts_the_heads_at_l_plus_2():
+    """ELECTRA's _get_layer_lrs: embeddings decay^(L+2), layer i decay^(L+1-i), the rest 1."""
+    decay = 0.8
+    model_cfg, shapes = _param_shapes()
+    factors = optim.layerwise_lr_factors(shapes, model_cfg, decay, "electra")
+    got = {_path(p): float(f) for p, f in jax.tree_util.tree_leaves_with_path(factors)}
+
+    def electra(name):  # a port of the reference's key_to_depths lookup
+        depths = {"/embeddings/": 0, **{f"encoder/layer_{i}/": i + 1 for i in range(LAYERS)}}
+        depth = next((d for key, d in depths.items() if key in f"/{name}"), LAYERS + 2)
+        return decay ** (LAYERS + 2 - depth)
+
+    for name, factor in got.items():
+        np.testing.assert_allclose(factor, electra(name), rtol=1e-6, err_msg=name)
+    assert got["bert/encoder/layer_3/mlp/output/kernel"] == pytest.approx(decay**2)
+    beit = optim.layerwise_lr_factors(shapes, model_cfg, decay)
+    assert float(beit["bert"]["encoder"]["layer_3"]["mlp"]["output"]["kernel"]) == pytest.approx(
+        decay
+    )
+    # Through the optimizer: the config key selects the convention.
+    params, grads = _random_like(shapes, 0), _random_like(shapes, 1)
+    config = _config(
+        schedule="constant",
+        warmup_fraction=0.0,
+        layerwise_lr_decay=decay,
+        layerwise_lr_convention="electra",
+    )
+    with_decay = optim.make_optimizer(config, model_cfg, 256).tx
+    config.layerwise_lr_decay = 1.0
+    without = optim.make_optimizer(config, model_cfg, 256).tx
+    a = with_decay.update(grads, with_decay.init(params), params)[0]
+    b = without.update(grads, without.init(params), params)[0]
+    for path, value in jax.tree_util.tree_leaves_with_path(a):
+        other = b
+        for k in path:
+            other = other[k.key]
+        np.testing.assert_allclose(value, other * electra(_path(path)), rtol=1e-6)
+    with pytest.raises(ValueError, match="config.optim.layerwise_lr_convention"):
+        optim.validate_optim_config(_config(layerwise_lr_convention="bert"))
+
+
+def test_sqrt_adam_rule_moves_betas_and_epsilon():
+    """Malladi et al. 2022's square-root rule: at batch k*B, lr*sqrt(k), 1-k(1-b), eps/sqrt(k);
+    "sqrt" moves the LR alone."""
+    config = _config(
+        lr_scaling="sqrt_adam", base_batch_size=256, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0
+    )
+    b1, b2, eps = optim.adam_hyperparameters(config, 1024)
+    np.testing.assert_allclose([b1, b2, eps], [1 - 4 * 0.1, 1 - 4 * 0.001, 1e-6 / 2], rtol=1e-12)
+    np.testing.assert_allclose(optim.learning_rate_scale(config, 1024), 2.0, rtol=1e-12)
+    b1, b2, eps = optim.adam_hyperparameters(config, 64)  # smaller batches: b closer to 1
+    np.testing.assert_allclose([b1, b2, eps], [1 - 0.025, 1 - 0.00025, 2e-6], rtol=1e-12)
+    assert optim.adam_hyperparameters(_config(lr_scaling="sqrt"), 1024) == (0.9, 0.999, 1e-6)
+    with pytest.raises(ValueError, match="config.optim.lr_scaling.*b1"):
+        optim.adam_hyperparameters(config, 256 * 16)  # 1 - 16 * 0.1 < 0
+    # The optimizer uses the moved values: two Adam steps against a numpy Adam at (b1', b2', eps').
+    model_cfg, _ = _param_shapes()
+    config.update(schedule="constant", warmup_fraction=0.0, clip_norm=0.0)
+    tx = optim.make_optimizer(config, model_cfg, 1024).tx
+    params = {"w": {"kernel": jnp.asarray([[0.5, -1.0], [2.0, 0.25]])}}
+    grads = [np.array([[0.1, -0.2], [0.3, 0.05]]), np.array([[-0.3, 0.1], [0.2, 0.4]])]
+    state, m, v = tx.init(params), 0.0, 0.0
+    for t, g in enumerate(grads, start=1):
+        update, state = tx.update({"w": {"kernel": jnp.asarray(g, jnp.float32)}}, state, params)
+        m, v = 0.6 * m + 0.4 * g, 0.996 * v + 0.004 * g * g
+        want = -2e-4 * (m / (1 - 0.6**t)) / (np.sqrt(v / (1 - 0.996**t)) + 5e-7)
+        np.testing.assert_allclose(update["w"]["kernel"], want, rtol=1e-5)
+
+
+def test_stacked_axes_checks_the_leaf_shape():
+    model_cfg, shapes = _param_shapes(scan_layers=True)
+    path = next(
+        p for p, _ in jax.tree_util.tree_leaves_with_path(shapes) if "query_kernel" in _path(p)
+    )
+    with pytest.raises(ValueError, match="layers axis of size 4"):
+        optim.stacked_axes(path, np.zeros((3, 32, 2, 16)), model_cfg)
+
+
+def test_roberta_base_recipe_is_the_paper_s_table_9():
+    """RoBERTa-base (Liu et al. 2019, Table 9): peak LR 6e-4 at batch 8k after 24k warmup steps,
+    linear decay over 500k, b2 0.98, eps 1e-6, weight decay 0.01, no gradient clipping."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    config = trainer.load_config_file(os.path.join(root, "roberta_base.py"))
+    c = config.optim
+    schedule = optim.make_schedule(c, config.batch_size)
+    assert config.batch_size == 8192 and config.num_train_steps == c.total_steps == 500_000
+    np.testing.assert_allclose(float(schedule(24_000)), 6e-4, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(12_000)), 3e-4, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(262_000)), 3e-4, rtol=1e-5)
+    assert (c.b1, c.b2, c.eps, c.weight_decay, c.clip_norm) == (0.9, 0.98, 1e-6, 0.01, 0.0)

@@ -12,7 +12,8 @@ routed: they take no capacity and are left out of the statistics.
 
 Every MoE layer sows into the ``intermediates`` collection its router z-loss
 (Zoph et al. 2022, "ST-MoE": mean of logsumexp(logits)^2), its load-balancing loss
-(Fedus et al. 2021, "Switch": E * sum_i f_i * P_i, minimum 1 at uniform routing), the
+(Fedus et al. 2021, "Switch": E * sum_i f_i * P_i per group, normalised as flaxformer's
+``_load_balancing_loss``: minimum k at uniform top-k routing; see `balance_loss`), the
 fraction of token-choices dropped and each expert's share of routed choices;
 `collect_stats` gathers them, and `bertjax.objectives.base.Objective` adds the weighted router
 losses to every objective's loss, in one place.
@@ -31,6 +32,8 @@ from bertjax.modeling.layers import activation, constrain, normal_init, zeros_in
 
 Array = jax.Array
 STATS = ("z_loss", "balance_loss", "dropped_fraction", "expert_load")
+# MoeFeedForward's parameters with a leading ``expert`` axis (one slice per expert).
+EXPERT_PARAMS = ("intermediate_kernel", "intermediate_bias", "output_kernel", "output_bias")
 
 
 def expert_capacity(cfg: BertConfig, group_size: int) -> int:
@@ -51,14 +54,28 @@ def _router_probs(logits_GTE: Array, valid_GT: Array | None) -> tuple[Array, Arr
     return probs_GTE, valid_GT.astype(probs_GTE.dtype)
 
 
-def _router_stats(logits_GTE, probs_GTE, valid_GT, load_E, dropped_fraction) -> dict:
-    """STATS of one routing: z-loss and the Switch balancing loss E * sum_i f_i * P_i, with f_i =
-    ``load_E`` (share of routed choices per expert) and P_i the mean router probability."""
+def balance_loss(probs_GTE: Array, chosen_GTE: Array, valid_GT: Array) -> Array:
+    """Switch's load-balancing loss (Fedus et al. 2021, eqs. 4-6) as flaxformer computes it
+    (google/flaxformer architectures/moe/routing.py ``_load_balancing_loss``): per routing group,
+    E * sum_e f_e * P_e with f_e the share of the group's tokens that chose expert e among their
+    top k (before capacity drops) and P_e their mean router probability for e; then the mean over
+    groups. sum_e f_e = k, so uniform routing gives k, its minimum. A mean over groups (rows) also
+    adds up exactly over gradient-accumulation microbatches. Deliberate deviation: padding tokens
+    are left out of a group's averages; flaxformer counts them in the denominators (as zeros), so
+    padded groups weigh less there."""
+    count_G1 = jnp.maximum(jnp.sum(valid_GT, axis=1, keepdims=True), 1.0)
+    share_GE = jnp.sum(chosen_GTE * valid_GT[..., None], axis=1) / count_G1
+    mean_probs_GE = jnp.sum(probs_GTE * valid_GT[..., None], axis=1) / count_G1
+    return probs_GTE.shape[-1] * jnp.mean(jnp.sum(share_GE * mean_probs_GE, axis=-1))
+
+
+def _router_stats(logits_GTE, probs_GTE, valid_GT, load_E, dropped_fraction, balance) -> dict:
+    """STATS of one routing: z-loss, the given balancing loss, drops and ``load_E`` (each expert's
+    share of the routed choices)."""
     tokens = jnp.maximum(jnp.sum(valid_GT), 1.0)
-    mean_probs_E = jnp.sum(probs_GTE * valid_GT[..., None], axis=(0, 1)) / tokens
     return {
         "z_loss": jnp.sum(jax.nn.logsumexp(logits_GTE, axis=-1) ** 2 * valid_GT) / tokens,
-        "balance_loss": logits_GTE.shape[-1] * jnp.sum(load_E * mean_probs_E),
+        "balance_loss": balance,
         "dropped_fraction": dropped_fraction,
         "expert_load": load_E,
     }
@@ -102,15 +119,21 @@ def route(logits_GTE: Array, k: int, capacity: int, valid_GT: Array | None = Non
     assignments = sum(choices)  # [G,S,E], k ones per valid token
     load_E = jnp.sum(assignments, axis=(0, 1)) / (k * jnp.maximum(jnp.sum(valid_GT), 1.0))
     dropped = 1.0 - kept / jnp.maximum(jnp.sum(assignments), 1.0)
-    return dispatch, combine, _router_stats(logits_GTE, probs_GTE, valid_GT, load_E, dropped)
+    balance = balance_loss(probs_GTE, assignments, valid_GT)
+    return (
+        dispatch,
+        combine,
+        _router_stats(logits_GTE, probs_GTE, valid_GT, load_E, dropped, balance),
+    )
 
 
 def route_expert_choice(logits_GTE: Array, capacity: int, valid_GT: Array | None = None):
     """Expert-choice routing (Zhou et al. 2022): each expert takes the ``capacity`` tokens of the
     group with the highest router probability for it; (dispatch, combine, stats) as `route`.
 
-    Every expert is full, so load is balanced by construction (the balancing loss is 1, its
-    minimum, and has no gradient); "dropped_fraction" is the share of real tokens no expert took.
+    Every expert is full, so load is balanced by construction: no balancing loss (0, as
+    flaxformer's ExpertsChooseMaskedRouter); "dropped_fraction" is the share of real tokens no
+    expert took.
     Which tokens an expert takes depends on the whole sequence, which suits a bidirectional encoder.
     """
     probs_GTE, valid_GT = _router_probs(logits_GTE, valid_GT)
@@ -123,7 +146,12 @@ def route_expert_choice(logits_GTE: Array, capacity: int, valid_GT: Array | None
     load_E = jnp.sum(dispatch, axis=(0, 1, 3)) / jnp.maximum(jnp.sum(dispatch), 1.0)
     untaken = jnp.sum((jnp.sum(dispatch, axis=(2, 3)) == 0) * valid_GT)
     dropped = untaken / jnp.maximum(jnp.sum(valid_GT), 1.0)
-    return dispatch, combine, _router_stats(logits_GTE, probs_GTE, valid_GT, load_E, dropped)
+    balance = jnp.zeros((), probs_GTE.dtype)
+    return (
+        dispatch,
+        combine,
+        _router_stats(logits_GTE, probs_GTE, valid_GT, load_E, dropped, balance),
+    )
 
 
 class MoeFeedForward(nn.Module):

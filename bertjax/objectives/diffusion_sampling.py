@@ -6,8 +6,17 @@ steps. A step predicts every masked position of the sequence, then commits k of 
 masked positions, k = ceil(masked in block / steps left in block): the block's masks spread evenly
 over its steps, the remainder one per step first (LLaDA's `get_num_transfer_tokens`). Which ones:
 the most confident predictions (`low_confidence` remasking) or random ones (`random`). Predictions
-are argmax(logits/temperature + Gumbel) in float32, greedy at temperature 0. The prompt is never
-changed, and [PAD]/[UNK]/[CLS]/[MASK] are never generated ([SEP] may be: it ends the text).
+are argmax(logits/temperature + Gumbel), greedy at temperature 0 (`sample_tokens`). The prompt is
+never changed, and [PAD]/[UNK]/[CLS]/[MASK] are never generated ([SEP] may be: it ends the text).
+
+Precision of the Gumbel draw. LLaDA's ``generate.py`` samples in float64 on purpose: following
+Zheng et al. 2024 (arXiv:2409.02908), low-precision Gumbel-max truncates the noise's upper tail,
+which lowers the effective temperature and the diversity of samples. Here the uniform u of
+-log(-log u) is built from 64 random bits (two 32-bit draws), with -log u taken as log1p of the
+exact 1 - u on the upper half, so the noise reaches ~45 (2^-65 from 1) on every platform, where
+float32 uniforms stop at ~16 (`gumbel_from_bits`). With ``jax_enable_x64`` on a CPU or GPU the
+noise and the scores logits/T + G are float64, as LLaDA's; with x64 off (JAX's default) and on
+TPUs (no float64) they are float32: the same tail, rounded to float32 (2^-24 relative).
 
 Run: python -m bertjax.diffusion --workdir=DIR --prompt="..." [--answer_length=32 --steps=32
 --block_length=8]
@@ -59,6 +68,42 @@ def _forbidden(cfg: BertConfig) -> Array:
     return jnp.zeros((cfg.vocab_size,), bool).at[jnp.asarray(ids, jnp.int32)].set(True)
 
 
+def sampling_dtype():
+    """float64 where JAX has it (x64 enabled, not a TPU), else float32: see the module docstring."""
+    if jax.config.jax_enable_x64 and jax.default_backend() != "tpu":
+        return jnp.float64
+    return jnp.float32
+
+
+def gumbel_from_bits(high: Array, low: Array, dtype=jnp.float32) -> Array:
+    """Gumbel noise -log(-log u), u = (high * 2^32 + low + 1/2) / 2^64 from two uint32 arrays.
+
+    u never reaches 0 or 1 and has 64 bits of resolution; -log u is computed from u itself below
+    1/2 and as -log1p(-(1 - u)) above, with 1 - u built exactly from the complemented bits, so
+    the tail near u = 1 keeps its resolution in float32 too.
+    """
+    two32, two64 = 2.0**32, 2.0**-64
+    upper = high >= jnp.uint32(1 << 31)
+    u = (high.astype(dtype) * two32 + low.astype(dtype) + 0.5) * two64
+    one_minus_u = ((~high).astype(dtype) * two32 + (~low).astype(dtype) + 0.5) * two64
+    minus_log_u = jnp.where(
+        upper, -jnp.log1p(-jnp.where(upper, one_minus_u, 0.0)), -jnp.log(jnp.where(upper, 0.5, u))
+    )
+    return -jnp.log(minus_log_u)
+
+
+def sample_tokens(logits_BTV: Array, temperature, rng) -> Array:
+    """argmax(logits / T + Gumbel) per position (a draw from softmax(logits / T)); argmax at T=0."""
+    dtype = sampling_dtype()
+    bits = jax.random.bits(rng, (2, *logits_BTV.shape), jnp.uint32)
+    gumbel_BTV = gumbel_from_bits(bits[0], bits[1], dtype)
+    logits_BTV = logits_BTV.astype(dtype)
+    noisy_BTV = jnp.where(
+        temperature > 0, logits_BTV / jnp.maximum(temperature, 1e-6) + gumbel_BTV, logits_BTV
+    )
+    return jnp.argmax(noisy_BTV, axis=-1)
+
+
 def _denoise_step(
     cfg,
     params,
@@ -85,11 +130,7 @@ def _denoise_step(
     )
     logits_BTV = jnp.where(_forbidden(cfg), -jnp.inf, logits_BTV)
     noise_rng, pick_rng = jax.random.split(rng)
-    gumbel_BTV = jax.random.gumbel(noise_rng, logits_BTV.shape, jnp.float32)
-    noisy_BTV = jnp.where(
-        temperature > 0, logits_BTV / jnp.maximum(temperature, 1e-6) + gumbel_BTV, logits_BTV
-    )
-    x0_BT = jnp.argmax(noisy_BTV, axis=-1).astype(x_BT.dtype)
+    x0_BT = sample_tokens(logits_BTV, temperature, noise_rng).astype(x_BT.dtype)
     if remasking == "low_confidence":
         probs_BTV = jax.nn.softmax(logits_BTV, axis=-1)
         confidence_BT = jnp.take_along_axis(probs_BTV, x0_BT[..., None], -1)[..., 0]

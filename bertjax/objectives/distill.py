@@ -1,11 +1,23 @@
 """Knowledge distillation (DistilBERT, Sanh et al. 2019): a frozen teacher trains a shallower
 student.
 
-The loss is alpha_ce * T^2 * KL(teacher || student) of temperature-softened MLM distributions at
-masked positions + alpha_mlm * MLM cross-entropy + alpha_cos * (1 - cosine) between the last hidden
-states at real tokens. The student has the teacher's width and starts from chosen teacher layers
-plus its embeddings and MLM head. The teacher's params ride in ``TrainState.frozen``: sharded like
-any params, never in the optimizer, run inside the same jitted step under stop_gradient.
+The reference is Hugging Face's distillation project (huggingface/transformers-research-projects
+``distillation/``: ``distiller.py``, ``train.py``, ``scripts/extract_distilbert.py``). The loss is
+alpha_ce * T^2 * KL(teacher || student) of the temperature-softened MLM distributions, averaged
+over every real token (HF's default; ``restrict_ce_to_mask``: the masked positions only)
++ alpha_mlm * MLM cross-entropy at the masked positions + alpha_cos * (1 - cosine) between the
+last hidden states, averaged over real tokens. T = 2, alpha_ce = 5, alpha_mlm = 2, alpha_cos = 1
+are the DistilBERT command of HF's README (``train.py``'s own argparse defaults, 0.5 / 0 / 0 with
+alpha_clm 0.5, are its GPT-2 setting). The student has the teacher's width and starts from teacher
+layers spread from the first to the last (`default_student_layers`: 0, 2, 4, 7, 9, 11 for 12 -> 6,
+as ``extract_distilbert.py``) plus its embeddings and MLM head. The teacher's params ride in
+``TrainState.frozen``: sharded like any params, never in the optimizer, run inside the same jitted
+step under stop_gradient.
+
+The full-token KL needs both models' MLM logits at every real token: the one place where an MLM
+head runs beyond the masked positions (the design's rule elsewhere). It is computed
+``logits_chunk`` positions at a time under `jax.checkpoint`, so at most [B, chunk, V] logits of
+each model are alive, forward and backward.
 
 ``config.loss.teacher`` names a bertjax workdir/checkpoints dir or a Hugging Face model dir. An
 empty ``teacher`` means a *randomly initialised* teacher (``teacher_layers`` deep, the student's
@@ -48,18 +60,60 @@ def add_distill_config(config: ml_collections.ConfigDict) -> ml_collections.Conf
         loss.teacher_dtype = (
             "float32"  # compute dtype of the teacher forward ("bfloat16" halves its cost)
         )
-        # teacher layer per student layer; () = evenly spaced (every other)
+        # teacher layer per student layer; () = spread first to last (default_student_layers)
         loss.student_layers = ()
         loss.temperature = 2.0  # softmax temperature T of the soft targets
-        loss.alpha_ce = 5.0  # weight of T^2 * KL(teacher || student) on masked positions
+        loss.alpha_ce = 5.0  # weight of T^2 * KL(teacher || student), mean over its positions
+        # KL at masked positions only (True) or at every real token (False: HF's default)
+        loss.restrict_ce_to_mask = False
+        loss.logits_chunk = 128  # positions per chunk of the full-token KL logits (0: all at once)
         loss.alpha_mlm = 2.0  # weight of the hard-label MLM cross-entropy
         loss.alpha_cos = 1.0  # weight of 1 - cosine(student, teacher last hidden states)
     return config
 
 
 def default_student_layers(teacher_layers: int, student_layers: int) -> tuple:
-    """Evenly spaced teacher layers, starting at 0 (12 -> 6: 0, 2, 4, 6, 8, 10)."""
-    return tuple(i * teacher_layers // student_layers for i in range(student_layers))
+    """Teacher layers evenly spread from the first to the last, rounded half up:
+    round(i * (L_t - 1) / (L_s - 1)). 12 -> 6 gives 0, 2, 4, 7, 9, 11, the layers HF's
+    ``extract_distilbert.py`` copies into DistilBERT; 4 -> 2 gives 0, 3; one student layer: 0."""
+    if student_layers == 1:
+        return (0,)
+    step = (teacher_layers - 1) / (student_layers - 1)
+    return tuple(int(np.floor(i * step + 0.5)) for i in range(student_layers))
+
+
+def kl_sum(student_logits: Array, teacher_logits: Array, weights: Array, temperature: float):
+    """sum over positions of weights * KL(softmax(teacher / T) || softmax(student / T))."""
+    teacher_logp = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature, axis=-1)
+    student_logp = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
+    kl = jnp.sum(jnp.exp(teacher_logp) * (teacher_logp - student_logp), axis=-1)
+    return jnp.sum(kl * weights)
+
+
+def _mlm_head_logits(model, x_BCD):
+    """The model's MLM head alone (transform + tied decoder) on hidden rows ``x_BCD``."""
+    return model.mlm_head(x_BCD, model.bert)
+
+
+def chunked_kl_sum(student_head, teacher_head, student_BTD, teacher_BTD, weights_BT, t, chunk):
+    """`kl_sum` over every position, ``chunk`` positions at a time (0: all): each chunk's logits
+    come from ``*_head(x_BCD)`` and are recomputed in the backward pass (`jax.checkpoint`)."""
+    batch, length = student_BTD.shape[:2]
+    chunk = min(chunk or length, length)
+    chunks = -(-length // chunk)
+    pad = chunks * chunk - length
+
+    def split(x):  # [B, T, ...] -> [chunks, B, chunk, ...], padded with zero weights
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.swapaxes(x.reshape(batch, chunks, chunk, *x.shape[2:]), 0, 1)
+
+    @jax.checkpoint
+    def one(args):
+        s_BCD, t_BCD, w_BC = args
+        return kl_sum(student_head(s_BCD), teacher_head(t_BCD), w_BC, t)
+
+    parts = jax.lax.map(one, (split(student_BTD), split(teacher_BTD), split(weights_BT)))
+    return jnp.sum(parts)
 
 
 def student_from_teacher(student: dict, teacher: dict, layers: tuple) -> dict:
@@ -107,6 +161,8 @@ class Distillation(Objective):
         "alpha_ce",
         "alpha_mlm",
         "alpha_cos",
+        "restrict_ce_to_mask",
+        "logits_chunk",
     )
     teacher: str = ""
     teacher_cfg: BertConfig | None = None  # None: a random teacher of the student's width
@@ -117,6 +173,8 @@ class Distillation(Objective):
     alpha_ce: float = 5.0
     alpha_mlm: float = 2.0
     alpha_cos: float = 1.0
+    restrict_ce_to_mask: bool = False
+    logits_chunk: int = 128
 
     @classmethod
     def from_config(cls, config):
@@ -124,7 +182,7 @@ class Distillation(Objective):
         teacher = str(loss.teacher)
         if float(loss.temperature) <= 0:
             raise ValueError(f"config.loss.temperature={loss.temperature!r}: must be > 0")
-        for key in ("alpha_ce", "alpha_mlm", "alpha_cos"):
+        for key in ("alpha_ce", "alpha_mlm", "alpha_cos", "logits_chunk"):
             if float(loss[key]) < 0:
                 raise ValueError(f"config.loss.{key}={loss[key]!r}: must be >= 0")
         teacher_cfg = PretrainedSource(teacher, TEACHER_KEY).model_config() if teacher else None
@@ -138,6 +196,8 @@ class Distillation(Objective):
             float(loss.alpha_ce),
             float(loss.alpha_mlm),
             float(loss.alpha_cos),
+            bool(loss.restrict_ce_to_mask),
+            int(loss.logits_chunk),
         )
 
     def teacher_config(self, student: BertConfig) -> BertConfig:
@@ -196,30 +256,47 @@ class Distillation(Objective):
         }
 
     def apply(self, model, variables, batch, rngs, deterministic):
-        """Student outputs and the teacher's ``teacher_mlm_logits``, ``teacher_sequence_output``."""
+        """Student outputs and the teacher's ``teacher_sequence_output``, plus ``distill_kl``
+        (the KL summed over real tokens) or, with ``restrict_ce_to_mask``, the teacher's
+        ``teacher_mlm_logits`` at the masked positions."""
         if variables.get("frozen") is None:
             raise ValueError(
                 "the distill objective needs the teacher's params in TrainState.frozen"
             )
         frozen = jax.lax.stop_gradient(variables["frozen"])
-        teacher_out = self._teacher(model.cfg).apply(
+        teacher = self._teacher(model.cfg)
+        teacher_out = teacher.apply(
             {"params": frozen}, *self.model_inputs(batch), deterministic=True
         )
-        outputs = super().apply(model, {"params": variables["params"]}, batch, rngs, deterministic)
-        return {
-            **outputs,
-            "teacher_mlm_logits": jax.lax.stop_gradient(teacher_out["mlm_logits"]),
-            "teacher_sequence_output": jax.lax.stop_gradient(teacher_out["sequence_output"]),
-        }
+        params = {"params": variables["params"]}
+        outputs = super().apply(model, params, batch, rngs, deterministic)
+        teacher_BTD = jax.lax.stop_gradient(teacher_out["sequence_output"])
+        outputs["teacher_sequence_output"] = teacher_BTD
+        if self.restrict_ce_to_mask:
+            outputs["teacher_mlm_logits"] = jax.lax.stop_gradient(teacher_out["mlm_logits"])
+        else:
+            outputs["distill_kl"] = chunked_kl_sum(
+                lambda x: model.apply(params, x, method=_mlm_head_logits),
+                lambda x: teacher.apply({"params": frozen}, x, method=_mlm_head_logits),
+                outputs["sequence_output"],
+                teacher_BTD,
+                real_tokens(batch),
+                self.temperature,
+                self.logits_chunk,
+            )
+        return outputs
 
     def loss_sums(self, outputs, batch):
-        weights_BP = batch["masked_weights"].astype(jnp.float32)
+        if self.restrict_ce_to_mask:
+            distill_kl = kl_sum(
+                outputs["mlm_logits"],
+                outputs["teacher_mlm_logits"],
+                batch["masked_weights"].astype(jnp.float32),
+                self.temperature,
+            )
+        else:
+            distill_kl = outputs["distill_kl"]
         logits_BPV = outputs["mlm_logits"].astype(jnp.float32)
-        teacher_BPV = outputs["teacher_mlm_logits"].astype(jnp.float32)
-        t = self.temperature
-        teacher_logp = jax.nn.log_softmax(teacher_BPV / t, axis=-1)
-        student_logp = jax.nn.log_softmax(logits_BPV / t, axis=-1)
-        kl_BP = jnp.sum(jnp.exp(teacher_logp) * (teacher_logp - student_logp), axis=-1)
         student_BTD = outputs["sequence_output"].astype(jnp.float32)
         teacher_BTD = outputs["teacher_sequence_output"].astype(jnp.float32)
         cosine_BT = jnp.sum(student_BTD * teacher_BTD, -1) / jnp.maximum(
@@ -227,7 +304,7 @@ class Distillation(Objective):
         )
         return {
             **mlm_sums(logits_BPV, batch),
-            "distill_kl": jnp.sum(kl_BP * weights_BP),
+            "distill_kl": distill_kl,
             "cosine_loss": jnp.sum((1.0 - cosine_BT) * real_tokens(batch)),
         }
 
@@ -235,9 +312,13 @@ class Distillation(Objective):
         tokens = jnp.sum(real_tokens(batch))
         return {**mlm_normalizers(batch), "tokens": jnp.where(tokens > 0, tokens, 1.0)}
 
+    def _kl_positions(self, norms):
+        """The KL's denominator: masked weight (restricted) or real tokens (HF's batchmean)."""
+        return norms["mlm_weight"] if self.restrict_ce_to_mask else norms["tokens"]
+
     def total_loss(self, sums, norms):
         return (
-            self.alpha_ce * self.temperature**2 * sums["distill_kl"] / norms["mlm_weight"]
+            self.alpha_ce * self.temperature**2 * sums["distill_kl"] / self._kl_positions(norms)
             + self.alpha_mlm * sums["mlm_loss"] / norms["mlm_weight"]
             + self.alpha_cos * sums["cosine_loss"] / norms["tokens"]
         )
@@ -246,7 +327,7 @@ class Distillation(Objective):
         return {
             "mlm_loss": sums["mlm_loss"] / norms["mlm_weight"],
             "mlm_accuracy": sums["mlm_correct"] / norms["mlm_weight"],
-            "distill_kl": sums["distill_kl"] / norms["mlm_weight"],
+            "distill_kl": sums["distill_kl"] / self._kl_positions(norms),
             "cosine_loss": sums["cosine_loss"] / norms["tokens"],
         }
 

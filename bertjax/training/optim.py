@@ -2,8 +2,14 @@
 
 Built from the ``config.optim`` ConfigDict (see `default_optim_config`). The update chain is
 clip -> moment scaling -> decoupled weight decay (kernels and embedding tables only) ->
-[LAMB trust ratio] -> learning rate (schedule x batch-size scaling) -> layer-wise factors,
-so the layer-wise factor multiplies the whole update, weight decay included (as in ELECTRA).
+[LAMB trust ratio, kernels and embedding tables only, per layer / per expert: `lamb`] ->
+learning rate (schedule x batch-size scaling) -> layer-wise factors, so the layer-wise factor
+multiplies the whole update, weight decay included (as in ELECTRA).
+
+Batch-size scaling: "linear" and "sqrt" change only the learning rate; "sqrt_adam" is Malladi et
+al. 2022's square-root rule for Adam ("On the SDEs and Scaling Rules for Adaptive Gradient
+Algorithms", NeurIPS), which at kappa = batch / base_batch_size also moves the moment decays and
+epsilon: lr * sqrt(kappa), b = 1 - kappa * (1 - b) for b1 and b2, eps / sqrt(kappa).
 """
 
 from __future__ import annotations
@@ -17,11 +23,16 @@ import ml_collections
 import numpy as np
 import optax
 
+from bertjax.modeling import moe
 from bertjax.modeling.bert_config import BertConfig
+from bertjax.training.lamb import scale_by_block_trust_ratio
 
 OPTIMIZERS = ("adamw", "lamb", "adafactor")
 SCHEDULES = ("linear", "cosine", "constant", "wsd")
-LR_SCALINGS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}
+LR_SCALINGS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5, "sqrt_adam": 0.5}
+# Depth of the parameters above the last layer (heads, pooler, final norm) for layer-wise decay:
+# BEiT's L+1 (the top layer gets decay^1) or ELECTRA's L+2 (the top layer gets decay^2).
+LAYERWISE_CONVENTIONS = {"beit": 1, "electra": 2}
 # Subtrees that sit above the last encoder layer: pooler, MLM/NSP heads, classifiers, final norm.
 _EMBEDDINGS = "embeddings"
 _ENCODER = "encoder"
@@ -33,9 +44,9 @@ def default_optim_config() -> ml_collections.ConfigDict:
     c.name = "adamw"  # "adamw" | "lamb" | "adafactor" (adafactor ignores b1, b2, eps)
     c.learning_rate = 1e-4  # base (peak) LR at base_batch_size, before batch-size scaling
     c.base_batch_size = 256  # global batch size at which learning_rate was tuned
-    c.lr_scaling = (
-        "none"  # "none" | "linear" (Goyal et al. 2017) | "sqrt" (Malladi et al. 2022, Adam)
-    )
+    # batch-size rule: "none" | "linear" (Goyal et al. 2017) | "sqrt" (LR only) | "sqrt_adam"
+    # (Malladi et al. 2022: LR x sqrt(k), b1/b2 = 1 - k(1 - b), eps / sqrt(k), k = batch/base)
+    c.lr_scaling = "none"
     c.schedule = "linear"  # "linear" | "cosine" | "constant" | "wsd" (warmup-stable-decay)
     c.total_steps = 10_000  # steps the schedule spans (decay ends here)
     c.warmup_steps = 0  # warmup length in steps; when > 0 it overrides warmup_fraction
@@ -47,7 +58,9 @@ def default_optim_config() -> ml_collections.ConfigDict:
     c.b2 = 0.999  # second-moment decay
     c.eps = 1e-6  # added to the RMS denominator
     c.clip_norm = 1.0  # global-norm gradient clipping threshold (0: off)
-    c.layerwise_lr_decay = 1.0  # per-layer LR factor decay^(L+1-depth) (1.0: off)
+    c.layerwise_lr_decay = 1.0  # per-layer LR factor decay^(top-depth) (1.0: off)
+    # depths for layerwise_lr_decay: "beit" (heads L+1) | "electra" (heads L+2, as its fine-tuning)
+    c.layerwise_lr_convention = "beit"
     c.grad_accum_steps = 1  # microbatches per step; the global batch is split k ways in the step
     return c
 
@@ -100,6 +113,12 @@ def validate_optim_config(config: ml_collections.ConfigDict) -> None:
         "must be in (0, 1] (1.0 disables it)",
     )
     _require(
+        c.layerwise_lr_convention in LAYERWISE_CONVENTIONS,
+        "layerwise_lr_convention",
+        c.layerwise_lr_convention,
+        f"must be one of {tuple(LAYERWISE_CONVENTIONS)}",
+    )
+    _require(
         isinstance(c.grad_accum_steps, int) and c.grad_accum_steps >= 1,
         "grad_accum_steps",
         c.grad_accum_steps,
@@ -140,6 +159,26 @@ def learning_rate_scale(config: ml_collections.ConfigDict, global_batch_size: in
     return (global_batch_size / config.base_batch_size) ** LR_SCALINGS[config.lr_scaling]
 
 
+def adam_hyperparameters(
+    config: ml_collections.ConfigDict, global_batch_size: int
+) -> tuple[float, float, float]:
+    """(b1, b2, eps) of the run: as configured, or moved by Malladi et al.'s rule ("sqrt_adam")."""
+    if config.lr_scaling != "sqrt_adam":
+        return config.b1, config.b2, config.eps
+    kappa = global_batch_size / config.base_batch_size
+    b1, b2 = 1.0 - kappa * (1.0 - config.b1), 1.0 - kappa * (1.0 - config.b2)
+    for key, value in (("b1", b1), ("b2", b2)):
+        _require(
+            0.0 <= value < 1.0,
+            "lr_scaling",
+            config.lr_scaling,
+            f"batch {global_batch_size} = {kappa:g} x base_batch_size moves {key} to "
+            f"1 - {kappa:g} * (1 - {config[key]}) = {value:g}, outside [0, 1): use 'sqrt' or "
+            "a base_batch_size closer to the batch",
+        )
+    return b1, b2, config.eps / kappa**0.5
+
+
 def make_schedule(config: ml_collections.ConfigDict, global_batch_size: int) -> Callable:
     """Effective LR as a function of the step: scaled peak x warmup x schedule shape."""
     validate_optim_config(config)
@@ -178,15 +217,37 @@ def weight_decay_mask(params) -> Any:
     return jax.tree_util.tree_map_with_path(lambda p, _: decays_weight(p), params)
 
 
-def layer_depth(path, model_cfg: BertConfig):
-    """Depth of a parameter: embeddings 0, layer i i+1, heads L+1; an array for scanned stacks.
+def stacked_axes(path, leaf, model_cfg: BertConfig) -> int:
+    """How many leading axes of a leaf index separate weight matrices: a scanned stack's layers
+    axis (``encoder/layers``), then an MoE feed-forward's expert axis (`moe.EXPERT_PARAMS`)."""
+    names, shape = _names(path), np.shape(leaf)
+    axes = []
+    if _ENCODER in names and names[names.index(_ENCODER) + 1 :][:1] == ("layers",):
+        axes.append(("layers", model_cfg.num_groups))
+    if model_cfg.num_experts and names[-2:-1] == ("mlp",) and names[-1] in moe.EXPERT_PARAMS:
+        axes.append(("expert", model_cfg.num_experts))
+    for i, (name, size) in enumerate(axes):
+        if len(shape) <= i or shape[i] != size:
+            raise ValueError(
+                f"parameter {'/'.join(names)} has shape {shape}: expected its axis {i} to be "
+                f"the {name} axis of size {size}"
+            )
+    return len(axes)
 
+
+def layer_depth(path, model_cfg: BertConfig, convention: str = "beit"):
+    """Depth of a parameter: embeddings 0, layer i i+1, everything above the encoder (heads,
+    pooler, final norm) L+1 ("beit") or L+2 ("electra"); an array for scanned stacks.
+
+    BEiT (``get_num_layer_for_vit``) puts the heads at L+1; ELECTRA's ``_get_layer_lrs``
+    (google-research/electra model/optimization.py) at L+2, one more decay step below the top layer.
     An ALBERT group serves layers g*r .. (g+1)*r-1 (r = L/G) and takes the depth of the deepest
     one, (g+1)*r: its gradient sums over all its uses, the top use sits nearest the loss, and
     with G = L this is exactly per-layer decay.
     """
     names = _names(path)
     layers = model_cfg.num_hidden_layers
+    top = layers + LAYERWISE_CONVENTIONS[convention]
     repeats = layers // model_cfg.num_groups
     if _EMBEDDINGS in names:
         return 0
@@ -197,17 +258,20 @@ def layer_depth(path, model_cfg: BertConfig):
         if child.startswith("layer_") and child[len("layer_") :].isdigit():
             return (int(child[len("layer_") :]) + 1) * repeats
         if child == "final_norm":
-            return layers + 1
+            return top
         raise ValueError(f"layer-wise LR decay: no depth rule for parameter {'/'.join(names)}")
-    return layers + 1
+    return top
 
 
-def layerwise_lr_factors(params, model_cfg: BertConfig, decay: float) -> Any:
-    """Per-leaf LR factors decay^(L+1-depth); stacked leaves get a [G,1,...] array."""
-    top = model_cfg.num_hidden_layers + 1
+def layerwise_lr_factors(
+    params, model_cfg: BertConfig, decay: float, convention: str = "beit"
+) -> Any:
+    """Per-leaf LR factors decay^(top-depth), top = L+1 ("beit") or L+2 ("electra"); stacked
+    leaves get a [G,1,...] array."""
+    top = model_cfg.num_hidden_layers + LAYERWISE_CONVENTIONS[convention]
 
     def factor(path, leaf):
-        depth = layer_depth(path, model_cfg)
+        depth = layer_depth(path, model_cfg, convention)
         if isinstance(depth, np.ndarray):
             values = np.asarray(decay, np.float64) ** (top - depth)
             if np.shape(leaf)[0] != depth.shape[0]:
@@ -221,12 +285,14 @@ def layerwise_lr_factors(params, model_cfg: BertConfig, decay: float) -> Any:
     return jax.tree_util.tree_map_with_path(factor, params)
 
 
-def scale_by_layerwise_factors(model_cfg: BertConfig, decay: float) -> optax.GradientTransformation:
+def scale_by_layerwise_factors(
+    model_cfg: BertConfig, decay: float, convention: str = "beit"
+) -> optax.GradientTransformation:
     """Multiplies each update by its layer-wise LR factor (stateless)."""
 
     def update_fn(updates, state, params=None):
         del params
-        factors = layerwise_lr_factors(updates, model_cfg, decay)
+        factors = layerwise_lr_factors(updates, model_cfg, decay, convention)
         return jax.tree.map(lambda u, f: u * f.astype(u.dtype), updates, factors), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
@@ -250,12 +316,21 @@ def make_optimizer(
     if config.name == "adafactor":
         parts += [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0)]
     else:
-        parts.append(optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps))
+        b1, b2, eps = adam_hyperparameters(config, global_batch_size)
+        parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
     if config.weight_decay > 0:
         parts.append(optax.add_decayed_weights(config.weight_decay, mask=weight_decay_mask))
-    if config.name == "lamb":
-        parts.append(optax.scale_by_trust_ratio())
+    if config.name == "lamb":  # biases and LayerNorm keep ratio 1, as they skip weight decay
+        parts.append(
+            scale_by_block_trust_ratio(
+                decays_weight, lambda path, leaf: stacked_axes(path, leaf, model_cfg)
+            )
+        )
     parts.append(optax.scale_by_learning_rate(schedule))
     if config.layerwise_lr_decay != 1.0:
-        parts.append(scale_by_layerwise_factors(model_cfg, config.layerwise_lr_decay))
+        parts.append(
+            scale_by_layerwise_factors(
+                model_cfg, config.layerwise_lr_decay, config.layerwise_lr_convention
+            )
+        )
     return Optimizer(optax.chain(*parts), schedule)
