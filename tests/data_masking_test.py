@@ -99,29 +99,39 @@ def test_whole_word_masking_never_masks_part_of_a_word():
     assert not (chosen & ~maskable).any()
 
 
-@pytest.mark.parametrize("probs", [(6 / 11, 3 / 11, 2 / 11), (0.4, 0.3, 0.2, 0.1)])
-def test_ngram_span_lengths_follow_the_configured_distribution(probs):
-    # Realistic slack: BERT's 512 phase predicts up to 80 tokens.
-    ids, maskable, starts = _rows(600, 512)
-    spec = masking.MaskSpec(mode="ngram", max_predictions=80, ngram_probs=probs)
+ALBERT_NGRAMS = (6 / 11, 3 / 11, 2 / 11)  # ALBERT: p(n) proportional to 1/n, n <= 3
+MACBERT_NGRAMS = (0.4, 0.3, 0.2, 0.1)  # MacBERT (and PERT): 40/30/20/10% for 1..4 words
+
+
+@pytest.mark.parametrize("probs", [ALBERT_NGRAMS, MACBERT_NGRAMS])
+@pytest.mark.parametrize("width,predictions", [(128, 20), (512, 20), (512, 80)])
+def test_ngram_span_lengths_follow_the_configured_distribution(probs, width, predictions):
+    # BERT-128 and ALBERT's T=512/P=20 (where the budget binds in almost every row), and BERT's
+    # 512 phase with slack (P=80).
+    ids, maskable, starts = _rows(3000 if width == 128 else 1000, width)
+    spec = masking.MaskSpec(mode="ngram", max_predictions=predictions, ngram_probs=probs)
     row_keys = keys.row_keys(0, 0, "mask", np.arange(len(ids)))
     chosen, words_per_span, _ = masking.select(maskable, starts, row_keys, spec)
     lengths = words_per_span[words_per_span > 0]
     measured = np.bincount(lengths, minlength=len(probs) + 1)[1:] / len(lengths)
     np.testing.assert_allclose(measured, probs, atol=0.02)
-    assert abs(chosen.sum() / maskable.sum() - 0.15) < 0.005
-    assert (chosen.sum(1) <= 80).all() and not (chosen & ~maskable).any()
+    k = masking.budget(maskable, spec)
+    assert (chosen.sum(1) <= predictions).all() and not (chosen & ~maskable).any()
+    assert 0.9 * k.sum() <= chosen.sum() <= 1.01 * k.sum()  # a few tokens fewer than k at most
     words = _words(maskable, starts)
     for row in range(50):  # spans are whole words
         assert (chosen[row] == np.isin(words[row], np.unique(words[row][chosen[row]]))).all()
-    # The per-span draw of n, before the budget, at the tighter BERT-128 setting too.
+
+
+def test_ngram_draw_of_n_before_the_budget():
     ids, maskable, starts = _rows(2000, 128)
     row_keys = keys.row_keys(0, 0, "mask", np.arange(len(ids)))
-    unit_start, words = masking._ngram_units(
-        maskable, masking._word_starts(maskable, starts), row_keys, np.array(probs)
-    )
-    drawn = np.bincount(words[unit_start], minlength=len(probs) + 1)[1:] / unit_start.sum()
-    np.testing.assert_allclose(drawn, probs, atol=0.02)
+    for probs in (ALBERT_NGRAMS, MACBERT_NGRAMS):
+        unit_start, words = masking._ngram_units(
+            maskable, masking._word_starts(maskable, starts), row_keys, np.array(probs)
+        )
+        drawn = np.bincount(words[unit_start], minlength=len(probs) + 1)[1:] / unit_start.sum()
+        np.testing.assert_allclose(drawn, probs, atol=0.02)
 
 
 def test_diffusion_masks_each_token_with_the_row_ratio():

@@ -9,9 +9,12 @@ column, so a row masks the same way whatever batch, host or worker it lands in.
 - whole_word: units are whole words, taken in random order; a word that would exceed the budget is
   skipped (no word is ever partly masked), as BERT's whole-word masking.
 - ngram: each segment's words are cut into consecutive spans of n words, n drawn per span with
-  `ngram_probs` (ALBERT 1/n, MacBERT 40/30/20/10%); spans are taken in random order until a
-  threshold drawn to make the expected total k (never above max_predictions), so the masked spans
-  keep the configured length distribution; the row's total varies by a few tokens around k.
+  `ngram_probs` (ALBERT 1/n, MacBERT 40/30/20/10%); spans are taken in random order while the
+  tokens before them are under a threshold drawn to make the expected total k, and a row over
+  max_predictions drops spans in a second random order: no decision looks at a span's own length,
+  so the masked spans keep the configured length distribution. The distribution takes precedence
+  over filling the budget exactly: a row may predict a few tokens fewer than k, never more than
+  max_predictions (see `_select_units`).
 - Each chosen token: [MASK] with mask_token_prob (a similar token instead when a similarity table is
   given: MacBERT correction; a random token when it has none), a random non-special token with
   random_token_prob, else unchanged.
@@ -28,7 +31,7 @@ import numpy as np
 from bertjax.data import keys as keys_lib
 
 # Streams of the per-row hash, one per kind of decision.
-_PRIORITY, _ACTION, _RANDOM_ID, _NGRAM, _DIFFUSION, _SIMILAR, _THRESHOLD = range(7)
+_PRIORITY, _ACTION, _RANDOM_ID, _NGRAM, _DIFFUSION, _SIMILAR, _THRESHOLD, _DROP = range(8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +108,15 @@ def _select_units(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Units in random order until the budget is spent: (chosen tokens, accepted unit starts).
 
-    exact (whole words, as BERT): a unit that would exceed k is skipped and later ones are tried.
-    Otherwise (n-grams) units are taken up to and including the one that reaches a threshold drawn
-    so
-    that the expected total is k; acceptance then never depends on a unit's own length, so masked
-    spans keep the configured length distribution (ALBERT's exact budget favours short spans).
+    exact (whole words, as BERT): a unit that would exceed k is skipped and later ones are tried,
+    so a row predicts as close to k as its word lengths allow (never more).
+    Otherwise (n-grams) the span distribution takes precedence over filling the budget exactly:
+    units are taken in random order while the tokens taken *before* a unit are below a threshold
+    drawn so that the expected total is k; whether a unit is taken never depends on its own length,
+    so masked spans keep the configured length distribution (ALBERT's exact budget, a skip-and-
+    continue fill, favours short spans). A row whose units then exceed max_predictions drops
+    accepted units in a second random order (again blind to their lengths) until they fit: a row
+    may predict a few tokens fewer than k, never more than max_predictions.
     """
     batch, width = maskable.shape
     unit_id = np.cumsum(unit_start, 1) - 1
@@ -124,37 +131,47 @@ def _select_units(
     order = np.argsort(priority[:, :max_units], 1, kind="stable")
     sorted_len = np.take_along_axis(lengths[:, :max_units], order, 1)
     total = np.cumsum(sorted_len, 1)
-    if not exact:
+    present = np.arange(max_units)[None, :] < num_units[:, None]
+    if exact:
+        accepted = total <= k[:, None]  # the longest prefix that fits, then skip-and-continue
+        first_fail = accepted.sum(1)
+        used = (sorted_len * accepted).sum(1)
+        for r in range(int(first_fail.min(initial=0)) + 1, max_units):
+            if not np.any((used < k) & (r < num_units)):
+                break
+            take = (r > first_fail) & (r < num_units) & (used + sorted_len[:, r] <= k)
+            accepted[:, r] |= take
+            used += np.where(take, sorted_len[:, r], 0)
+    else:
         # Expected overshoot of a first passage over the threshold with this row's unit lengths L:
         # E[L(L-1)] / (2 E[L]); the threshold is k minus that, randomly rounded.
-        present = np.arange(max_units)[None, :] < num_units[:, None]
         mean = (sorted_len * present).sum(1) / np.maximum(num_units, 1)
         mean_sq = (sorted_len**2 * present).sum(1) / np.maximum(num_units, 1)
         overshoot = (mean_sq - mean) / (2 * np.maximum(mean, 1))
         draw = keys_lib.uniform(row_keys, 1, _THRESHOLD)[:, 0]
         threshold = np.maximum(np.floor(k - overshoot + draw), 1)
-        accepted = np.logical_and.accumulate(
-            ((total - sorted_len) < threshold[:, None]) & (total <= max_predictions) & present, 1
-        )
-    else:
-        accepted = total <= k[:, None]
-    if not exact:
-        first_fail = np.full(batch, max_units)
-    else:
-        first_fail = accepted.sum(1)
-    first_fail = accepted.sum(1)
-    used = (sorted_len * accepted).sum(1)
-    for r in range(int(first_fail.min(initial=0)) + 1, max_units):  # exact: skip-and-continue
-        if not np.any((used < k) & (r < num_units)):
-            break
-        take = (r > first_fail) & (r < num_units) & (used + sorted_len[:, r] <= k)
-        accepted[:, r] |= take
-        used += np.where(take, sorted_len[:, r], 0)
+        accepted = (total - sorted_len < threshold[:, None]) & present
+        accepted &= _fit(accepted, sorted_len, max_predictions, row_keys)
     unit_accepted = np.zeros((batch, max_units + 1), bool)
     np.put_along_axis(unit_accepted, order, accepted, 1)
     chosen = np.zeros((batch, width), bool)
     chosen[rows, cols] = unit_accepted[rows, unit_id[rows, cols]]
     return chosen, unit_start & chosen
+
+
+def _fit(accepted, lengths, max_predictions: int, row_keys) -> np.ndarray:
+    """Which accepted units stay [B, U]: rows over max_predictions drop units in a random order
+    (a hash of the row key and the unit's slot) until the rest fit."""
+    batch, units = accepted.shape
+    excess = (lengths * accepted).sum(1) - max_predictions
+    drop_priority = np.where(accepted, keys_lib.uniform(row_keys, units, _DROP), 2.0)
+    drop_order = np.argsort(drop_priority, 1, kind="stable")
+    dropped_len = np.take_along_axis(lengths * accepted, drop_order, 1)
+    removed_before = np.cumsum(dropped_len, 1) - dropped_len
+    drop_sorted = (removed_before < excess[:, None]) & np.take_along_axis(accepted, drop_order, 1)
+    keep = np.ones((batch, units), bool)
+    np.put_along_axis(keep, drop_order, ~drop_sorted, 1)
+    return keep
 
 
 def select(
