@@ -148,55 +148,114 @@ def test_diffusion_masks_each_token_with_the_row_ratio():
     np.testing.assert_array_equal(out["input_ids"][~chosen], ids[~chosen])
 
 
-def test_macbert_correction_uses_similar_tokens_then_random():
-    ids, maskable, starts = _rows(2000, 128)
-    table = np.zeros((VOCAB, 2), np.int32)
-    counts = np.zeros(VOCAB, np.int32)
-    has_similar = np.arange(VOCAB) % 2 == 0  # even ids have two similar tokens: id + 1 and id + 3
-    table[has_similar] = (
-        np.stack([np.arange(VOCAB) + 1, np.arange(VOCAB) + 3], 1)[has_similar] % VOCAB
-    )
-    counts[has_similar] = 2
-    out = _mask(
-        ids,
-        maskable,
-        starts,
-        masking.MaskSpec(mode="whole_word", max_predictions=20),
-        similar=(table, counts),
-    )
+class _WordTokenizer:
+    """300 words of 1-3 pieces (piece ids 5 + 3w + j: no two words share a piece); "wN" encodes
+    to word N's pieces."""
+
+    vocab_size = VOCAB
+    special = np.arange(VOCAB) < 5
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"p{i}" for i in range(5, VOCAB)]
+
+    @staticmethod
+    def word(w):
+        return [5 + 3 * w + j for j in range(1 + w % 3)]
+
+    def encode(self, texts):
+        return [np.array(self.word(int(t[1:])), np.int32) for t in texts]
+
+
+def _word_rows(batch, width, seed=0):
+    """Rows of whole words [CLS] w w ... [SEP] w ... [SEP] [PAD]..: (ids, maskable, word starts)."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((batch, width), np.int32)
+    starts = np.zeros((batch, width), bool)
+    for row in range(batch):
+        pieces, first = [2], [False]
+        limit = rng.integers(width // 2, width)
+        while len(pieces) < limit - 4:
+            if len(pieces) > limit // 2 and 3 not in pieces:
+                pieces.append(3)
+                first.append(False)
+            word = _WordTokenizer.word(int(rng.integers(300)))
+            pieces += word
+            first += [True] + [False] * (len(word) - 1)
+        pieces.append(3)
+        first.append(False)
+        ids[row, : len(pieces)], starts[row, : len(first)] = pieces, first
+    return ids, ids >= 5, starts
+
+
+@pytest.fixture(scope="module")
+def similar_words(tmp_path_factory):
+    # Words 0..99 have two similar words each (same length); every word is in the lexicon.
+    path = tmp_path_factory.mktemp("similar") / "similar.tsv"
+    lines = [f"w{w}\tw{w + 150} w{w + 153}" for w in range(100)]
+    lines += [f"w{w}\t" for w in range(100, 300)]
+    path.write_text("\n".join(lines) + "\n")
+    return similarity.from_word_file(str(path), _WordTokenizer())
+
+
+@pytest.mark.parametrize("mode", ["whole_word", "ngram"])
+def test_macbert_correction_replaces_whole_words(mode, similar_words):
+    ids, maskable, starts = _word_rows(4000, 128)
+    spec = masking.MaskSpec(mode=mode, max_predictions=20, ngram_probs=(0.4, 0.3, 0.2, 0.1))
+    out = _mask(ids, maskable, starts, spec, similar=similar_words)
     chosen = _chosen(out, 128)
-    new, original = out["input_ids"][chosen], ids[chosen]
-    assert not (new == MASK).any()  # correction never uses [MASK]
-    even = original % 2 == 0
-    similar_used = (new == (original + 1) % VOCAB) | (new == (original + 3) % VOCAB)
-    assert abs(similar_used[even].mean() - 0.8) < 0.02
-    assert similar_used[~even].mean() < 0.01  # no similar token: random instead
-    assert abs((new == original)[~even].mean() - 0.1) < 0.02
+    assert not (out["input_ids"] == MASK).any()  # correction never uses [MASK]
+    np.testing.assert_array_equal(out["input_ids"][~chosen], ids[~chosen])
+    np.testing.assert_array_equal(  # the targets stay the original tokens at their positions
+        np.take_along_axis(ids, out["masked_positions"], 1)[out["masked_weights"] > 0],
+        out["masked_ids"][out["masked_weights"] > 0],
+    )
+    lexicon = {tuple(_WordTokenizer.word(w)): w for w in range(300)}
+    kinds = {"similar": 0, "random": 0, "kept": 0}
+    kinds_without = dict(kinds)
+    for row, col in zip(*np.nonzero(chosen & starts)):
+        word = (int(ids[row, col]) - 5) // 3
+        new = tuple(out["input_ids"][row, col : col + 1 + word % 3].tolist())
+        listed = {tuple(_WordTokenizer.word(word + 150)), tuple(_WordTokenizer.word(word + 153))}
+        if new == tuple(_WordTokenizer.word(word)):
+            kind = "kept"
+        elif word < 100 and new in listed:
+            kind = "similar"  # wholly ONE listed similar word (a mix of two is no word at all)
+        else:
+            assert new in lexicon and len(new) == 1 + word % 3, (word, new)  # a random word
+            kind = "random"
+        (kinds if word < 100 else kinds_without)[kind] += 1
+    n, n_without = sum(kinds.values()), sum(kinds_without.values())
+    assert n > 5000 and n_without > 10000
+    assert abs(kinds["similar"] / n - 0.8) < 0.02
+    assert abs(kinds["random"] / n - 0.1) < 0.02 and abs(kinds["kept"] / n - 0.1) < 0.02
+    # No similar word: a random word instead (80% + 10%), kept 10%.
+    assert abs(kinds_without["random"] / n_without - 0.9) < 0.02
+    part = np.array([5, 77, 3001])  # a row masks the same alone as in its batch
+    alone = _mask(ids[part], maskable[part], starts[part], spec, index=part, similar=similar_words)
+    np.testing.assert_array_equal(alone["input_ids"], out["input_ids"][part])
 
 
-def test_similarity_tables(tmp_path):
+def test_similarity_tables(tmp_path, similar_words):
     emb = np.zeros((8, 3), np.float32)
     emb[5:] = [[1, 0, 0], [0.9, 0.1, 0], [0, 1, 0]]
     emb[:5] = [[1, 0, 0]] * 5  # specials look like token 5 but must never be proposed
     is_special = np.arange(8) < 5
-    table, counts = similarity.from_embeddings(emb, is_special, k=2)
-    assert table[5].tolist() == [6, 7] and counts[5] == 2 and counts[0] == 0
-
-    class FakeTokenizer:
-        vocab_size, special = 8, is_special
-
-        def encode(self, texts):
-            return [
-                np.array([{"cat": 5, "dog": 6, "big": 7}.get(w, 1) for w in t.split()])
-                for t in texts
-            ]
-
+    table = similarity.from_embeddings(emb, is_special, k=2)
+    entry = table.lookup(np.array([[5], [0], [6]]), np.array([1, 1, 1]))
+    assert entry[1] == -1 and table.counts[entry[0]] == 2
+    assert table.similar[table.first[entry[0]] : table.first[entry[0]] + 2, 0].tolist() == [6, 7]
+    assert table.lookup(np.array([[5, 6]]), np.array([2]))[0] == -1  # no multi-piece words
+    # Word file: lookups by whole piece sequences; a listed word of another length is dropped.
+    tok = _WordTokenizer()
     path = tmp_path / "sim.tsv"
-    path.write_text("cat\tdog big\ndog\tcat\n")
-    table, counts = similarity.from_word_file(str(path), FakeTokenizer())
-    assert (
-        table[5, :2].tolist() == [6, 7] and counts[5] == 2 and table[6, 0] == 5 and counts[7] == 0
-    )
+    path.write_text("w1\tw4 w2 w7\nw4\tw1\n")  # w1, w4, w7: 2 pieces; w2: 3 pieces
+    table = similarity.from_word_file(str(path), tok)
+    pieces = np.array([tok.word(1), tok.word(4), tok.word(7), [tok.word(1)[0], 0]])
+    entry = table.lookup(pieces, np.array([2, 2, 2, 1]))
+    assert entry[2] == -1 and entry[3] == -1 and table.dropped == 1
+    listed = table.similar[table.first[entry[0]] : table.first[entry[0]] + table.counts[entry[0]]]
+    assert listed[:, :2].tolist() == [tok.word(4), tok.word(7)]
+    assert table.similar[table.first[entry[1]], :2].tolist() == tok.word(1)
+    assert table.lexicon_start[3] - table.lexicon_start[2] == 3  # w1, w4, w7 (w2 has 3 pieces)
+    assert similar_words.lookup(np.array([tok.word(0)]), np.array([1]))[0] >= 0
     (tmp_path / "bad.tsv").write_text("no tab here\n")
     with pytest.raises(ValueError, match=r"bad\.tsv:1"):
-        similarity.from_word_file(str(tmp_path / "bad.tsv"), FakeTokenizer())
+        similarity.from_word_file(str(tmp_path / "bad.tsv"), tok)

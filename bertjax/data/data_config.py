@@ -47,7 +47,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     )
     c.ngram_max = 3  # ngram masking: spans of 1..ngram_max whole words
     c.ngram_weights = ()  # ngram masking: weight per n (() = proportional to 1/n, as ALBERT)
-    c.correction = False  # MacBERT: replace with a similar token instead of [MASK]
+    # MacBERT (whole_word/ngram masking): one 80/10/10 decision per selected word; the word
+    # becomes one of its similar words (same number of pieces) instead of [MASK], else a random word
+    c.correction = False
     c.similar_words_file = (
         ""  # correction: TSV "word<TAB>sim1 sim2 ..." or .npy embedding matrix [V, D]
     )
@@ -144,6 +146,13 @@ def validate(config) -> None:
         )
     if not 0.0 < c.diffusion_eps < 1.0:
         _fail("diffusion_eps", c.diffusion_eps, "must be in (0, 1)")
+    if c.correction and c.masking not in ("whole_word", "ngram"):
+        _fail(
+            "correction",
+            c.correction,
+            f"MacBERT's correction replaces whole words: needs masking 'whole_word' or 'ngram', "
+            f"not {c.masking!r}",
+        )
     if c.correction and not c.similar_words_file:
         _fail(
             "similar_words_file",

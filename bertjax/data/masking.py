@@ -1,5 +1,5 @@
-"""Masking for MLM, vectorized over the batch: token, whole-word, n-gram (ALBERT/MacBERT),
-diffusion.
+"""Masking for MLM, vectorized over the batch: token, whole-word, n-gram (ALBERT/MacBERT), MacBERT
+correction, diffusion.
 
 Every random number of a row is a hash of that row's key (seed, epoch, global sample index) and the
 column, so a row masks the same way whatever batch, host or worker it lands in.
@@ -15,9 +15,11 @@ column, so a row masks the same way whatever batch, host or worker it lands in.
   so the masked spans keep the configured length distribution. The distribution takes precedence
   over filling the budget exactly: a row may predict a few tokens fewer than k, never more than
   max_predictions (see `_select_units`).
-- Each chosen token: [MASK] with mask_token_prob (a similar token instead when a similarity table is
-  given: MacBERT correction; a random token when it has none), a random non-special token with
-  random_token_prob, else unchanged.
+- Each chosen token: [MASK] with mask_token_prob, a random non-special token with random_token_prob,
+  else unchanged (BERT's 80/10/10, per token also under whole-word masking, as BERT's code).
+- MacBERT correction (a similarity table given): one 80/10/10 decision per selected *word*: the
+  whole word becomes ONE of its listed similar words (same number of pieces; a random word when it
+  has none), or a random word, or stays (`_correct_words`, bertjax/data/similarity.py).
 - diffusion (LLaDA): t ~ U(eps, 1) per row, each maskable token becomes [MASK] with probability t;
   all masked positions are listed (max_predictions = row width) and t is returned as mask_ratio.
 """
@@ -29,9 +31,11 @@ import dataclasses
 import numpy as np
 
 from bertjax.data import keys as keys_lib
+from bertjax.data.similarity import SimilarWords
 
 # Streams of the per-row hash, one per kind of decision.
 _PRIORITY, _ACTION, _RANDOM_ID, _NGRAM, _DIFFUSION, _SIMILAR, _THRESHOLD, _DROP = range(8)
+_RANDOM_WORD, _WEIGHT, _PERMUTE, _KEEP_ORDER = range(8, 12)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +228,7 @@ def mask_batch(
     *,
     mask_id: int,
     normal_ids: np.ndarray,
-    similar: tuple[np.ndarray, np.ndarray] | None = None,
+    similar: SimilarWords | None = None,
 ) -> dict[str, np.ndarray]:
     """Masks a batch: new input_ids plus masked_positions/ids/weights [B,P] and mask_ratio [B]."""
     batch, width = input_ids.shape
@@ -240,6 +244,9 @@ def mask_batch(
     new_ids = input_ids.copy()
     if spec.mode == "diffusion":
         new_ids[chosen] = mask_id
+    elif similar is not None:
+        starts = _word_starts(maskable, word_starts.astype(bool))
+        new_ids = _correct_words(input_ids, chosen, starts, row_keys, spec, normal_ids, similar)
     else:  # decisions drawn only at the P listed positions (hash of row key and position)
         action = keys_lib.uniform_at(row_keys, positions, _ACTION)
         pick = keys_lib.uniform_at(row_keys, positions, _RANDOM_ID)
@@ -248,17 +255,7 @@ def mask_batch(
             normal_ids[(pick * len(normal_ids)).astype(np.int64)],
             masked_ids,
         )
-        use_mask = action < spec.mask_token_prob
-        if similar is None:
-            replacement = np.where(use_mask, mask_id, replacement)
-        else:  # MacBERT: a similar token in place of [MASK]; the random one when there is none
-            table, counts = similar
-            n_similar = counts[masked_ids]
-            which = (
-                keys_lib.uniform_at(row_keys, positions, _SIMILAR) * np.maximum(n_similar, 1)
-            ).astype(np.int64)
-            similar_ids = table[masked_ids, np.minimum(which, table.shape[1] - 1)]
-            replacement = np.where(use_mask & (n_similar > 0), similar_ids, replacement)
+        replacement = np.where(action < spec.mask_token_prob, mask_id, replacement)
         new_ids[rows, cols] = replacement[valid]
     return {
         "input_ids": new_ids,
@@ -267,3 +264,45 @@ def mask_batch(
         "masked_weights": valid.astype(np.float32),
         "mask_ratio": ratio,
     }
+
+
+def _correct_words(input_ids, chosen, starts, row_keys, spec, normal_ids, similar: SimilarWords):
+    """MacBERT's correction, one decision per selected word (drawn at the word's first piece):
+    with mask_token_prob the whole word becomes ONE of its listed similar words (a random word when
+    it has none), with random_token_prob a random word, else it stays. A random word is a lexicon
+    word with as many pieces (random pieces when the lexicon has none of that length)."""
+    batch, width = input_ids.shape
+    boundary = np.where(starts | ~chosen, np.arange(width)[None, :], width)
+    next_boundary = np.minimum.accumulate(boundary[:, ::-1], 1)[:, ::-1]  # first at or after t
+    after = np.concatenate([next_boundary[:, 1:], np.full((batch, 1), width)], 1)
+    rows, cols = np.nonzero(starts & chosen)  # one entry per selected word
+    lengths = after[rows, cols] - cols
+    longest = int(lengths.max(initial=1))
+    offsets = np.arange(longest)[None, :]
+    inside = offsets < lengths[:, None]
+    where = np.minimum(cols[:, None] + offsets, width - 1)
+    pieces = np.where(inside, input_ids[rows[:, None], where], -1)
+    action = keys_lib.uniform_at(row_keys[rows], cols[:, None], _ACTION)[:, 0]
+    draw = keys_lib.uniform_at(row_keys[rows], cols[:, None], _SIMILAR)[:, 0]
+    synonym, has_similar = similar.choose(similar.lookup(pieces, lengths), draw)
+    use_similar = (action < spec.mask_token_prob) & has_similar
+    use_random = ~use_similar & (action < spec.mask_token_prob + spec.random_token_prob)
+    draw = keys_lib.uniform_at(row_keys[rows], cols[:, None], _RANDOM_WORD)[:, 0]
+    lexicon_word, known = similar.random_words(lengths, draw)
+    piece_draw = keys_lib.uniform_at(row_keys[rows], where, _RANDOM_ID)
+    random_pieces = normal_ids[(piece_draw * len(normal_ids)).astype(np.int64)]
+    replacement = np.where(use_random[:, None], random_pieces, pieces)
+    lexicon_word = _columns(lexicon_word, longest)
+    replacement = np.where((use_random & known)[:, None], lexicon_word, replacement)
+    replacement = np.where(use_similar[:, None], _columns(synonym, longest), replacement)
+    new_ids = input_ids.copy()
+    r, j = np.nonzero(inside)
+    new_ids[rows[r], cols[r] + j] = replacement[r, j]
+    return new_ids
+
+
+def _columns(a: np.ndarray, n: int) -> np.ndarray:
+    """The first n columns of a, padded with -1."""
+    out = np.full((len(a), n), -1, a.dtype)
+    out[:, : min(n, a.shape[1])] = a[:, :n]
+    return out
