@@ -259,3 +259,66 @@ def test_similarity_tables(tmp_path, similar_words):
     (tmp_path / "bad.tsv").write_text("no tab here\n")
     with pytest.raises(ValueError, match=r"bad\.tsv:1"):
         similarity.from_word_file(str(tmp_path / "bad.tsv"), tok)
+
+
+def _hf_token_probs(counts, special_ids, mlm_smoothing=0.7):
+    """HF's distillation train.py in float64: token_probs = max(counts, 1) ** -mlm_smoothing, 0 for
+    special tokens (its distiller then draws positions with torch.multinomial(x_prob / x_prob.sum(),
+    n, replacement=False): successive draws proportional to the weights)."""
+    token_probs = np.maximum(np.asarray(counts), 1) ** -mlm_smoothing
+    for idx in special_ids:
+        token_probs[idx] = 0.0
+    return token_probs.astype(np.float64)
+
+
+def _successive_inclusion(w, k):
+    """Exact P(position i among k successive draws without replacement, P(j) proportional to w)."""
+    w = np.asarray(w, np.float64)
+
+    def rec(remaining, k):
+        total = w[remaining].sum()
+        out = np.zeros(len(w))
+        if k == 0 or total == 0:
+            return out
+        for j in remaining:
+            p = w[j] / total
+            out[j] += p
+            out += p * rec([i for i in remaining if i != j], k - 1)
+        return out
+
+    return rec([i for i in range(len(w)) if w[i] > 0], k)
+
+
+def test_smoothed_unigram_token_weighting_matches_hf_distillation():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 10**6, VOCAB)
+    counts[[7, 9]] = 0
+    special = np.arange(VOCAB) < 5
+    weights = masking.smoothed_unigram_weights(counts, special, 0.7)
+    np.testing.assert_array_equal(weights, _hf_token_probs(counts, range(5)))
+    # One row ([CLS] six tokens [SEP] [PAD]) masked under 100k keys: each position's share
+    # against the exact law of HF's draw without replacement, for k = 1 and k = 2.
+    counts = np.zeros(VOCAB, np.int64)
+    row_ids = np.array([2, 10, 11, 12, 13, 14, 15, 3, 0], np.int32)
+    counts[10:16] = [1, 3, 10, 100, 1000, 30000]
+    weights = masking.smoothed_unigram_weights(counts, special, 0.7)
+    n = 100_000
+    ids = np.tile(row_ids, (n, 1))
+    maskable = ids >= 5
+    for rate, k in ((0.15, 1), (0.34, 2)):
+        spec = masking.MaskSpec(mode="token", rate=rate, max_predictions=4)
+        assert (masking.budget(maskable[:1], spec) == k).all()
+        out = masking.mask_batch(
+            ids,
+            maskable,
+            maskable,
+            keys.row_keys(0, 0, "mask", np.arange(n)),
+            spec,
+            mask_id=MASK,
+            normal_ids=NORMAL,
+            token_weights=weights,
+        )
+        share = _chosen(out, ids.shape[1]).mean(0)[1:7]
+        expected = _successive_inclusion(_hf_token_probs(counts, range(5))[row_ids[1:7]], k)
+        np.testing.assert_allclose(share, expected, atol=0.005)
+        assert abs(expected[0] - expected[-1]) > 0.1  # rare tokens really are favoured

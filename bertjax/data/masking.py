@@ -5,7 +5,11 @@ Every random number of a row is a hash of that row's key (seed, epoch, global sa
 column, so a row masks the same way whatever batch, host or worker it lands in.
 - Budget: k = min(max_predictions, max(1, round(mask_rate * n)), n), n = maskable tokens of the row
   (real tokens that are not [CLS]/[SEP]/[PAD]/other specials; those are never masked).
-- token: k positions uniformly at random.
+- token: k positions uniformly at random; with token weights (DistilBERT's `mlm_smoothing`: weight
+  max(count, 1)^-0.7 from the corpus' token counts, 0 for specials) k positions drawn without
+  replacement with probability proportional to their token's weight. Deviation from HF's
+  distiller, which draws ceil(0.15 * tokens) positions per *batch*: the draw is per row with the
+  row's budget k (rows keep P slots and stay a pure function of their key).
 - whole_word: units are whole words, taken in random order; a word that would exceed the budget is
   skipped (no word is ever partly masked), as BERT's whole-word masking.
 - ngram: each segment's words are cut into consecutive spans of n words, n drawn per span with
@@ -20,6 +24,9 @@ column, so a row masks the same way whatever batch, host or worker it lands in.
 - MacBERT correction (a similarity table given): one 80/10/10 decision per selected *word*: the
   whole word becomes ONE of its listed similar words (same number of pieces; a random word when it
   has none), or a random word, or stays (`_correct_words`, bertjax/data/similarity.py).
+- pert (PERT's permuted LM, bertjax/data/permutation.py): n-gram selection as above, then a share
+  permute_prob (0.9) of the selected tokens is shuffled among themselves, the rest stay; no [MASK];
+  `target_positions` [B,P] says where each selected position's original token now is.
 - diffusion (LLaDA): t ~ U(eps, 1) per row, each maskable token becomes [MASK] with probability t;
   all masked positions are listed (max_predictions = row width) and t is returned as mask_ratio.
 """
@@ -31,6 +38,7 @@ import dataclasses
 import numpy as np
 
 from bertjax.data import keys as keys_lib
+from bertjax.data import permutation
 from bertjax.data.similarity import SimilarWords
 
 # Streams of the per-row hash, one per kind of decision.
@@ -49,6 +57,15 @@ class MaskSpec:
     random_token_prob: float = 0.1
     ngram_probs: tuple[float, ...] = (1.0,)
     diffusion_eps: float = 1e-3
+    permute_prob: float = 0.9  # pert: share of the selected tokens that are shuffled
+
+
+def smoothed_unigram_weights(counts: np.ndarray, special: np.ndarray, exponent: float):
+    """[V] float64 weight of each token for masking: max(count, 1) ** -exponent, 0 for special
+    tokens, as DistilBERT's training script (HF distillation train.py, `mlm_smoothing` = 0.7)."""
+    weights = np.maximum(np.asarray(counts, np.float64), 1.0) ** -float(exponent)
+    weights[np.asarray(special, bool)] = 0.0
+    return weights
 
 
 def budget(maskable: np.ndarray, spec: MaskSpec) -> np.ndarray:
@@ -179,9 +196,16 @@ def _fit(accepted, lengths, max_predictions: int, row_keys) -> np.ndarray:
 
 
 def select(
-    maskable: np.ndarray, word_starts: np.ndarray, row_keys: np.ndarray, spec: MaskSpec
+    maskable: np.ndarray,
+    word_starts: np.ndarray,
+    row_keys: np.ndarray,
+    spec: MaskSpec,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], ratio [B]."""
+    """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], ratio [B].
+
+    weights ([B,T], token mode only): the k positions are drawn without replacement with
+    probability proportional to their weight (zero: never); None is uniform."""
     batch, width = maskable.shape
     ratio = np.ones(batch, np.float32)
     if spec.mode == "diffusion":
@@ -189,11 +213,19 @@ def select(
         ratio = (spec.diffusion_eps + (1.0 - spec.diffusion_eps) * u).astype(np.float32)
         chosen = maskable & (keys_lib.uniform(row_keys, width, _PRIORITY) < ratio[:, None])
         return chosen, chosen.astype(np.int64), ratio
+    if weights is not None:
+        if spec.mode != "token":
+            raise ValueError(f"token weights need token masking, not {spec.mode!r}")
+        maskable = maskable & (weights > 0)
     k = budget(maskable, spec)
     if spec.mode == "token":
-        priority = np.where(
-            maskable, keys_lib.uniform(row_keys, width, _PRIORITY).astype(np.float32), 2.0
-        )
+        u = keys_lib.uniform(row_keys, width, _PRIORITY)
+        if weights is None:
+            priority = np.where(maskable, u.astype(np.float32), 2.0)
+        else:  # exponential keys -log(1-u)/w: the k smallest are a weighted draw without
+            # replacement (Efraimidis & Spirakis 2006), the law of torch.multinomial's
+            with np.errstate(divide="ignore"):
+                priority = np.where(maskable, -np.log1p(-u) / weights, np.inf)
         slots = min(spec.max_predictions, width)
         if slots < width:  # the P smallest priorities, then in order
             candidates = np.argpartition(priority, slots - 1, 1)[:, :slots]
@@ -209,7 +241,7 @@ def select(
     starts = _word_starts(maskable, word_starts.astype(bool))
     if spec.mode == "whole_word":
         unit_start, words = starts, starts.astype(np.int64)
-    elif spec.mode == "ngram":
+    elif spec.mode in ("ngram", "pert"):
         unit_start, words = _ngram_units(maskable, starts, row_keys, np.asarray(spec.ngram_probs))
     else:
         raise ValueError(f"unknown masking mode {spec.mode!r}")
@@ -229,10 +261,15 @@ def mask_batch(
     mask_id: int,
     normal_ids: np.ndarray,
     similar: SimilarWords | None = None,
+    token_weights: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Masks a batch: new input_ids plus masked_positions/ids/weights [B,P] and mask_ratio [B]."""
+    """Masks a batch: new input_ids plus masked_positions/ids/weights [B,P] and mask_ratio [B].
+
+    token_weights ([V]): token masking picks positions with probability proportional to their
+    token's weight (`smoothed_unigram_weights`: DistilBERT's mlm_smoothing); None: uniform."""
     batch, width = input_ids.shape
-    chosen, _, ratio = select(maskable, word_starts, row_keys, spec)
+    weights = None if token_weights is None else token_weights[input_ids]
+    chosen, _, ratio = select(maskable, word_starts, row_keys, spec, weights)
     slots = width if spec.mode == "diffusion" else spec.max_predictions
     count = chosen.sum(1)
     rows, cols = np.nonzero(chosen)  # row-major: each row's positions ascending
@@ -242,8 +279,13 @@ def mask_batch(
     valid = np.arange(slots)[None, :] < count[:, None]
     masked_ids = np.where(valid, np.take_along_axis(input_ids, positions, 1), 0).astype(np.int32)
     new_ids = input_ids.copy()
+    extra = {}
     if spec.mode == "diffusion":
         new_ids[chosen] = mask_id
+    elif spec.mode == "pert":  # no [MASK]: a share of the selected tokens trade places
+        new_ids, extra["target_positions"] = permutation.permute(
+            input_ids, positions, valid, row_keys, spec.permute_prob, (_KEEP_ORDER, _PERMUTE)
+        )
     elif similar is not None:
         starts = _word_starts(maskable, word_starts.astype(bool))
         new_ids = _correct_words(input_ids, chosen, starts, row_keys, spec, normal_ids, similar)
@@ -263,6 +305,7 @@ def mask_batch(
         "masked_ids": masked_ids,
         "masked_weights": valid.astype(np.float32),
         "mask_ratio": ratio,
+        **extra,
     }
 
 
