@@ -30,6 +30,9 @@ def get_config():
     config.data.max_seq_length = 128
     config.data.max_predictions = 20
     config.data.sample_plan = "nsp"  # the teacher's input distribution; NSP labels unused
+    # HF's distiller picks tokens to predict with P proportional to max(count, 1) ** -0.7
+    config.data.mask_token_weighting = "smoothed_unigram"
+    config.data.mask_token_smoothing = 0.7  # HF distillation train.py --mlm_smoothing
     config.optim.learning_rate = 1e-3
     config.optim.base_batch_size = 32
     config.optim.warmup_steps = 50

@@ -1,14 +1,23 @@
-"""MacBERT (Cui et al. 2020): whole-word n-gram masking (1-4 words at 40/30/20/10%), masked
-words replaced by similar words instead of [MASK] ("MLM as correction"), and SOP.
+"""MacBERT (Cui et al. 2020, "Revisiting Pre-Trained Models for Chinese NLP"): whole-word n-gram
+masking (1-4 words at 40/30/20/10%), "MLM as correction" and SOP.
+
+Correction, per the paper (§3; ymcui/MacBERT released no pretraining code): one 80/10/10 decision
+per selected word (n-gram spans decide word by word); 80%: the word becomes ONE of its similar
+words, all its pieces at once (a random word when it has none), 10%: a random word, 10%: kept.
+The model predicts the original tokens at their positions. Choices where the paper is silent: a
+similar word must have as many pieces as the word (others in the file are dropped, so rows keep
+their length and targets their positions; with BERT's character vocabulary this is "as many
+characters"); a random word is a word of the similarity file with as many pieces (random pieces
+when it lists none of that length). See bertjax/data/similarity.py and masking._correct_words.
 
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/macbert_zh.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt' \
              --config.data.similar_words_file=/data/zh/similar.tsv
-         (similar.tsv: "word<TAB>similar1 similar2 ..." per line, e.g. from a synonym toolkit;
-         or a .npy [V, D] embedding matrix whose cosine neighbours are used)
-Expect:  no [MASK] token in the inputs apart from the share set by mask_token_prob's slot,
-         which now carries similar words; random fallback when a word has no neighbour.
+         (similar.tsv: "word<TAB>similar1 similar2 ..." per line, e.g. from the Synonyms toolkit
+         MacBERT used; or a .npy [V, D] embedding matrix: one-piece words and their nearest pieces)
+Expect:  no [MASK] token in the inputs: a masked word is wholly one similar word ~80% of the time
+         (tests/data_masking_test.py measures 0.80 +- 0.02), a random word otherwise.
 """
 
 from bertjax.trainer import default_run_config, model_config_dict
@@ -29,7 +38,7 @@ def get_config():
     config.data.masking = "ngram"
     config.data.ngram_max = 4
     config.data.ngram_weights = (0.4, 0.3, 0.2, 0.1)
-    config.data.correction = True
+    config.data.correction = True  # per word: one similar word, all its pieces
     config.data.similar_words_file = "data/zh/similar_words.tsv"  # your similarity table
     config.optim.name = "lamb"
     config.optim.learning_rate = 1e-4

@@ -28,6 +28,7 @@ def test_every_config_is_covered_and_documented():
         "albert_base",
         "bert_wwm_zh",
         "macbert_zh",
+        "pert_zh",
         "roberta_zh_long",
     } <= set(CONFIGS)
     for name in CONFIGS:

@@ -142,6 +142,67 @@ def test_chinese_whole_word_masking_masks_multi_character_words_whole(tmp_path, 
     assert multi_character > 50
 
 
+SIMILAR = {"公园": ["花园", "乐园"], "非常": ["十分", "特别"], "孩子们": ["学生们", "老人们"]}
+
+
+def test_macbert_correction_on_chinese_rows(tmp_path, corpus_path, tok):
+    """A listed word met in real rows becomes ONE of its listed similar words with as many pieces
+    (80%), a random lexicon word (10%) or stays (10%); a listed word's SentencePiece spelling
+    inside running text (no "▁") is found too."""
+    similar = tmp_path / "similar.tsv"
+    similar.write_text("".join(f"{w}\t{' '.join(s)}\n" for w, s in SIMILAR.items()), "utf-8")
+    config = ml_collections.ConfigDict()
+    config.seed, config.batch_size = 0, 16
+    config.data = default_data_config()
+    config.data.update(
+        dict(
+            corpus=corpus_path,
+            language="zh",
+            tokenizer_model=tok.path,
+            max_seq_length=48,
+            masking="ngram",
+            ngram_max=4,
+            ngram_weights=(0.4, 0.3, 0.2, 0.1),
+            sample_plan="sop",
+            heldout_fraction=0.0,
+            prefetch=0,
+            mask_rate=0.3,
+            max_predictions=12,
+            correction=True,
+            similar_words_file=str(similar),
+        )
+    )
+    p = make_pipeline(config, str(tmp_path), process_index=0, process_count=1)
+    lexicon = {w for w, s in SIMILAR.items() for w in [w, *s]}
+    outcomes = {"similar": 0, "kept": 0, "random": 0}
+    for step in range(30):
+        rows, batch = p._rows(p._split, 48, step, step, "mask"), p.batch(step)
+        for r in range(16):
+            maskable = rows["maskable"][r]
+            starts = (
+                masking._word_starts(maskable[None], rows["word_starts"][r][None])[0] | ~maskable
+            )
+            word = np.cumsum(starts)
+            chosen = np.zeros(48, bool)
+            chosen[batch["masked_positions"][r][batch["masked_weights"][r] > 0]] = True
+            for w in np.unique(word[chosen]):
+                pieces = rows["input_ids"][r][word == w]
+                text, new = (
+                    "".join(p.tokenizer.pieces[i] for i in ids).replace("▁", "")
+                    for ids in (pieces, batch["input_ids"][r][word == w])
+                )
+                if p._similar.lookup(pieces[None], np.array([len(pieces)]))[0] < 0:
+                    continue
+                if new == text:
+                    outcomes["kept"] += 1
+                elif new in SIMILAR[text]:
+                    outcomes["similar"] += 1
+                else:
+                    assert new in lexicon, (text, new)  # a random word: never a mix
+                    outcomes["random"] += 1
+    assert sum(outcomes.values()) >= 15 and outcomes["similar"] >= 0.6 * sum(outcomes.values())
+
+
 def test_missing_jieba_says_how_to_install(monkeypatch, tok):
     monkeypatch.setitem(sys.modules, "jieba", None)
     with pytest.raises(ImportError, match=r"bertjax\[zh\]"):

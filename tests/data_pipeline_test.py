@@ -167,12 +167,18 @@ def test_invalid_values_name_the_key(spm_path, workdir):
         "masking": "span",
         "length_schedule": ((0.5, 64), (0.4, 32)),
         "pack_rows": True,
+        "mask_token_weighting": "zipf",
+        "mask_token_smoothing": -1.0,
     }
     for key, value in bad.items():
         with pytest.raises(ValueError, match=f"config.data.{key}"):
             _pipeline(spm_path, workdir, **{key: value})
     with pytest.raises(ValueError, match="config.data.mask_rate"):
         _pipeline(spm_path, workdir, mask_rate=1.5)
+    with pytest.raises(ValueError, match="config.data.mask_token_weighting"):
+        _pipeline(spm_path, workdir, mask_token_weighting="smoothed_unigram", masking="whole_word")
+    with pytest.raises(ValueError, match="config.data.correction"):
+        _pipeline(spm_path, workdir, correction=True, similar_words_file="x.tsv")
     with pytest.raises(AttributeError, match="mask_ratee"):
         _config(spm_path).data.mask_ratee = 0.2
     with pytest.raises(ValueError, match="not divisible by the process count 3"):
@@ -238,3 +244,24 @@ def test_diffusion_and_sop_and_full_sentences(spm_path, workdir):
     assert set(np.unique(s["next_sentence_label"])) == {0, 1}
     f = _pipeline(spm_path, workdir, sample_plan="full_sentences").batch(0)
     assert f["attention_mask"].sum() > 0.7 * f["attention_mask"].size  # rows end at sentence ends
+
+
+def test_smoothed_unigram_masking_counts_the_store_and_favours_rare_tokens(spm_path, workdir):
+    """DistilBERT's mlm_smoothing: weights from every token of the training split; training
+    batches mask rarer tokens than uniform masking, held-out batches stay uniform."""
+    p = _pipeline(spm_path, workdir, mask_token_weighting="smoothed_unigram")
+    uniform = _pipeline(spm_path, workdir)
+    counts = p.token_counts(chunk=12345)  # chunked counting: the same as one bincount
+    np.testing.assert_array_equal(
+        counts, np.bincount(np.asarray(p.store.tokens), minlength=p.tokenizer.vocab_size)
+    )
+
+    def mean_log_count(batches):
+        ids = np.concatenate([b["masked_ids"][b["masked_weights"] > 0] for b in batches])
+        return np.log(np.maximum(counts[ids], 1)).mean()
+
+    weighted = mean_log_count([p.batch(s) for s in range(8)])
+    plain = mean_log_count([uniform.batch(s) for s in range(8)])
+    assert weighted < plain - 1.0, (weighted, plain)
+    for a, b in zip(p.eval_batches(2), uniform.eval_batches(2)):
+        np.testing.assert_array_equal(a["masked_positions"], b["masked_positions"])

@@ -43,6 +43,28 @@ def _plans(store, objective, length=128, epochs=4, short_seq_prob=0.1):
     ]
 
 
+@pytest.mark.parametrize("length,short_seq_prob", [(128, 0.1), (128, 1.0), (512, 0.1)])
+def test_nsp_labels_stay_balanced_with_lone_sentence_pairs(store, length, short_seq_prob):
+    # Short targets make many one-sentence chunks, each with a random B (as BERT): the chunks
+    # after them pay the excess back, so labels stay at 50%.
+    plans = _plans(store, "nsp", length=length, epochs=3, short_seq_prob=short_seq_prob)
+    label = np.concatenate([p.label for p in plans])
+    assert abs(label.mean() - 0.5) < 0.02, label.mean()
+    # Before truncation no sentence is split between A and B: A ends, B starts at sentence edges.
+    sampler = samples._PairSampler(
+        store, length - 3, short_seq_prob, keys.generator(0, 0, "plan"), "nsp"
+    )
+    for doc in range(store.num_documents):
+        sampler.document(doc)
+    a0, a1, b0, b1, label = np.asarray(sampler.rows).T
+    assert np.isin(a1, store.sentences[:, 1]).all() and np.isin(b0, store.sentences[:, 0]).all()
+    first = np.searchsorted(store.sentences[:, 0], a0)
+    lone = a1 == store.sentences[first, 1]  # A is one sentence ...
+    lone &= a1 - a0 >= length - 3  # ... that fills the row alone
+    assert lone.sum() > 0 and (label[lone] == 1).all()
+    assert 0 <= sampler.owed < 0.01 * sampler.lone  # (nearly) all the excess was paid back
+
+
 def test_nsp_labels_are_balanced_and_random_b_is_never_from_a_document(store):
     plans = _plans(store, "nsp")
     label = np.concatenate([p.label for p in plans])
@@ -148,15 +170,14 @@ def test_one_sentence_documents_under_nsp(tmp_path, tok):
         )
 
 
-def test_a_long_single_sentence_is_split_into_a_and_b(tmp_path, tok):
+def test_a_lone_sentence_reaching_the_target_gets_a_random_next_segment(tmp_path, tok):
     path = tmp_path / "long.txt"
     words = " ".join(f"w{i}" for i in range(400))
     path.write_text(f"{words}\nThen a short one.\n\nAnother document.\nHas two sentences.\n")
     s = _store(tmp_path / "store", tok, str(path))
     plan = samples.make_plan(s, "nsp", 64, 0.0, keys.generator(0, 0, "plan"))
     first_end = s.sentences[0, 1]
-    split = (plan.a_start < first_end) & (plan.b_start < first_end) & (plan.label == 0)
-    random_b = (plan.a_start < first_end) & (plan.label == 1)
-    assert split.sum() + random_b.sum() == 1 and (plan.lengths() <= 64).all()
-    if split.any():  # A ends where B starts inside the one long sentence
-        assert (plan.a_end[split] <= plan.b_start[split]).all()
+    from_long = plan.a_start < first_end
+    assert from_long.sum() == 1 and (plan.lengths() <= 64).all()
+    # As BERT: A is the long sentence (cut to fit), B a random segment of the other document.
+    assert plan.label[from_long][0] == 1 and plan.b_start[from_long][0] >= s.sentences[2, 0]

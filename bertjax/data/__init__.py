@@ -6,7 +6,9 @@ corpus          sources: text files, the built-in CPython corpus (builtin_corpus
 tokenizer       SentencePiece (trained here) or Hugging Face vocabularies, with word starts
 store           the corpus tokenized once into memory-mapped arrays
 samples, rows   sample plans (NSP, SOP, RoBERTa rows) and the rows they make, packing
-masking         token / whole-word / n-gram / MacBERT / diffusion masking, keyed per row
+masking         token (uniform or smoothed-unigram) / whole-word / n-gram / MacBERT / PERT /
+                diffusion masking, keyed per row; similarity (MacBERT's similar words),
+                permutation (PERT's shuffle and position targets)
 keys, schedule  keyed randomness; the row length of every step
 source          DataSource, what the trainer may ask of any data source
 pipeline        `make_pipeline(config, workdir).batch(step)`

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ml_collections
 
 SAMPLE_PLANS = ("nsp", "sop", "full_sentences", "doc_sentences", "mlm")
-MASKINGS = ("token", "whole_word", "ngram", "diffusion")
+MASKINGS = ("token", "whole_word", "ngram", "diffusion", "pert")
 PAIR_PLANS = ("nsp", "sop")  # plans whose rows are sentence pairs with a label
+MASK_TOKEN_WEIGHTINGS = ("uniform", "smoothed_unigram")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -32,7 +33,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # "full_sentences" | "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise)
     c.sample_plan = "nsp"
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
-    c.masking = "token"  # "token" | "whole_word" | "ngram" | "diffusion"
+    # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
+    # of it shuffled, targets are positions; needs config.loss.objective="pert")
+    c.masking = "token"
     c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
     c.max_predictions = 20  # P, width of masked_positions/ids/weights (diffusion: always T)
     c.eval_mask_rate = (
@@ -45,13 +48,21 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.random_token_prob = (
         0.1  # of predicted tokens: replaced by a random token (the rest stay as is)
     )
+    # token masking, training batches: "uniform" | "smoothed_unigram" (DistilBERT: a token is
+    # picked with probability proportional to max(count, 1) ** -mask_token_smoothing, counts of the
+    # training split); held-out batches stay uniform so evals compare across recipes
+    c.mask_token_weighting = "uniform"
+    c.mask_token_smoothing = 0.7  # smoothed_unigram: the exponent (HF distillation's mlm_smoothing)
     c.ngram_max = 3  # ngram masking: spans of 1..ngram_max whole words
     c.ngram_weights = ()  # ngram masking: weight per n (() = proportional to 1/n, as ALBERT)
-    c.correction = False  # MacBERT: replace with a similar token instead of [MASK]
+    # MacBERT (whole_word/ngram masking): one 80/10/10 decision per selected word; the word
+    # becomes one of its similar words (same number of pieces) instead of [MASK], else a random word
+    c.correction = False
     c.similar_words_file = (
         ""  # correction: TSV "word<TAB>sim1 sim2 ..." or .npy embedding matrix [V, D]
     )
     c.diffusion_eps = 1e-3  # diffusion: t ~ U(eps, 1) per row
+    c.permute_prob = 0.9  # pert: share of the selected tokens shuffled (the rest stay in place)
     c.pack_rows = False  # pack several short samples per row (segment_ids 1, 2, ...; 0 = pad)
     c.length_schedule = ()  # () = always max_seq_length; else ((fraction_of_steps, length), ...)
     c.mixed_lengths = (
@@ -118,6 +129,7 @@ def validate(config) -> None:
         "mask_token_prob",
         "random_token_prob",
         "heldout_fraction",
+        "permute_prob",
     ):
         _check_prob(c, key)
     if c.mask_rate == 0:
@@ -136,6 +148,20 @@ def validate(config) -> None:
         _fail(
             "eval_max_predictions", c.eval_max_predictions, "must be >= 0 (0: use max_predictions)"
         )
+    if c.mask_token_weighting not in MASK_TOKEN_WEIGHTINGS:
+        _fail(
+            "mask_token_weighting",
+            c.mask_token_weighting,
+            f"must be one of {MASK_TOKEN_WEIGHTINGS}",
+        )
+    if c.mask_token_weighting != "uniform" and c.masking != "token":
+        _fail(
+            "mask_token_weighting",
+            c.mask_token_weighting,
+            f"weights tokens for masking='token', not {c.masking!r}",
+        )
+    if c.mask_token_smoothing < 0:
+        _fail("mask_token_smoothing", c.mask_token_smoothing, "must be >= 0")
     if c.ngram_max < 1:
         _fail("ngram_max", c.ngram_max, "must be >= 1")
     weights = tuple(c.ngram_weights)
@@ -147,11 +173,24 @@ def validate(config) -> None:
         )
     if not 0.0 < c.diffusion_eps < 1.0:
         _fail("diffusion_eps", c.diffusion_eps, "must be in (0, 1)")
+    if c.correction and c.masking not in ("whole_word", "ngram"):
+        _fail(
+            "correction",
+            c.correction,
+            f"MacBERT's correction replaces whole words: needs masking 'whole_word' or 'ngram', "
+            f"not {c.masking!r}",
+        )
     if c.correction and not c.similar_words_file:
         _fail(
             "similar_words_file",
             c.similar_words_file,
             "correction=True needs a similarity file (TSV or .npy)",
+        )
+    if c.pack_rows and c.masking == "pert":
+        _fail(
+            "pack_rows",
+            c.pack_rows,
+            "pert masking shuffles tokens within a row: packed samples would trade tokens",
         )
     if c.pack_rows and c.sample_plan in PAIR_PLANS:
         _fail(

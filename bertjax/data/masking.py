@@ -1,20 +1,32 @@
-"""Masking for MLM, vectorized over the batch: token, whole-word, n-gram (ALBERT/MacBERT),
-diffusion.
+"""Masking for MLM, vectorized over the batch: token, whole-word, n-gram (ALBERT/MacBERT), MacBERT
+correction, diffusion.
 
 Every random number of a row is a hash of that row's key (seed, epoch, global sample index) and the
 column, so a row masks the same way whatever batch, host or worker it lands in.
 - Budget: k = min(max_predictions, max(1, round(mask_rate * n)), n), n = maskable tokens of the row
   (real tokens that are not [CLS]/[SEP]/[PAD]/other specials; those are never masked).
-- token: k positions uniformly at random.
+- token: k positions uniformly at random; with token weights (DistilBERT's `mlm_smoothing`: weight
+  max(count, 1)^-0.7 from the corpus' token counts, 0 for specials) k positions drawn without
+  replacement with probability proportional to their token's weight. Deviation from HF's
+  distiller, which draws ceil(0.15 * tokens) positions per *batch*: the draw is per row with the
+  row's budget k (rows keep P slots and stay a pure function of their key).
 - whole_word: units are whole words, taken in random order; a word that would exceed the budget is
   skipped (no word is ever partly masked), as BERT's whole-word masking.
 - ngram: each segment's words are cut into consecutive spans of n words, n drawn per span with
-  `ngram_probs` (ALBERT 1/n, MacBERT 40/30/20/10%); spans are taken in random order until a
-  threshold drawn to make the expected total k (never above max_predictions), so the masked spans
-  keep the configured length distribution; the row's total varies by a few tokens around k.
-- Each chosen token: [MASK] with mask_token_prob (a similar token instead when a similarity table is
-  given: MacBERT correction; a random token when it has none), a random non-special token with
-  random_token_prob, else unchanged.
+  `ngram_probs` (ALBERT 1/n, MacBERT 40/30/20/10%); spans are taken in random order while the
+  tokens before them are under a threshold drawn to make the expected total k, and a row over
+  max_predictions drops spans in a second random order: no decision looks at a span's own length,
+  so the masked spans keep the configured length distribution. The distribution takes precedence
+  over filling the budget exactly: a row may predict a few tokens fewer than k, never more than
+  max_predictions (see `_select_units`).
+- Each chosen token: [MASK] with mask_token_prob, a random non-special token with random_token_prob,
+  else unchanged (BERT's 80/10/10, per token also under whole-word masking, as BERT's code).
+- MacBERT correction (a similarity table given): one 80/10/10 decision per selected *word*: the
+  whole word becomes ONE of its listed similar words (same number of pieces; a random word when it
+  has none), or a random word, or stays (`_correct_words`, bertjax/data/similarity.py).
+- pert (PERT's permuted LM, bertjax/data/permutation.py): n-gram selection as above, then a share
+  permute_prob (0.9) of the selected tokens is shuffled among themselves, the rest stay; no [MASK];
+  `target_positions` [B,P] says where each selected position's original token now is.
 - diffusion (LLaDA): t ~ U(eps, 1) per row, each maskable token becomes [MASK] with probability t;
   all masked positions are listed (max_predictions = row width) and t is returned as mask_ratio.
 """
@@ -26,9 +38,12 @@ import dataclasses
 import numpy as np
 
 from bertjax.data import keys as keys_lib
+from bertjax.data import permutation
+from bertjax.data.similarity import SimilarWords
 
 # Streams of the per-row hash, one per kind of decision.
-_PRIORITY, _ACTION, _RANDOM_ID, _NGRAM, _DIFFUSION, _SIMILAR, _THRESHOLD = range(7)
+_PRIORITY, _ACTION, _RANDOM_ID, _NGRAM, _DIFFUSION, _SIMILAR, _THRESHOLD, _DROP = range(8)
+_RANDOM_WORD, _WEIGHT, _PERMUTE, _KEEP_ORDER = range(8, 12)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +57,15 @@ class MaskSpec:
     random_token_prob: float = 0.1
     ngram_probs: tuple[float, ...] = (1.0,)
     diffusion_eps: float = 1e-3
+    permute_prob: float = 0.9  # pert: share of the selected tokens that are shuffled
+
+
+def smoothed_unigram_weights(counts: np.ndarray, special: np.ndarray, exponent: float):
+    """[V] float64 weight of each token for masking: max(count, 1) ** -exponent, 0 for special
+    tokens, as DistilBERT's training script (HF distillation train.py, `mlm_smoothing` = 0.7)."""
+    weights = np.maximum(np.asarray(counts, np.float64), 1.0) ** -float(exponent)
+    weights[np.asarray(special, bool)] = 0.0
+    return weights
 
 
 def budget(maskable: np.ndarray, spec: MaskSpec) -> np.ndarray:
@@ -105,11 +129,15 @@ def _select_units(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Units in random order until the budget is spent: (chosen tokens, accepted unit starts).
 
-    exact (whole words, as BERT): a unit that would exceed k is skipped and later ones are tried.
-    Otherwise (n-grams) units are taken up to and including the one that reaches a threshold drawn
-    so
-    that the expected total is k; acceptance then never depends on a unit's own length, so masked
-    spans keep the configured length distribution (ALBERT's exact budget favours short spans).
+    exact (whole words, as BERT): a unit that would exceed k is skipped and later ones are tried,
+    so a row predicts as close to k as its word lengths allow (never more).
+    Otherwise (n-grams) the span distribution takes precedence over filling the budget exactly:
+    units are taken in random order while the tokens taken *before* a unit are below a threshold
+    drawn so that the expected total is k; whether a unit is taken never depends on its own length,
+    so masked spans keep the configured length distribution (ALBERT's exact budget, a skip-and-
+    continue fill, favours short spans). A row whose units then exceed max_predictions drops
+    accepted units in a second random order (again blind to their lengths) until they fit: a row
+    may predict a few tokens fewer than k, never more than max_predictions.
     """
     batch, width = maskable.shape
     unit_id = np.cumsum(unit_start, 1) - 1
@@ -124,32 +152,27 @@ def _select_units(
     order = np.argsort(priority[:, :max_units], 1, kind="stable")
     sorted_len = np.take_along_axis(lengths[:, :max_units], order, 1)
     total = np.cumsum(sorted_len, 1)
-    if not exact:
+    present = np.arange(max_units)[None, :] < num_units[:, None]
+    if exact:
+        accepted = total <= k[:, None]  # the longest prefix that fits, then skip-and-continue
+        first_fail = accepted.sum(1)
+        used = (sorted_len * accepted).sum(1)
+        for r in range(int(first_fail.min(initial=0)) + 1, max_units):
+            if not np.any((used < k) & (r < num_units)):
+                break
+            take = (r > first_fail) & (r < num_units) & (used + sorted_len[:, r] <= k)
+            accepted[:, r] |= take
+            used += np.where(take, sorted_len[:, r], 0)
+    else:
         # Expected overshoot of a first passage over the threshold with this row's unit lengths L:
         # E[L(L-1)] / (2 E[L]); the threshold is k minus that, randomly rounded.
-        present = np.arange(max_units)[None, :] < num_units[:, None]
         mean = (sorted_len * present).sum(1) / np.maximum(num_units, 1)
         mean_sq = (sorted_len**2 * present).sum(1) / np.maximum(num_units, 1)
         overshoot = (mean_sq - mean) / (2 * np.maximum(mean, 1))
         draw = keys_lib.uniform(row_keys, 1, _THRESHOLD)[:, 0]
         threshold = np.maximum(np.floor(k - overshoot + draw), 1)
-        accepted = np.logical_and.accumulate(
-            ((total - sorted_len) < threshold[:, None]) & (total <= max_predictions) & present, 1
-        )
-    else:
-        accepted = total <= k[:, None]
-    if not exact:
-        first_fail = np.full(batch, max_units)
-    else:
-        first_fail = accepted.sum(1)
-    first_fail = accepted.sum(1)
-    used = (sorted_len * accepted).sum(1)
-    for r in range(int(first_fail.min(initial=0)) + 1, max_units):  # exact: skip-and-continue
-        if not np.any((used < k) & (r < num_units)):
-            break
-        take = (r > first_fail) & (r < num_units) & (used + sorted_len[:, r] <= k)
-        accepted[:, r] |= take
-        used += np.where(take, sorted_len[:, r], 0)
+        accepted = (total - sorted_len < threshold[:, None]) & present
+        accepted &= _fit(accepted, sorted_len, max_predictions, row_keys)
     unit_accepted = np.zeros((batch, max_units + 1), bool)
     np.put_along_axis(unit_accepted, order, accepted, 1)
     chosen = np.zeros((batch, width), bool)
@@ -157,10 +180,32 @@ def _select_units(
     return chosen, unit_start & chosen
 
 
+def _fit(accepted, lengths, max_predictions: int, row_keys) -> np.ndarray:
+    """Which accepted units stay [B, U]: rows over max_predictions drop units in a random order
+    (a hash of the row key and the unit's slot) until the rest fit."""
+    batch, units = accepted.shape
+    excess = (lengths * accepted).sum(1) - max_predictions
+    drop_priority = np.where(accepted, keys_lib.uniform(row_keys, units, _DROP), 2.0)
+    drop_order = np.argsort(drop_priority, 1, kind="stable")
+    dropped_len = np.take_along_axis(lengths * accepted, drop_order, 1)
+    removed_before = np.cumsum(dropped_len, 1) - dropped_len
+    drop_sorted = (removed_before < excess[:, None]) & np.take_along_axis(accepted, drop_order, 1)
+    keep = np.ones((batch, units), bool)
+    np.put_along_axis(keep, drop_order, ~drop_sorted, 1)
+    return keep
+
+
 def select(
-    maskable: np.ndarray, word_starts: np.ndarray, row_keys: np.ndarray, spec: MaskSpec
+    maskable: np.ndarray,
+    word_starts: np.ndarray,
+    row_keys: np.ndarray,
+    spec: MaskSpec,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], ratio [B]."""
+    """Positions to predict [B,T] bool, words per accepted unit at its start [B,T], ratio [B].
+
+    weights ([B,T], token mode only): the k positions are drawn without replacement with
+    probability proportional to their weight (zero: never); None is uniform."""
     batch, width = maskable.shape
     ratio = np.ones(batch, np.float32)
     if spec.mode == "diffusion":
@@ -168,11 +213,19 @@ def select(
         ratio = (spec.diffusion_eps + (1.0 - spec.diffusion_eps) * u).astype(np.float32)
         chosen = maskable & (keys_lib.uniform(row_keys, width, _PRIORITY) < ratio[:, None])
         return chosen, chosen.astype(np.int64), ratio
+    if weights is not None:
+        if spec.mode != "token":
+            raise ValueError(f"token weights need token masking, not {spec.mode!r}")
+        maskable = maskable & (weights > 0)
     k = budget(maskable, spec)
     if spec.mode == "token":
-        priority = np.where(
-            maskable, keys_lib.uniform(row_keys, width, _PRIORITY).astype(np.float32), 2.0
-        )
+        u = keys_lib.uniform(row_keys, width, _PRIORITY)
+        if weights is None:
+            priority = np.where(maskable, u.astype(np.float32), 2.0)
+        else:  # exponential keys -log(1-u)/w: the k smallest are a weighted draw without
+            # replacement (Efraimidis & Spirakis 2006), the law of torch.multinomial's
+            with np.errstate(divide="ignore"):
+                priority = np.where(maskable, -np.log1p(-u) / weights, np.inf)
         slots = min(spec.max_predictions, width)
         if slots < width:  # the P smallest priorities, then in order
             candidates = np.argpartition(priority, slots - 1, 1)[:, :slots]
@@ -188,7 +241,7 @@ def select(
     starts = _word_starts(maskable, word_starts.astype(bool))
     if spec.mode == "whole_word":
         unit_start, words = starts, starts.astype(np.int64)
-    elif spec.mode == "ngram":
+    elif spec.mode in ("ngram", "pert"):
         unit_start, words = _ngram_units(maskable, starts, row_keys, np.asarray(spec.ngram_probs))
     else:
         raise ValueError(f"unknown masking mode {spec.mode!r}")
@@ -207,11 +260,16 @@ def mask_batch(
     *,
     mask_id: int,
     normal_ids: np.ndarray,
-    similar: tuple[np.ndarray, np.ndarray] | None = None,
+    similar: SimilarWords | None = None,
+    token_weights: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Masks a batch: new input_ids plus masked_positions/ids/weights [B,P] and mask_ratio [B]."""
+    """Masks a batch: new input_ids plus masked_positions/ids/weights [B,P] and mask_ratio [B].
+
+    token_weights ([V]): token masking picks positions with probability proportional to their
+    token's weight (`smoothed_unigram_weights`: DistilBERT's mlm_smoothing); None: uniform."""
     batch, width = input_ids.shape
-    chosen, _, ratio = select(maskable, word_starts, row_keys, spec)
+    weights = None if token_weights is None else token_weights[input_ids]
+    chosen, _, ratio = select(maskable, word_starts, row_keys, spec, weights)
     slots = width if spec.mode == "diffusion" else spec.max_predictions
     count = chosen.sum(1)
     rows, cols = np.nonzero(chosen)  # row-major: each row's positions ascending
@@ -221,8 +279,16 @@ def mask_batch(
     valid = np.arange(slots)[None, :] < count[:, None]
     masked_ids = np.where(valid, np.take_along_axis(input_ids, positions, 1), 0).astype(np.int32)
     new_ids = input_ids.copy()
+    extra = {}
     if spec.mode == "diffusion":
         new_ids[chosen] = mask_id
+    elif spec.mode == "pert":  # no [MASK]: a share of the selected tokens trade places
+        new_ids, extra["target_positions"] = permutation.permute(
+            input_ids, positions, valid, row_keys, spec.permute_prob, (_KEEP_ORDER, _PERMUTE)
+        )
+    elif similar is not None:
+        starts = _word_starts(maskable, word_starts.astype(bool))
+        new_ids = _correct_words(input_ids, chosen, starts, row_keys, spec, normal_ids, similar)
     else:  # decisions drawn only at the P listed positions (hash of row key and position)
         action = keys_lib.uniform_at(row_keys, positions, _ACTION)
         pick = keys_lib.uniform_at(row_keys, positions, _RANDOM_ID)
@@ -231,17 +297,7 @@ def mask_batch(
             normal_ids[(pick * len(normal_ids)).astype(np.int64)],
             masked_ids,
         )
-        use_mask = action < spec.mask_token_prob
-        if similar is None:
-            replacement = np.where(use_mask, mask_id, replacement)
-        else:  # MacBERT: a similar token in place of [MASK]; the random one when there is none
-            table, counts = similar
-            n_similar = counts[masked_ids]
-            which = (
-                keys_lib.uniform_at(row_keys, positions, _SIMILAR) * np.maximum(n_similar, 1)
-            ).astype(np.int64)
-            similar_ids = table[masked_ids, np.minimum(which, table.shape[1] - 1)]
-            replacement = np.where(use_mask & (n_similar > 0), similar_ids, replacement)
+        replacement = np.where(action < spec.mask_token_prob, mask_id, replacement)
         new_ids[rows, cols] = replacement[valid]
     return {
         "input_ids": new_ids,
@@ -249,4 +305,47 @@ def mask_batch(
         "masked_ids": masked_ids,
         "masked_weights": valid.astype(np.float32),
         "mask_ratio": ratio,
+        **extra,
     }
+
+
+def _correct_words(input_ids, chosen, starts, row_keys, spec, normal_ids, similar: SimilarWords):
+    """MacBERT's correction, one decision per selected word (drawn at the word's first piece):
+    with mask_token_prob the whole word becomes ONE of its listed similar words (a random word when
+    it has none), with random_token_prob a random word, else it stays. A random word is a lexicon
+    word with as many pieces (random pieces when the lexicon has none of that length)."""
+    batch, width = input_ids.shape
+    boundary = np.where(starts | ~chosen, np.arange(width)[None, :], width)
+    next_boundary = np.minimum.accumulate(boundary[:, ::-1], 1)[:, ::-1]  # first at or after t
+    after = np.concatenate([next_boundary[:, 1:], np.full((batch, 1), width)], 1)
+    rows, cols = np.nonzero(starts & chosen)  # one entry per selected word
+    lengths = after[rows, cols] - cols
+    longest = int(lengths.max(initial=1))
+    offsets = np.arange(longest)[None, :]
+    inside = offsets < lengths[:, None]
+    where = np.minimum(cols[:, None] + offsets, width - 1)
+    pieces = np.where(inside, input_ids[rows[:, None], where], -1)
+    action = keys_lib.uniform_at(row_keys[rows], cols[:, None], _ACTION)[:, 0]
+    draw = keys_lib.uniform_at(row_keys[rows], cols[:, None], _SIMILAR)[:, 0]
+    synonym, has_similar = similar.choose(similar.lookup(pieces, lengths), draw)
+    use_similar = (action < spec.mask_token_prob) & has_similar
+    use_random = ~use_similar & (action < spec.mask_token_prob + spec.random_token_prob)
+    draw = keys_lib.uniform_at(row_keys[rows], cols[:, None], _RANDOM_WORD)[:, 0]
+    lexicon_word, known = similar.random_words(lengths, draw)
+    piece_draw = keys_lib.uniform_at(row_keys[rows], where, _RANDOM_ID)
+    random_pieces = normal_ids[(piece_draw * len(normal_ids)).astype(np.int64)]
+    replacement = np.where(use_random[:, None], random_pieces, pieces)
+    lexicon_word = _columns(lexicon_word, longest)
+    replacement = np.where((use_random & known)[:, None], lexicon_word, replacement)
+    replacement = np.where(use_similar[:, None], _columns(synonym, longest), replacement)
+    new_ids = input_ids.copy()
+    r, j = np.nonzero(inside)
+    new_ids[rows[r], cols[r] + j] = replacement[r, j]
+    return new_ids
+
+
+def _columns(a: np.ndarray, n: int) -> np.ndarray:
+    """The first n columns of a, padded with -1."""
+    out = np.full((len(a), n), -1, a.dtype)
+    out[:, : min(n, a.shape[1])] = a[:, :n]
+    return out

@@ -115,6 +115,11 @@ class Pipeline(DataSource):
             config.seed,
         )
         self._similar = similar
+        self._token_weights = None
+        if c.mask_token_weighting == "smoothed_unigram":
+            self._token_weights = masking.smoothed_unigram_weights(
+                self.token_counts(), tokenizer.special, c.mask_token_smoothing
+            )
         self._mask_spec = masking.MaskSpec(
             mode=c.masking,
             rate=c.mask_rate,
@@ -123,6 +128,7 @@ class Pipeline(DataSource):
             random_token_prob=c.random_token_prob,
             ngram_probs=data_config.ngram_probabilities(c),
             diffusion_eps=c.diffusion_eps,
+            permute_prob=c.permute_prob,
         )
         self._eval_mask_spec = dataclasses.replace(
             self._mask_spec,
@@ -161,6 +167,14 @@ class Pipeline(DataSource):
             never_predicted[self.tokenizer.unk_id] = False
         counts[never_predicted] = 0.0
         return np.log((counts + 1.0) / (counts.sum() + vocab)).astype(np.float32)
+
+    def token_counts(self, chunk: int = 1 << 24) -> np.ndarray:
+        """[V] int64 occurrences of each token in the training split (every token, in chunks)."""
+        tokens, vocab = self.store.tokens, self.tokenizer.vocab_size
+        counts = np.zeros(vocab, np.int64)
+        for lo in range(0, len(tokens), chunk):
+            counts += np.bincount(np.asarray(tokens[lo : lo + chunk]), minlength=vocab)[:vocab]
+        return counts
 
     def seq_len(self, step: int) -> int:
         """Row length T of the batch of `step` (known ahead of time)."""
@@ -222,6 +236,7 @@ class Pipeline(DataSource):
         return out
 
     def _masked(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
+        """Masked batch of host rows; `spec` (held-out batches) masks tokens uniformly."""
         masked = masking.mask_batch(
             out["input_ids"],
             out["maskable"],
@@ -231,6 +246,7 @@ class Pipeline(DataSource):
             mask_id=self.tokenizer.mask_id,
             normal_ids=self.tokenizer.normal_ids,
             similar=self._similar,
+            token_weights=self._token_weights if spec is None else None,
         )
         batch = {
             "input_ids": masked["input_ids"],
@@ -239,7 +255,9 @@ class Pipeline(DataSource):
         }
         if "segment_ids" in out:
             batch["segment_ids"] = out["segment_ids"]
-        for key in ("masked_positions", "masked_ids", "masked_weights"):
+        # PERT predicts positions (target_positions), not tokens: it has no masked_ids
+        targets = ("target_positions",) if "target_positions" in masked else ("masked_ids",)
+        for key in ("masked_positions", *targets, "masked_weights"):
             batch[key] = masked[key]
         batch["next_sentence_label"] = out["next_sentence_label"].astype(np.int32)
         batch["mask_ratio"] = masked["mask_ratio"]

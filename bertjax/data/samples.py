@@ -6,16 +6,21 @@ A plan lists, per sample, segment A = tokens[a_start:a_end), segment B = tokens[
 `next_sentence_label` / `sentence_order_label`: 0 = B is the real continuation of A in order,
 1 = B is a random segment (NSP) or A and B are swapped (SOP); always 0 without sentence pairs.
 
-- nsp: BERT's create_pretraining_data, per document: target length max_len - 3 (with probability
+- nsp: BERT's create_pretraining_data (google-research/bert create_pretraining_data.py,
+  create_instances_from_document), per document: target length max_len - 3 (with probability
   short_seq_prob a random target in [2, max]); sentences accumulate into a chunk until the target is
-  reached; A = first 1..n-1 sentences of the chunk; with probability 1/2 (always for a one-sentence
-  chunk) B comes from a random *other* document (resampled until it differs), starting at a random
-  sentence, and the unused sentences go back; the longer of A/B is cut one token at a time from the
-  front or back at random (drawn in closed form: same distribution). One deviation keeps labels at
-  50%: Google pairs every one-sentence chunk with a random B, which on short documents pushes labels
-  to ~60% random. Here a one-sentence document or a short one-sentence chunk gives no sample
-  (counted as `single_sentence_documents` / `one_sentence_chunks`; such sentences can still be a
-  random B), and one sentence that reaches the target alone is split at a random token into A and B.
+  reached; A = first 1..n-1 sentences of the chunk; B comes from a random *other* document
+  (resampled until it differs), starting at a random sentence, and the unused sentences go back;
+  otherwise B is the rest of the chunk; the longer of A/B is cut one token at a time from the front
+  or back at random (drawn in closed form: same distribution). A lone sentence that reaches the
+  target gets a random B (label 1), as BERT does. Deviations, to keep labels at 50%: each such pair
+  owes half a random label, which the following chunks of two or more sentences pay back by drawing
+  a random B with probability 1/2 - a (a = min(1/2, owed); BERT: always 1/2), so labels are 50%
+  random in expectation (with short targets, short_seq_prob, many chunks are one sentence, which in
+  BERT pushes labels towards random); and a one-sentence document or a short one-sentence chunk (a
+  document's last sentence) gives no sample (counted as `single_sentence_documents` /
+  `one_sentence_chunks`; such sentences can still be a random B), where BERT pairs them with a
+  random B too.
 - sop: ALBERT's sentence order: A, B consecutive segments of one document; swapped with probability
   1/2. A chunk needs two sentences; a trailing one-sentence chunk is dropped (counted).
 - full_sentences / doc_sentences (RoBERTa): contiguous sentences packed up to max_len - 2 tokens,
@@ -102,6 +107,7 @@ class _PairSampler:
         self.u = _Uniforms(rng)
         self.rows: list[tuple] = []  # (a_start, a_end, b_start, b_end, label)
         self.single = self.dropped = 0
+        self.lone, self.owed = 0, 0.0  # lone-sentence pairs (random B); random labels they owe
 
     def document(self, doc: int) -> None:
         """Appends the pairs of one document: its sentences accumulate into chunks."""
@@ -118,7 +124,7 @@ class _PairSampler:
                 if n == 1 and length < target:
                     self.dropped += 1  # a short one-sentence chunk (a document's last sentence)
                 else:
-                    i = self._pair(doc, start, i, n, length, target)
+                    i = self._pair(doc, start, i, n, target)
                 start, length = i + 1, 0
             i += 1
 
@@ -128,22 +134,33 @@ class _PairSampler:
             return False
         return last_sentence or length >= target
 
-    def _pair(self, doc: int, start: int, i: int, n: int, length: int, target: int) -> int:
+    def _pair(self, doc: int, start: int, i: int, n: int, target: int) -> int:
         """Appends the pair of chunk start..i; returns the last sentence the pair used."""
         u, begin, end = self.u, self.begin, self.end
         a_end = start + (u.randint(1, n - 1) if n >= 2 else 1)
-        a_stop = end[a_end - 1]
-        if n == 1:  # one sentence reaching the target alone: split it at a random token
-            a_stop = begin[start] + u.randint(1, length - 1)
-        label = 0
-        if self.nsp and u() < 0.5:
-            label = 1
-            b_start, b_end = self._random_segment(doc, target - (a_stop - begin[start]))
-            i = max(i, a_end - 1) if n == 1 else a_end - 1  # unused sentences are put back
+        if n == 1:  # a lone sentence that reaches the target: always a random next segment
+            random_next = True
+            self.lone += 1
+            self.owed += 0.5
         else:
-            b_start, b_end = a_stop if n == 1 else begin[a_end], end[i]
-        self.rows.append((begin[start], a_stop, b_start, b_end, label))
+            random_next = self.nsp and u() < self._random_next_probability()
+        label = 0
+        if random_next:
+            label = 1
+            b_start, b_end = self._random_segment(doc, target - (end[a_end - 1] - begin[start]))
+            i = a_end - 1  # unused sentences are put back
+        else:
+            b_start, b_end = begin[a_end], end[i]
+        self.rows.append((begin[start], end[a_end - 1], b_start, b_end, label))
         return i
+
+    def _random_next_probability(self) -> float:
+        """P(random next) for a chunk of two or more sentences: 1/2 as BERT, lowered by what is
+        still owed: each lone-sentence pair (always random) owes 1/2 a random label, paid back by
+        the following chunks (at most 1/2 each), so labels are 50% random in expectation."""
+        paid = min(0.5, self.owed)
+        self.owed -= paid
+        return 0.5 - paid
 
     def _random_segment(self, doc: int, target: int) -> tuple[int, int]:
         """Sentences of another document, from a random one on, until ``target`` tokens."""

@@ -6,7 +6,8 @@ embeddings     word + position + token-type embeddings, position ids of packed r
 attention      self-attention and its paths (CPU fast path, fused, exact), attention masks
 encoder        feed-forward, transformer layer, layer stack (loop / scan / shared), BertModel
 moe            mixture-of-experts feed-forward: routing, capacity, router statistics
-heads          MLM (+ NSP/SOP) pretraining model, sequence and token classifiers
+heads          MLM (+ NSP/SOP) pretraining model, PERT's position head, sequence and token
+               classifiers
 position_init  sinusoidal / fourier position tables, local-attention heads at init
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.encoder import BertModel
@@ -159,3 +160,56 @@ class BertForTokenClassification(_Classifier):
     """Per-token logits (NER): sequence output -> dropout -> linear, [B, T, num_labels]."""
 
     per_token = True
+
+
+class PositionHead(nn.Module):
+    """PERT's head: BERT's MLM transform (dense, activation, LayerNorm) at the predicted rows, then
+    scores against every position's output: logits [B, P, T] over the input sequence (padding
+    gets -1e9)."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BPD: Array, sequence_BTD: Array, real_BT: Array | None) -> Array:
+        cfg = self.cfg
+        h_BPD = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "transform")(x_BPD)
+        h_BPD = layer_norm(cfg, "embed_out", "layer_norm")(activation(cfg.hidden_act)(h_BPD))
+        logits_BPT = jnp.einsum("bpd,btd->bpt", h_BPD, sequence_BTD).astype(jnp.float32)
+        if real_BT is not None:
+            logits_BPT = jnp.where(real_BT[:, None, :] > 0, logits_BPT, -1e9)
+        return constrain(logits_BPT, ("act_batch", "act_len", None))
+
+
+class BertForPermutedLM(nn.Module):
+    """Encoder + PERT's position head (Cui et al. 2022): at each of ``masked_positions`` ([B, P])
+    logits over the row's T positions, ``position_logits`` [B, P, T]. The encoder is ``bert``
+    without a pooler, as in `BertForPreTraining`, so fine-tuning loads it like any other.
+
+    Example::
+
+        cfg = bertjax.BertConfig.preset("tiny", vocab_size=1000)
+        model = BertForPermutedLM(cfg)
+        ids, where = jnp.ones((2, 16), jnp.int32), jnp.zeros((2, 3), jnp.int32)
+        params = model.init(jax.random.key(0), ids, masked_positions=where)["params"]
+        out = model.apply({"params": params}, ids, masked_positions=where)
+        out["position_logits"].shape  # (2, 3, 16)
+    """
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        token_type_ids: Array | None = None,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+        masked_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> dict:
+        x_BTD, _ = BertModel(self.cfg, add_pooler=False, name="bert")(
+            input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
+        )
+        x_BPD = gather_rows(x_BTD, masked_positions)
+        logits = PositionHead(self.cfg, name="position_head")(x_BPD, x_BTD, attention_mask)
+        return {"position_logits": logits, "sequence_output": x_BTD}

@@ -9,6 +9,7 @@ glue_tasks         GLUE directories as the download script writes them; official
 task_metrics       GLUE and CoNLL metrics
 distill            DistilBERT's distillation from a frozen teacher
 diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)
+pert               PERT's permuted language model: predict where each original token now is
 """
 
 from bertjax.objectives.base import Objective, default_loss_config

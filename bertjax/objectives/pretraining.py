@@ -46,6 +46,11 @@ class Pretraining(Objective):
     @classmethod
     def from_config(cls, config):
         loss = config.loss
+        if "data" in config and config.data.masking == "pert":
+            raise ValueError(
+                "config.data.masking='pert' makes PERT's shuffled rows: set "
+                "config.loss.objective='pert'"
+            )
         for key in ("mlm_weight", "nsp_weight"):
             if loss[key] < 0:
                 raise ValueError(f"config.loss.{key}={loss[key]!r}: must be >= 0")

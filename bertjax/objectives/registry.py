@@ -8,6 +8,7 @@ from bertjax.objectives.base import Objective, default_loss_config
 from bertjax.objectives.diffusion import MaskedDiffusion
 from bertjax.objectives.distill import Distillation
 from bertjax.objectives.finetune import Classification, TokenClassification
+from bertjax.objectives.pert import PermutedLM
 from bertjax.objectives.pretraining import Pretraining
 
 OBJECTIVES: dict[str, type[Objective]] = {
@@ -16,6 +17,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
     "token_classification": TokenClassification,
     "diffusion": MaskedDiffusion,
     "distill": Distillation,
+    "pert": PermutedLM,
 }
 
 
