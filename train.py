@@ -4,7 +4,8 @@ With no arguments it runs the embedded default (configs/bert_tiny.py): BERT-tiny
 SentencePiece trained on the built-in corpus, MLM + NSP, on whatever devices JAX sees.
 Override any config key on the command line: --config.optim.learning_rate=5e-4.
 On Linux it first restarts itself with glibc malloc on transparent huge pages
-(bertjax/training/runtime.py; ~1.3-1.5x faster steps on CPU; BERTJAX_HUGEPAGE_MALLOC=0 turns it off).
+(bertjax/training/runtime.py; ~1.3-1.5x faster steps on CPU; BERTJAX_HUGEPAGE_MALLOC=0 turns it
+off).
 """
 
 import json
@@ -91,6 +92,8 @@ def main(argv):
             "eval/perplexity",
             "eval/nsp_accuracy",
             "eval/nll_bound",
+            "eval/rtd_accuracy",
+            "eval/rtd_auc",
             "perf/tokens_per_second",
             "perf/mfu",
         )

@@ -8,6 +8,7 @@ task_data, tasks   fine-tuning data: task examples (built-in, files, tfds GLUE) 
 task_metrics       GLUE and CoNLL metrics
 distill            DistilBERT's distillation from a frozen teacher
 diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)
+electra            ELECTRA's replaced-token detection: generator MLM + discriminator in one step
 """
 
 from bertjax.objectives.base import Objective, default_loss_config
