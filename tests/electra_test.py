@@ -26,6 +26,7 @@ from trainer_test import (  # noqa: F401  (_session_tokenizer: the session token
 
 from bertjax import BertForSequenceClassification, step
 from bertjax.interop.pretrained import PretrainedSource
+from bertjax.modeling.electra import sample_softmax
 from bertjax.objectives import electra as electra_lib
 from bertjax.objectives import finetune
 from bertjax.objectives.electra import Electra
@@ -194,6 +195,19 @@ def test_sample_has_no_gradient_and_labels_follow_it(tiny):
     expected[rows, host["masked_positions"][valid]] = host["masked_ids"][valid] != 7
     assert expected[0, row0] == 0  # sampled the original: real
     np.testing.assert_array_equal(np.asarray(outputs["rtd_labels"]), expected)
+
+
+def test_sample_softmax_draws_from_the_softmax():
+    """Two-level inverse-CDF sampling: the frequencies of 40k draws match softmax(logits) (a
+    5-sigma band), across blocks and in the last, padded block; zero-probability entries never
+    come up."""
+    probs = np.zeros(300)
+    probs[[0, 5, 127, 128, 200, 299]] = [0.05, 0.15, 0.1, 0.3, 0.25, 0.15]
+    logits = np.where(probs > 0, np.log(np.maximum(probs, 1e-30)), -1e4).astype(np.float32)
+    draws = jax.jit(sample_softmax)(jax.random.key(0), jnp.broadcast_to(logits, (40_000, 300)))
+    frequency = np.bincount(np.asarray(draws), minlength=300) / 40_000
+    assert np.all(frequency[probs == 0] == 0)
+    np.testing.assert_allclose(frequency, probs, atol=5 * np.sqrt(0.25 / 40_000))
 
 
 def test_auc_from_logit_bins_matches_the_exact_auc():

@@ -62,6 +62,27 @@ def generator_config(
     )
 
 
+def sample_softmax(key: Array, logits: Array, block: int = 128) -> Array:
+    """One draw per row from softmax(logits) [..., V] -> [...]: an inverse-CDF sample in two
+    levels (the block of ``block`` entries by the cumulative block masses, then the entry inside
+    it), one uniform per row. The same distribution as ELECTRA's Gumbel-max
+    (``sample_from_softmax``: argmax of logits + Gumbel noise), which draws V uniforms per row:
+    at V = 8000 on a CPU that was 10x the time (106 vs 9 ms for 320 rows), 40% of a tiny step."""
+    *lead, vocab = logits.shape
+    blocks = -(-vocab // block)
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    weights = jnp.pad(weights, [(0, 0)] * len(lead) + [(0, blocks * block - vocab)])
+    weights = weights.reshape(*lead, blocks, block)
+    mass = jnp.sum(weights, axis=-1)
+    cumulative = jnp.cumsum(mass, axis=-1)
+    u = jax.random.uniform(key, (*lead, 1), cumulative.dtype) * cumulative[..., -1:]
+    chosen = jnp.minimum(jnp.sum(cumulative < u, axis=-1), blocks - 1)
+    before = jnp.take_along_axis(cumulative - mass, chosen[..., None], axis=-1)
+    inside = jnp.take_along_axis(weights, chosen[..., None, None], axis=-2)[..., 0, :]
+    offset = jnp.sum(jnp.cumsum(inside, axis=-1) < u - before, axis=-1)
+    return jnp.minimum(chosen * block + jnp.minimum(offset, block - 1), vocab - 1)
+
+
 def replace_at(ids_BT: Array, positions_BP: Array, values_BP: Array, valid_BP: Array) -> Array:
     """``ids_BT`` with ``values_BP`` written at the valid ``positions_BP`` (padded slots write
     nothing, so they never overwrite a real one)."""
@@ -203,7 +224,7 @@ class ElectraForPreTraining(nn.Module):
 
         # Corruption: a sample of the generator's softmax at each masked position.
         logits_BPV = jax.lax.stop_gradient(mlm_logits_BPV).astype(jnp.float32)
-        sampled_BP = jax.random.categorical(self.make_rng("sample"), logits_BPV, axis=-1)
+        sampled_BP = sample_softmax(self.make_rng("sample"), logits_BPV)
         valid_BP = masked_weights > 0
         original_BT = replace_at(input_ids, masked_positions, masked_ids, valid_BP)
         corrupted_BT = replace_at(original_BT, masked_positions, sampled_BP, valid_BP)
