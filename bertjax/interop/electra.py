@@ -125,7 +125,7 @@ def split_pretraining_params(cfg: BertConfig, params: dict) -> dict:
     generator = params["generator"]
     encoder = generator["encoder"]
     if "layers" in encoder:  # scanned: the leading axis counts the layers
-        layer = {k: v for k, v in encoder["layers"].items()}
+        layer = encoder["layers"]
         query = np.asarray(layer["attention"]["query_kernel"])[0]
         inner = np.asarray(layer["mlp"]["intermediate"]["kernel"])[0]
         layers = np.shape(layer["attention"]["query_kernel"])[0]
@@ -181,6 +181,12 @@ def to_hf(cfg: BertConfig, params: dict, path: str) -> None:
         _write(cfg, params, path, "discriminator")
     elif "mlm_head" in params:
         _write(cfg, params, path, "generator")
+    elif "classifier" in params:
+        raise ValueError(
+            "to_hf: a classifier fine-tuned from ELECTRA (bertjax's pooler + classifier) has no "
+            "Hugging Face ELECTRA equivalent (ElectraClassificationHead is dense + GELU + "
+            "out_proj on [CLS]); export the pretraining state's discriminator instead"
+        )
     else:
         raise ValueError(
             "to_hf: ELECTRA params need a discriminator head (rtd_head), a generator head "

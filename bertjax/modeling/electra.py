@@ -168,7 +168,8 @@ class ElectraForPreTraining(nn.Module):
     stream ``sample``; no gradient flows through the sample), the discriminator's logits on the
     corrupted input.
 
-    ``masked_ids``/``masked_weights`` restore the original tokens (weight 0: a padded slot).
+    ``masked_positions``/``masked_ids``/``masked_weights`` (required; [B, P]) say where the
+    masked tokens are and restore the originals (weight 0: a padded slot).
     Outputs ``mlm_logits`` [B, P, V], ``sampled_ids`` [B, P], ``rtd_logits`` [B, T] and
     ``rtd_labels`` [B, T] (1 where the corrupted token differs from the original: a sample that
     equals the original counts as real, as in ELECTRA). ``sparse_last_layer``: the generator's
