@@ -15,6 +15,8 @@ replaced-token detection, and fine-tuning dev accuracy on the built-in classific
    evaluated 6 times on the same held-out rows at 15% masking. FLOPs are the trainer's count.
 3. Fine-tuning: configs/finetune_glue.py (stdlib_families, 4 classes) from each encoder, one run
    per --seeds; best dev accuracy, median and range.
+4. Probe: the discriminator alone on fakes drawn from unigram frequencies, from a random init and
+   from the MLM run's encoder (does replaced-token detection get off the ground at this scale?).
 
 Appends the tables to benchmarks/results.md unless --no-record.
 """
@@ -327,10 +329,11 @@ def comparison(args, medians: dict | None) -> list[str]:
     for name, workdir in runs.items():
         clock = dict(_train_seconds(workdir))
         for at, row in sorted(_evals(workdir).items()):
+            rtd = [row.get(f"eval/rtd_{k}") for k in ("accuracy", "auc")]
+            rtd = " | ".join("-" if v is None else f"{v:.3f}" for v in rtd)
             lines.append(
                 f"| {name} | {at} | {clock.get(at, float('nan')):.0f} | "
-                f"{row['eval/mlm_accuracy']:.3f} | {row.get('eval/rtd_accuracy', float('nan')):.3f}"
-                f" | {row.get('eval/rtd_auc', float('nan')):.3f} |"
+                f"{row['eval/mlm_accuracy']:.3f} | {rtd} |"
             )
     lines += [
         "",
@@ -352,9 +355,88 @@ def comparison(args, medians: dict | None) -> list[str]:
     return lines
 
 
+def probe(args) -> list[str]:
+    """The discriminator alone (ElectraDiscriminator, AdamW 1e-3, the recipe's batches) on fakes
+    drawn from the corpus' unigram frequencies at the masked positions, from a random init and
+    from the MLM run's encoder: held-out AUC every 100 steps. Needs the comparison's workdirs."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    import optax
+
+    import bertjax
+    from bertjax.data import make_pipeline
+    from bertjax.interop.pretrained import PretrainedSource
+    from bertjax.objectives.electra import auc_from_histograms, auc_histograms
+
+    mlm_dir, electra_dir = (os.path.join(args.root, n) for n in ("mlm", "electra"))
+    config = recipe("electra_tiny")
+    data = make_pipeline(config, electra_dir)
+    cfg = model_config(config, data.tokenizer)
+    model = bertjax.ElectraDiscriminator(cfg)
+    prior = np.exp(data.unigram_log_prior())
+    prior /= prior.sum()
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, eps=1e-6))
+
+    def corrupt(batch, rng):
+        ids, valid = batch["input_ids"].copy(), batch["masked_weights"] > 0
+        rows, positions = np.nonzero(valid)[0], batch["masked_positions"][valid]
+        ids[rows, positions] = batch["masked_ids"][valid]
+        original = ids.copy()
+        ids[rows, positions] = rng.choice(len(prior), len(rows), p=prior)
+        return ids, (ids != original).astype(np.float32)
+
+    def loss(params, ids, batch, labels):
+        logits = model.apply(
+            {"params": params}, ids, batch["token_type_ids"], batch["attention_mask"]
+        )
+        weights = batch["attention_mask"].astype(jnp.float32)
+        bce = jnp.logaddexp(0.0, logits["rtd_logits"]) - labels * logits["rtd_logits"]
+        return jnp.sum(bce * weights) / jnp.sum(weights), logits["rtd_logits"]
+
+    @jax.jit
+    def train(params, opt, ids, batch, labels):
+        grads = jax.grad(lambda p: loss(p, ids, batch, labels)[0])(params)
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt
+
+    @jax.jit
+    def auc(params, ids, batch, labels):
+        logits = loss(params, ids, batch, labels)[1]
+        weights = batch["attention_mask"].astype(jnp.float32)
+        return auc_from_histograms(*auc_histograms(logits, labels, weights))
+
+    held_out = [
+        corrupt(b, np.random.default_rng(i)) + (b,) for i, b in enumerate(data.eval_batches(4))
+    ]
+    fresh = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    encoder = {k: v for k, v in PretrainedSource(mlm_dir, "mlm").params()["bert"].items()}
+    encoder.pop("pooler", None)
+    starts = {"random init": fresh, "MLM run's encoder": {**fresh, "bert": encoder}}
+    lines = [
+        f"Probe: the discriminator alone on unigram-frequency fakes ({args.probe_steps} steps, "
+        "AdamW 1e-3), held-out AUC:",
+        "",
+        "| start | " + " | ".join(str(s) for s in range(100, args.probe_steps + 1, 100)) + " |",
+        "|---|" + "---|" * (args.probe_steps // 100),
+    ]
+    for name, params in starts.items():
+        params = jax.tree.map(jnp.asarray, params)
+        opt, rng, row = tx.init(params), np.random.default_rng(0), []
+        for index in range(args.probe_steps):
+            batch = data.batch(index)
+            ids, labels = corrupt(batch, rng)
+            params, opt = train(params, opt, ids, batch, labels)
+            if (index + 1) % 100 == 0:
+                row.append(np.mean([float(auc(params, i, b, lab)) for i, lab, b in held_out]))
+        lines.append(f"| {name} | " + " | ".join(f"{a:.3f}" for a in row) + " |")
+    data.close()
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("steps", "comparison"), default=None)
+    parser.add_argument("--only", choices=("steps", "comparison", "probe"), default=None)
+    parser.add_argument("--probe-steps", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps-per-round", type=int, default=6)
     parser.add_argument("--no-hf", action="store_true")
@@ -374,6 +456,10 @@ def main():
         print("\n".join(step_lines), flush=True)
     if args.only in (None, "comparison"):
         more = comparison(args, medians)
+        lines += [""] + more
+        print("\n".join(more), flush=True)
+    if args.only in (None, "probe"):
+        more = probe(args)
         lines += [""] + more
         print("\n".join(more), flush=True)
     print(f"\n({(time.time() - start) / 60:.1f} min)")
