@@ -155,6 +155,8 @@ def test_bad_electra_input_is_named(hf_models, tmp_path):
     del params["mlm_head"]
     with pytest.raises(ValueError, match="rtd_head"):
         convert.to_hf(cfg, params, str(tmp_path / "headless"))
+    with pytest.raises(ValueError, match="no Hugging Face ELECTRA equivalent"):
+        convert.to_hf(cfg, {**params, "classifier": {}}, str(tmp_path / "classifier"))
     with pytest.raises(ValueError, match="shared layers"):
         convert.to_hf(cfg.replace(num_hidden_groups=1), params, str(tmp_path / "shared"))
     # An ElectraModel save (no head) is refused with the two kinds it could be.
