@@ -63,6 +63,8 @@ def main(argv):
             "eval/perplexity",
             "eval/nsp_accuracy",
             "eval/nll_bound",
+            "eval/rtd_accuracy",
+            "eval/rtd_auc",
             "perf/tokens_per_second",
             "perf/mfu",
         )

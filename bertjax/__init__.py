@@ -1,4 +1,4 @@
-"""bertjax: BERT-family encoders (BERT, RoBERTa, ALBERT) in JAX/Flax.
+"""bertjax: BERT-family encoders (BERT, RoBERTa, ALBERT, ELECTRA) in JAX/Flax.
 
 The package's folders are its architecture:
 
@@ -22,6 +22,8 @@ from bertjax.modeling import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    ElectraDiscriminator,
+    ElectraGenerator,
 )
 
 __all__ = [
@@ -30,5 +32,7 @@ __all__ = [
     "BertForSequenceClassification",
     "BertForTokenClassification",
     "BertModel",
+    "ElectraDiscriminator",
+    "ElectraGenerator",
 ]
 __version__ = "0.1.0"

@@ -1,9 +1,34 @@
-"""Hugging Face weights both ways: the public face of `bertjax.interop.hf`.
+"""Hugging Face weights both ways: the public face of `bertjax.interop.hf` (BERT, RoBERTa,
+ALBERT) and `bertjax.interop.electra` (ELECTRA discriminators and generators), chosen by the
+model type (config.json's on the way in, the BertConfig's on the way out).
 
 cfg, params = bertjax.convert.from_hf("path/to/bert-base-uncased")
 bertjax.convert.to_hf(cfg, params, "exported/")
 """
 
-from bertjax.interop.hf import from_hf, stack_layers, to_hf, unstack_layers
+from __future__ import annotations
+
+from typing import Any
+
+from bertjax.interop import electra, hf
+from bertjax.interop.hf import stack_layers, unstack_layers
+from bertjax.interop.hf_files import read_config
+from bertjax.modeling.bert_config import BertConfig
 
 __all__ = ["from_hf", "stack_layers", "to_hf", "unstack_layers"]
+
+
+def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
+    """(BertConfig, params) of an HF directory (see `bertjax.interop.hf.from_hf`; an ELECTRA
+    directory: `bertjax.interop.electra.from_hf`)."""
+    if read_config(path).model_type == "electra":
+        return electra.from_hf(path, **overrides)
+    return hf.from_hf(path, **overrides)
+
+
+def to_hf(cfg: BertConfig, params: dict, path: str, **kwargs: Any) -> None:
+    """Writes an HF directory (see `bertjax.interop.hf.to_hf`); with ``cfg.model_type ==
+    "electra"`` the discriminator and/or generator (`bertjax.interop.electra.to_hf`)."""
+    if cfg.model_type == "electra":
+        return electra.to_hf(cfg, params, path, **kwargs)
+    return hf.to_hf(cfg, params, path, **kwargs)

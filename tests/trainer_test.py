@@ -46,10 +46,12 @@ def _env(devices=1):
     return env
 
 
-def _command(workdir, steps=30, every=10, extra=()):
+def _command(workdir, steps=30, every=10, extra=(), config=None):
+    """train.py on ``config`` (default: configs/bert_tiny.py), shrunk; --config comes first."""
     return [
         sys.executable,
         os.path.join(ROOT, "train.py"),
+        *([f"--config={config}"] if config else []),
         f"--workdir={workdir}",
         f"--config.num_train_steps={steps}",
         f"--config.checkpoint_every={every}",

@@ -139,10 +139,12 @@ def special_token_ids(path: str, family: str, hf: dict) -> dict:
 
 def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
     fam = hf.get("model_type")
+    if fam == "electra":
+        return _electra_config(hf, path, **overrides)
     if fam not in ("bert", "roberta", "albert"):
         raise ValueError(
             f"{path}/config.json has model_type {fam!r}; bertjax converts "
-            "'bert', 'roberta' and 'albert'"
+            "'bert', 'roberta', 'albert' and 'electra'"
         )
     if fam == "albert" and hf.get("inner_group_num", 1) != 1:
         raise ValueError(
@@ -175,6 +177,41 @@ def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
             embedding_size=hf.get("embedding_size", 128),
             num_hidden_groups=hf.get("num_hidden_groups", 1),
         )
+    fields.update(overrides)
+    try:
+        return BertConfig.from_dict(fields)
+    except ValueError as error:
+        raise ValueError(f"{path}/config.json does not describe a valid model: {error}") from error
+
+
+def _electra_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
+    """An ELECTRA discriminator's or generator's config.json (BERT's vocabulary and encoder;
+    embeddings of width ``embedding_size``, projected when it differs from the hidden size)."""
+    position_type = hf.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise ValueError(
+            f"{path}/config.json: ELECTRA position_embedding_type={position_type!r} is not "
+            "supported (only 'absolute', as in every released ELECTRA)"
+        )
+    embedding = hf.get("embedding_size", 128)
+    fields = dict(
+        model_type="electra",
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        embedding_size=None if embedding == hf["hidden_size"] else embedding,
+        hidden_act=hf.get("hidden_act", "gelu"),
+        hidden_dropout_prob=hf.get("hidden_dropout_prob", 0.1),
+        attention_probs_dropout_prob=hf.get("attention_probs_dropout_prob", 0.1),
+        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        initializer_range=hf.get("initializer_range", 0.02),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        classifier_dropout=hf.get("classifier_dropout"),
+        **special_token_ids(path, "bert", hf),
+    )
     fields.update(overrides)
     try:
         return BertConfig.from_dict(fields)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from bertjax import paths
-from bertjax.interop import hf, hf_files
+from bertjax import convert, paths
+from bertjax.interop import hf_files
 from bertjax.interop.checkpoints import CheckpointReader, require_dir
 from bertjax.modeling.bert_config import BertConfig
 
@@ -47,5 +47,5 @@ class PretrainedSource:
     def params(self, **overrides) -> dict:
         """The whole parameter tree as host arrays (``overrides``: from_hf's, e.g. scan_layers)."""
         if self.is_hf:
-            return hf.from_hf(self.path, **overrides)[1]
+            return convert.from_hf(self.path, **overrides)[1]
         return self._reader.params()

@@ -8,10 +8,12 @@ encoder        feed-forward, transformer layer, layer stack (loop / scan / share
 moe            mixture-of-experts feed-forward: routing, capacity, router statistics
 heads          MLM (+ NSP/SOP) pretraining model, PERT's position head, sequence and token
                classifiers
+electra        ELECTRA: discriminator, generator, and both in one pretraining module
 position_init  sinusoidal / fourier position tables, local-attention heads at init
 """
 
 from bertjax.modeling.bert_config import BertConfig
+from bertjax.modeling.electra import ElectraDiscriminator, ElectraGenerator
 from bertjax.modeling.encoder import BertModel
 from bertjax.modeling.heads import (
     BertForPreTraining,
@@ -25,4 +27,6 @@ __all__ = [
     "BertForSequenceClassification",
     "BertForTokenClassification",
     "BertModel",
+    "ElectraDiscriminator",
+    "ElectraGenerator",
 ]

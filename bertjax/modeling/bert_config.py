@@ -39,7 +39,7 @@ ACTIVATIONS = (
     "swish",
     "tanh",
 )
-MODEL_TYPES = ("bert", "roberta", "albert")
+MODEL_TYPES = ("bert", "roberta", "albert", "electra")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 

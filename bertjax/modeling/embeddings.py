@@ -27,7 +27,8 @@ def position_ids(segment_ids: Array | None, batch: int, length: int, offset: int
 
 
 class Embeddings(nn.Module):
-    """Word + position + token-type embeddings, LayerNorm, dropout; ALBERT projects W -> D."""
+    """Word + position + token-type embeddings, LayerNorm, dropout; ALBERT and ELECTRA project
+    W -> D."""
 
     cfg: BertConfig
 
@@ -63,7 +64,11 @@ class Embeddings(nn.Module):
         if width != cfg.hidden_size:
             self.projection = dense(cfg, cfg.hidden_size, ("factor", "embed"), "projection")
 
-    def __call__(self, input_ids, token_type_ids, positions, deterministic: bool) -> Array:
+    def __call__(
+        self, input_ids, token_type_ids, positions, deterministic: bool, project: bool = True
+    ) -> Array:
+        """[B, T, D]; ``project=False``: the [B, T, W] output before ALBERT/ELECTRA's W -> D
+        projection (what ELECTRA's generator reads from the embeddings it shares)."""
         dtype = self.cfg.compute_dtype
         x_BTW = (
             jnp.take(self.word_embeddings, input_ids, axis=0).astype(dtype)
@@ -71,6 +76,8 @@ class Embeddings(nn.Module):
             + jnp.take(self.token_type_embeddings, token_type_ids, axis=0).astype(dtype)
         )
         x_BTW = self.dropout(self.layer_norm(x_BTW), deterministic=deterministic)
+        if not project:
+            return constrain(x_BTW, ("act_batch", "act_len", "act_embed"))
         x_BTD = self.projection(x_BTW) if self.cfg.embedding_dim != self.cfg.hidden_size else x_BTW
         return constrain(x_BTD, ("act_batch", "act_len", "act_embed"))
 

@@ -10,6 +10,7 @@ task_metrics       GLUE and CoNLL metrics
 distill            DistilBERT's distillation from a frozen teacher
 diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)
 pert               PERT's permuted language model: predict where each original token now is
+electra            ELECTRA's replaced-token detection: generator MLM + discriminator in one step
 """
 
 from bertjax.objectives.base import Objective, default_loss_config

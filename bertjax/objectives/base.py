@@ -5,8 +5,8 @@ plus global normalizers, so k microbatches summed give exactly the loss of the w
 eval sums added over many batches give exact held-out averages. Everything the step and the
 trainer may ask of an objective is a method here with a default: its data source, how a fresh
 state is prepared (a pretrained encoder, a teacher), FGM, per-row predictions, the rows a sparse
-last layer computes. Mixture-of-experts router losses join every objective's loss here, in one
-place (`sums`, `loss`, `report`).
+last layer computes, the FLOPs of a step. Mixture-of-experts router losses join every objective's
+loss here, in one place (`sums`, `loss`, `report`).
 """
 
 from __future__ import annotations
@@ -179,6 +179,21 @@ class Objective(abc.ABC):
     def last_layer_rows(self, cfg: BertConfig, masked_width: int) -> int | None:
         """Rows per sequence the last layer computes (for the FLOP count); None: every row."""
         return None
+
+    def train_flops_per_sequence(
+        self,
+        cfg: BertConfig,
+        seq_len: int,
+        masked_per_sequence: float,
+        masked_width: int | None,
+        count,
+    ) -> float:
+        """Training FLOPs of one sequence (for MFU). ``count(cfg, seq_len, masked_per_sequence,
+        last_layer_rows)`` counts one encoder with its MLM head (the trainer passes
+        `bertjax.training.metrics.train_flops_per_sequence`); an objective that runs more than
+        one encoder (ELECTRA) adds them up."""
+        rows = None if masked_width is None else self.last_layer_rows(cfg, masked_width)
+        return count(cfg, seq_len, masked_per_sequence, rows)
 
     def make_data(self, config: ml_collections.ConfigDict, workdir: str) -> DataSource:
         """The run's data source (default: the pretraining pipeline)."""

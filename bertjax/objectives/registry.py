@@ -7,6 +7,7 @@ import ml_collections
 from bertjax.objectives.base import Objective, default_loss_config
 from bertjax.objectives.diffusion import MaskedDiffusion
 from bertjax.objectives.distill import Distillation
+from bertjax.objectives.electra import Electra
 from bertjax.objectives.finetune import Classification, TokenClassification
 from bertjax.objectives.pert import PermutedLM
 from bertjax.objectives.pretraining import Pretraining
@@ -18,6 +19,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
     "diffusion": MaskedDiffusion,
     "distill": Distillation,
     "pert": PermutedLM,
+    "electra": Electra,
 }
 
 

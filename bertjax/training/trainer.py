@@ -155,14 +155,17 @@ class _LogWindow:
         processes = jax.process_count()
         self.tokens += float(np.sum(host_batch["attention_mask"])) * processes
         masked = float(np.sum(host_batch.get("masked_weights", 0) > 0)) * processes
-        rows = None
-        if "masked_positions" in host_batch:  # rows a sparse last layer computes
+        width = None  # masked slots per row (a sparse last layer computes those rows)
+        if "masked_positions" in host_batch:
             width = host_batch["masked_positions"].shape[1]
-            rows = self.objective.last_layer_rows(self.model_cfg, width)
         batch_size = self.config.batch_size
         length = host_batch["input_ids"].shape[1]
-        self.flops += batch_size * metrics_lib.train_flops_per_sequence(
-            self.model_cfg, length, masked / batch_size, rows
+        self.flops += batch_size * self.objective.train_flops_per_sequence(
+            self.model_cfg,
+            length,
+            masked / batch_size,
+            width,
+            metrics_lib.train_flops_per_sequence,
         )
 
     def scalars(self, steps: int) -> dict:
