@@ -193,7 +193,7 @@ def test_project_backward_equals_autodiff_of_the_plain_products(explicit, monkey
     rounding."""
     from bertjax.ops import dense as products
 
-    monkeypatch.setattr(products, "on_cpu", lambda: explicit)
+    monkeypatch.setattr(products.platform, "on_cpu", lambda: explicit)
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 5, 8))
     kernels = [rng.normal(size=(8, n)) for n in (8, 12, 3)]  # equal, wider, narrower than x

