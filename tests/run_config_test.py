@@ -3,6 +3,8 @@ config names is resolved once (``~``, relative to the current directory, URLs ke
 one is named in one line; every key of every recipe can be set on the command line."""
 
 import os
+import subprocess
+import sys
 import types
 
 import ml_collections
@@ -171,3 +173,40 @@ def test_optional_model_fields_from_the_command_line(tmp_path, small_spm):
     flash = _parse(DEFAULT, "--config.model.attention_implementation=flash")
     with pytest.raises(ValueError, match="config.model: .*attention_implementation 'flash'"):
         model_config(flash, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "command,line",
+    [
+        (
+            ["train.py", "--config=configs/finetune_glue.py", "--config.init_from=no/run"],
+            "error: config.init_from='{cwd}/no/run' does not exist",
+        ),
+        (
+            ["-m", "bertjax.glue", "--glue_dir=no_glue", "--workdir=w"],
+            "error: --glue_dir='{cwd}/no_glue' is not a directory",
+        ),
+        (
+            ["-m", "bertjax.glue", "--workdir=w", "--config.init_from=~/no/run"],
+            "error: config.init_from='{home}/no/run' does not exist",
+        ),
+        (
+            ["-m", "bertjax.diffusion", "--workdir=no/run", "--prompt=x"],
+            "error: --workdir='{cwd}/no/run' is not a directory",
+        ),
+    ],
+    ids=["train", "glue-dir", "glue-init-from", "diffusion"],
+)
+def test_a_missing_path_is_one_line_from_every_command(command, line, tmp_path):
+    """Run from another directory: relative paths are the current directory's, ~ is expanded,
+    and the one line names the setting and the resolved path (no traceback)."""
+    for name in ("train.py", "configs", "bertjax"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    env = dict(os.environ, BERTJAX_HUGEPAGE_MALLOC="0")
+    result = subprocess.run(
+        [sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    expected = line.format(cwd=tmp_path, home=os.path.expanduser("~"))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
