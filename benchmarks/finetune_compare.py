@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bertjax import trainer  # noqa: E402
+from bertjax import paths, trainer  # noqa: E402
 from bertjax.training.checkpoint import Checkpointer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,6 +106,10 @@ def main():
         "--train-examples", type=int, default=0, help="0 = all (else a seeded subset)"
     )
     args = parser.parse_args()
+    # resolved once, here (relative to the current directory, ~ expanded): orbax and the runs'
+    # config.init_from see absolute paths
+    args.pretrained = paths.resolve(args.pretrained, "--pretrained")
+    args.workdir = paths.resolve(args.workdir, "--workdir")
     tokenizer, model = _encoder(args)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []

@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
-from bertjax.evaluation.glue import default_glue_config, run_glue
+from bertjax import paths
+from bertjax.evaluation.glue import GlueHarness, default_glue_config, run_glue
 from bertjax.objectives.glue_tasks import GLUE_TASKS, TASKS
 
 DEFAULT_CONFIG = os.path.join(
@@ -49,8 +50,12 @@ def main(argv: list[str] | None = None) -> None:
             raise app.UsageError(f"unexpected arguments: {args[1:]}")
         if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
             logging.set_verbosity(logging.WARNING)
-        run_glue(config.value, glue_dir.value, workdir.value)
-        with open(os.path.join(workdir.value, "glue_results.md")) as f:
+        try:
+            harness = GlueHarness(config.value, glue_dir.value, workdir.value)
+            harness.run()
+        except paths.MissingPathError as error:  # a path flag or setting names nothing
+            raise SystemExit(f"error: {error}") from None
+        with open(os.path.join(harness.workdir, "glue_results.md")) as f:
             print(f.read())
 
     app.run(run, argv=argv)

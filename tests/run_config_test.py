@@ -1,18 +1,35 @@
 """The run config where it enters: ``--config PATH`` reads like ``--config=PATH``; every path a
 config names is resolved once (``~``, relative to the current directory, URLs kept) and a missing
-one is named in one line."""
+one is named in one line; every key of every recipe can be set on the command line."""
 
 import os
+import subprocess
+import sys
+import types
 
+import ml_collections
 import pytest
+from absl import flags
+from ml_collections import config_dict, config_flags
 
 from bertjax import paths, trainer
+from bertjax.interop.checkpoints import CheckpointReader
 from bertjax.objectives.finetune import add_finetune_config
-from bertjax.training.run_config import check_config_overrides, config_path, resolve_paths
+from bertjax.training.run_config import (
+    check_config_overrides,
+    config_path,
+    model_config,
+    resolve_paths,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "bert_tiny.py")
 GLUE = os.path.join(ROOT, "configs", "finetune_glue.py")
+RECIPES = sorted(
+    os.path.join(ROOT, "configs", f)
+    for f in os.listdir(os.path.join(ROOT, "configs"))
+    if f.endswith(".py")
+)
 
 
 def test_config_path_with_a_space_or_an_equals_sign():
@@ -49,3 +66,147 @@ def test_paths_are_resolved_once_and_a_missing_one_is_named(tmp_path, monkeypatc
     with pytest.raises(paths.MissingPathError) as error:
         resolve_paths(config)
     assert str(error.value) == f"config.init_from={str(tmp_path / 'no/such/run')!r} does not exist"
+
+
+# ---- every key can be set on the command line ----
+
+
+def _parse(path: str, *overrides: str) -> ml_collections.ConfigDict:
+    """The config train.py builds from ``--config=path`` and ``overrides``: the unknown-key check,
+    then ml_collections' own override machinery (config_flags, locked as in train.py)."""
+    argv = ["train.py", f"--config={path}", *overrides]
+    check_config_overrides(argv, DEFAULT)
+    values = flags.FlagValues()
+    holder = config_flags.DEFINE_config_file(
+        "config", DEFAULT, flag_values=values, sys_argv=argv, lock_config=True
+    )
+    values(argv)
+    return holder.value
+
+
+def _leaves(config: ml_collections.ConfigDict, prefix: str = ""):
+    """(dotted key, value, declared type) of every leaf; a placeholder's type is its own."""
+    for key in config.keys():
+        value = config[key]
+        if isinstance(value, ml_collections.ConfigDict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value, config.get_type(key)
+
+
+def _other_value(value, kind):
+    """A value of type ``kind`` different from ``value`` (None: a placeholder's first value)."""
+    if kind is bool:
+        return not value
+    if kind is int:
+        return 1 if value is None else value + 1
+    if kind is float:
+        return 0.5 if value is None else value + 0.5
+    if kind is str:
+        return "other" if value != "other" else "another"
+    if kind is tuple:  # same elements, another order and length
+        return (*value[::-1], *value[:1]) if value else (1,)
+    raise AssertionError(f"no command-line form for {kind}")
+
+
+def _get(config, key: str):
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def test_every_key_of_every_recipe_can_be_set_on_the_command_line():
+    """Each leaf of each configs/*.py, one override at a time, a value of its declared type; the
+    parsed config holds exactly that value. A key whose default is a bare None (ml_collections
+    cannot type it) fails here: such keys are typed placeholders."""
+    count = 0
+    for path in RECIPES:
+        for key, value, kind in _leaves(trainer.load_config_file(path)):
+            new = _other_value(value, kind)
+            text = repr(new) if kind is tuple else str(new)
+            try:
+                parsed = _get(_parse(path, f"--config.{key}={text}"), key)
+            except Exception as error:  # name the recipe and key, not just the parser's error
+                raise AssertionError(f"{os.path.basename(path)}: --config.{key}={text}") from error
+            assert parsed == new and type(parsed) is type(new), (path, key, parsed, new)
+            count += 1
+    assert count > 1500  # 19 recipes of ~100-150 keys each: the walk did walk them
+    # The walk would see an untyped None: ml_collections refuses it.
+    untyped = ml_collections.ConfigDict({"x": None, "y": config_dict.placeholder(str)})
+    values = flags.FlagValues()
+    argv = ["p", "--config.x=1"]
+    with pytest.raises(flags.Error, match="config.x"):
+        config_flags.DEFINE_config_dict("config", untyped, flag_values=values, sys_argv=argv)
+        values(argv)
+
+
+def test_optional_model_fields_from_the_command_line(tmp_path, small_spm):
+    """The README's --config.model.matmul_dtype=bfloat16 and --config.model.attention_implementation
+    =xla reach the model of a run (a 2-step train.py run, all settings given as flags); an
+    unknown implementation is named."""
+    shrink = [
+        "--config.num_train_steps=2",
+        "--config.batch_size=8",  # the 8 test devices
+        "--config.data.max_seq_length=32",
+        "--config.data.max_predictions=5",
+        "--config.model.hidden_size=32",
+        "--config.model.num_attention_heads=2",
+        "--config.model.intermediate_size=64",
+        "--config.optim.warmup_steps=1",
+        "--config.log_every=1",
+        "--config.eval_every=0",
+        "--config.progress_bar=False",
+        "--config.peak_flops_per_device=1e12",
+        f"--config.data.tokenizer_model={small_spm}",
+    ]
+    chosen = ["--config.model.matmul_dtype=bfloat16", "--config.model.attention_implementation=xla"]
+    config = _parse(DEFAULT, *chosen, *shrink)
+    summary = trainer.train_and_evaluate(config, str(tmp_path))
+    assert summary["step"] == 2 and summary["train/loss"] == summary["train/loss"]
+    reader = CheckpointReader(str(tmp_path), "workdir")
+    model = reader.meta["model_config"]
+    reader.close()
+    assert (model["matmul_dtype"], model["attention_implementation"]) == ("bfloat16", "xla")
+    tokenizer = types.SimpleNamespace(
+        vocab_size=400, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4
+    )
+    flash = _parse(DEFAULT, "--config.model.attention_implementation=flash")
+    with pytest.raises(ValueError, match="config.model: .*attention_implementation 'flash'"):
+        model_config(flash, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "command,line",
+    [
+        (
+            ["train.py", "--config=configs/finetune_glue.py", "--config.init_from=no/run"],
+            "error: config.init_from='{cwd}/no/run' does not exist",
+        ),
+        (
+            ["-m", "bertjax.glue", "--glue_dir=no_glue", "--workdir=w"],
+            "error: --glue_dir='{cwd}/no_glue' is not a directory",
+        ),
+        (
+            ["-m", "bertjax.glue", "--workdir=w", "--config.init_from=~/no/run"],
+            "error: config.init_from='{home}/no/run' does not exist",
+        ),
+        (
+            ["-m", "bertjax.diffusion", "--workdir=no/run", "--prompt=x"],
+            "error: --workdir='{cwd}/no/run' is not a directory",
+        ),
+    ],
+    ids=["train", "glue-dir", "glue-init-from", "diffusion"],
+)
+def test_a_missing_path_is_one_line_from_every_command(command, line, tmp_path):
+    """Run from another directory: relative paths are the current directory's, ~ is expanded,
+    and the one line names the setting and the resolved path (no traceback)."""
+    for name in ("train.py", "configs", "bertjax"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    env = dict(os.environ, BERTJAX_HUGEPAGE_MALLOC="0")
+    result = subprocess.run(
+        [sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    expected = line.format(cwd=tmp_path, home=os.path.expanduser("~"))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr

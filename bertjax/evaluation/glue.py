@@ -21,8 +21,10 @@ import shutil
 import ml_collections
 from ml_collections import config_dict
 
+from bertjax import paths
 from bertjax.evaluation import glue_report
 from bertjax.objectives import glue_tasks, tasks
+from bertjax.training.run_config import resolve_paths
 from bertjax.training.trainer import train_and_evaluate
 
 # Per-task keys; a task's own value (config.glue.TASK.KEY) replaces config.glue.KEY when set.
@@ -127,10 +129,17 @@ class GlueHarness:
 
     def __init__(self, config: ml_collections.ConfigDict, glue_dir: str, workdir: str):
         validate_glue_config(config.glue)
-        if glue_dir and not os.path.isdir(glue_dir):
-            raise FileNotFoundError(f"--glue_dir={glue_dir!r} is not a directory")
+        # Every path resolved here, once (config.init_from, task files, caches; relative to the
+        # current directory, ~ expanded): a missing one stops before the first of many runs.
+        config = resolve_paths(config)
+        glue_dir = paths.resolve(glue_dir, "--glue_dir")
+        if glue_dir and not paths.isdir(glue_dir):
+            raise paths.MissingPathError(
+                f"--glue_dir={glue_dir!r} is not a directory (the GLUE download script's "
+                "folder: CoLA/, SST-2/, ...)"
+            )
         self.config, self.glue_dir = config, glue_dir
-        self.workdir = os.path.abspath(workdir)
+        self.workdir = paths.resolve(workdir, "--workdir")
         self._train_sizes: dict[str, int] = {}
 
     def order(self) -> list[str]:

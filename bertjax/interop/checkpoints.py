@@ -64,6 +64,7 @@ class CheckpointReader:
     """
 
     def __init__(self, path: str, key: str):
+        path = paths.resolve(path, key)  # orbax takes absolute paths (or URLs) only
         require_dir(path, key)
         self.path, self.key = path, key
         self.directory = checkpoints_dir(path)
@@ -74,7 +75,7 @@ class CheckpointReader:
         )
         self.step = self._manager.latest_step()
         if self.step is None:
-            raise FileNotFoundError(
+            raise paths.MissingPathError(
                 f"{key}={path!r}: no complete bertjax checkpoint in {self.directory}"
             )
         args = ocp.args.Composite(meta=ocp.args.JsonRestore())

@@ -191,6 +191,7 @@ class BertConfig:
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
             ("matmul_dtype", (None, *DTYPES)),
+            ("attention_implementation", (None, "xla", "cudnn")),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import paths
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.checkpoints import CheckpointReader
 from bertjax.modeling.bert_config import BertConfig
@@ -305,7 +306,10 @@ def main(argv=None):
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    model_cfg, params, tokenizer = load(args.workdir)
+    try:
+        model_cfg, params, tokenizer = load(args.workdir)
+    except paths.MissingPathError as error:  # no such workdir or no checkpoint in it: one line
+        raise SystemExit(f"error: {error}") from None
     texts = generate_text(
         model_cfg,
         params,

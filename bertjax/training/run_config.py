@@ -119,6 +119,7 @@ PATH_KEYS = (
     ("data.tfds_data_dir", False),
     ("task.train_file", True),
     ("task.dev_file", True),
+    ("task.glue_dir", True),
     ("task.tfds_data_dir", False),
 )
 
