@@ -1,5 +1,6 @@
 """Hugging Face weights both ways: the public face of `bertjax.interop.hf` (BERT, RoBERTa,
-ALBERT) and `bertjax.interop.electra` (ELECTRA discriminators and generators), chosen by the
+ALBERT), `bertjax.interop.electra` (ELECTRA discriminators and generators) and
+`bertjax.interop.modernbert` (ModernBERT, Ettin), chosen by the
 model type (config.json's on the way in, the BertConfig's on the way out).
 
 cfg, params = bertjax.convert.from_hf("path/to/bert-base-uncased")
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertjax.interop import electra, hf
+from bertjax.interop import electra, hf, modernbert
 from bertjax.interop.hf import stack_layers, unstack_layers
 from bertjax.interop.hf_files import read_config
 from bertjax.modeling.bert_config import BertConfig
@@ -21,8 +22,11 @@ __all__ = ["from_hf", "stack_layers", "to_hf", "unstack_layers"]
 def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
     """(BertConfig, params) of an HF directory (see `bertjax.interop.hf.from_hf`; an ELECTRA
     directory: `bertjax.interop.electra.from_hf`)."""
-    if read_config(path).model_type == "electra":
+    family = read_config(path).model_type
+    if family == "electra":
         return electra.from_hf(path, **overrides)
+    if family == "modernbert":
+        return modernbert.from_hf(path, **overrides)
     return hf.from_hf(path, **overrides)
 
 
@@ -31,4 +35,6 @@ def to_hf(cfg: BertConfig, params: dict, path: str, **kwargs: Any) -> None:
     "electra"`` the discriminator and/or generator (`bertjax.interop.electra.to_hf`)."""
     if cfg.model_type == "electra":
         return electra.to_hf(cfg, params, path, **kwargs)
+    if cfg.model_type == "modernbert":
+        return modernbert.to_hf(cfg, params, path, **kwargs)
     return hf.to_hf(cfg, params, path, **kwargs)

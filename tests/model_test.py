@@ -277,24 +277,33 @@ def test_dense_layers_and_attention_go_through_project(bert, monkeypatch):
     np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
 
 
-def test_cudnn_attention_gets_a_full_query_length_mask(bert, monkeypatch):
-    """cuDNN refuses a [B, 1, 1, S] padding mask (it becomes a bias that must cover every query);
-    the model hands it [B, 1, T, S]. Run here through XLA, which must give the same outputs."""
+def test_fused_attention_gets_lengths_for_padded_rows_and_a_full_mask_for_packed(bert, monkeypatch):
+    """On accelerators padded rows reach `jax.nn.dot_product_attention` as sequence lengths (no
+    T x S mask; cuDNN's padding path) and packed rows as a [B, 1, T, S] mask (cuDNN refuses a
+    [B, 1, 1, S] one). Run here through XLA: the same outputs at every real position."""
     cfg, model, params = bert
-    fused, shapes = jax.nn.dot_product_attention, []
+    fused, calls = jax.nn.dot_product_attention, []
 
-    def recording(q, k, v, *, mask, implementation):
-        shapes.append((implementation, mask.shape, q.shape))
-        return fused(q, k, v, mask=mask, implementation="xla")
+    def recording(q, k, v, *, implementation, mask=None, **kwargs):
+        calls.append((implementation, None if mask is None else mask.shape, sorted(kwargs)))
+        return fused(q, k, v, mask=mask, implementation="xla", **kwargs)
 
     ids = _ids(11, (2, 9))
     attention_mask = jnp.asarray([[1] * 9, [1] * 6 + [0] * 3], jnp.int32)
-    want = model.apply({"params": params}, ids, attention_mask=attention_mask)["mlm_logits"]
+    segments = jnp.asarray([[1] * 4 + [2] * 5, [1] * 6 + [0] * 3], jnp.int32)
+    want_padded = model.apply({"params": params}, ids, attention_mask=attention_mask)["mlm_logits"]
+    want_packed = model.apply({"params": params}, ids, segment_ids=segments)["mlm_logits"]
     monkeypatch.setattr(jax.nn, "dot_product_attention", recording)
     cudnn = bertjax.BertForPreTraining(dataclasses.replace(cfg, attention_implementation="cudnn"))
-    got = cudnn.apply({"params": params}, ids, attention_mask=attention_mask)["mlm_logits"]
-    assert shapes and all(impl == "cudnn" and mask == (2, 1, 9, 9) for impl, mask, _ in shapes)
-    np.testing.assert_allclose(got, want, atol=1e-6)
+    padded = cudnn.apply({"params": params}, ids, attention_mask=attention_mask)["mlm_logits"]
+    lengths = ["key_value_seq_lengths", "local_window_size", "query_seq_lengths"]
+    assert calls and all(c == ("cudnn", None, lengths) for c in calls)
+    calls.clear()
+    packed = cudnn.apply({"params": params}, ids, segment_ids=segments)["mlm_logits"]
+    assert calls and all(c == ("cudnn", (2, 1, 9, 9), ["local_window_size"]) for c in calls)
+    real = np.asarray(attention_mask) > 0
+    np.testing.assert_allclose(np.asarray(padded)[real], np.asarray(want_padded)[real], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(packed)[real], np.asarray(want_packed)[real], atol=1e-6)
 
 
 def test_dropout_is_active_only_when_asked(bert):
@@ -540,7 +549,8 @@ def test_products_attention_equals_float64_attention_and_its_gradient(chains, dr
 
 def test_cpu_attention_path_equals_dot_product_attention(bert):
     """On the CPU the model's attention is products.attention; attention_implementation="xla"
-    takes jax.nn.dot_product_attention: same outputs and gradients on padded rows."""
+    takes jax.nn.dot_product_attention: same outputs and gradients on padded rows (at real
+    tokens: the fused path reads the padding by its lengths and leaves padded queries at 0)."""
     cfg, model, params = bert
     assert jax.default_backend() == "cpu"
     ids = _ids(12, (4, 9))
@@ -548,9 +558,8 @@ def test_cpu_attention_path_equals_dot_product_attention(bert):
     fused = bertjax.BertForPreTraining(dataclasses.replace(cfg, attention_implementation="xla"))
 
     def loss(m, p):
-        return jnp.sum(
-            m.apply({"params": p}, ids, attention_mask=attention_mask)["mlm_logits"] ** 2
-        )
+        logits = m.apply({"params": p}, ids, attention_mask=attention_mask)["mlm_logits"]
+        return jnp.sum(logits**2 * attention_mask[..., None])
 
     np.testing.assert_allclose(loss(model, params), loss(fused, params), rtol=1e-5)
     ours, theirs = (

@@ -424,9 +424,10 @@ def to_hf(
         paths.upload(local, paths.join(path, "model.safetensors"))
     paths.write_text(paths.join(path, "config.json"), json.dumps(hf, indent=2, sort_keys=True))
     if tokenizer_file:
-        name = (
-            "spiece.model"
-            if tokenizer_file.endswith(".model")
-            else os.path.basename(tokenizer_file)
-        )
-        paths.upload(tokenizer_file, paths.join(path, name))
+        copy_tokenizer(tokenizer_file, path)
+
+
+def copy_tokenizer(tokenizer_file: str, path: str) -> None:
+    """Copies a tokenizer file into an HF directory (a SentencePiece .model as spiece.model)."""
+    name = "spiece.model" if tokenizer_file.endswith(".model") else os.path.basename(tokenizer_file)
+    paths.upload(tokenizer_file, paths.join(path, name))

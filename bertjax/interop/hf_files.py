@@ -88,6 +88,9 @@ _FAMILY_DEFAULTS = {  # the ids of the reference vocabularies when no tokenizer 
     "bert": dict(unk_token_id=100, cls_token_id=101, sep_token_id=102, mask_token_id=103),
     "roberta": dict(cls_token_id=0, sep_token_id=2, unk_token_id=3, mask_token_id=50264),
     "albert": dict(unk_token_id=1, cls_token_id=2, sep_token_id=3, mask_token_id=4),
+    "modernbert": dict(
+        unk_token_id=50280, cls_token_id=50281, sep_token_id=50282, mask_token_id=50284
+    ),
 }
 
 
@@ -141,10 +144,12 @@ def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
     fam = hf.get("model_type")
     if fam == "electra":
         return _electra_config(hf, path, **overrides)
+    if fam == "modernbert":
+        return _modernbert_config(hf, path, **overrides)
     if fam not in ("bert", "roberta", "albert"):
         raise ValueError(
             f"{path}/config.json has model_type {fam!r}; bertjax converts "
-            "'bert', 'roberta', 'albert' and 'electra'"
+            "'bert', 'roberta', 'albert', 'electra' and 'modernbert'"
         )
     if fam == "albert" and hf.get("inner_group_num", 1) != 1:
         raise ValueError(
@@ -211,6 +216,95 @@ def _electra_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         classifier_dropout=hf.get("classifier_dropout"),
         **special_token_ids(path, "bert", hf),
+    )
+    fields.update(overrides)
+    try:
+        return BertConfig.from_dict(fields)
+    except ValueError as error:
+        raise ValueError(f"{path}/config.json does not describe a valid model: {error}") from error
+
+
+def _modernbert_layout(hf: dict, path: str) -> tuple[int, int]:
+    """(local_attention_window, global_attn_every_n_layers) of a ModernBERT config.json, from
+    its ``layer_types`` when saved (transformers 5) or ``global_attn_every_n_layers``."""
+    layers, window = hf["num_hidden_layers"], hf.get("local_attention", 128)
+    types = hf.get("layer_types")
+    if types is None:
+        return window, hf.get("global_attn_every_n_layers", 3)
+    local = [t == "sliding_attention" for t in types]
+    if not any(local):
+        return 0, 1
+    globals_ = [i for i, is_local in enumerate(local) if not is_local]
+    every = globals_[1] - globals_[0] if len(globals_) > 1 else layers
+    if local != [bool(i % every) for i in range(layers)]:
+        raise ValueError(
+            f"{path}/config.json: layer_types {types} is not 'every n-th layer global from "
+            "layer 0'; bertjax builds that pattern only"
+        )
+    return window, every
+
+
+def _rope_thetas(hf: dict, path: str) -> tuple[float, float]:
+    """(global, local) RoPE bases from ``rope_parameters`` (transformers 5) or the older
+    ``global_rope_theta`` / ``local_rope_theta`` keys."""
+    params = hf.get("rope_parameters") or {}
+    thetas = []
+    for kind, old_key, default in (
+        ("full_attention", "global_rope_theta", 160000.0),
+        ("sliding_attention", "local_rope_theta", 10000.0),
+    ):
+        entry = params.get(kind) or {}
+        if entry.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"{path}/config.json: RoPE type {entry['rope_type']!r} for {kind} layers is not "
+                "supported (only 'default')"
+            )
+        thetas.append(float(entry.get("rope_theta", hf.get(old_key, default))))
+    return thetas[0], thetas[1]
+
+
+def _modernbert_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
+    """A ModernBERT (or Ettin) config.json: RoPE, GLU, pre-LN without biases, alternating
+    local/global attention. HF's three dropouts map to bertjax's places: attention_dropout to
+    the attention probabilities and output, embedding_dropout and mlp_dropout to theirs."""
+    window, every = _modernbert_layout(hf, path)
+    global_theta, local_theta = _rope_thetas(hf, path)
+    attention_dropout = float(hf.get("attention_dropout", 0.0))
+    ids = special_token_ids(path, "modernbert", {"pad_token_id": 50283, **hf})
+    fields = dict(
+        model_type="modernbert",
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        hidden_act=hf.get("hidden_activation", "gelu"),
+        hidden_dropout_prob=attention_dropout,
+        attention_probs_dropout_prob=attention_dropout,
+        embedding_dropout_prob=float(hf.get("embedding_dropout", 0.0)),
+        mlp_dropout_prob=float(hf.get("mlp_dropout", 0.0)),
+        max_position_embeddings=hf.get("max_position_embeddings", 8192),
+        type_vocab_size=0,
+        initializer_range=hf.get("initializer_range", 0.02),
+        init_scheme="modernbert",
+        layer_norm_eps=hf.get("norm_eps", 1e-5),
+        pre_layer_norm=True,
+        first_attention_norm=False,
+        position_embedding_type="rope",
+        rope_theta=global_theta,
+        local_rope_theta=local_theta,
+        local_attention_window=window,
+        global_attn_every_n_layers=every,
+        mlp_type="glu",
+        attention_bias=bool(hf.get("attention_bias", False)),
+        mlp_bias=bool(hf.get("mlp_bias", False)),
+        norm_bias=bool(hf.get("norm_bias", False)),
+        head_bias=bool(hf.get("classifier_bias", False)),
+        decoder_bias=bool(hf.get("decoder_bias", True)),
+        head_act=hf.get("classifier_activation", "gelu"),
+        classifier_pooling=hf.get("classifier_pooling", "cls"),
+        classifier_dropout=float(hf.get("classifier_dropout", 0.0)),
+        **ids,
     )
     fields.update(overrides)
     try:

@@ -29,19 +29,17 @@ from typing import Any
 
 import jax.numpy as jnp
 
-ACTIVATIONS = (
-    "gelu",
-    "gelu_new",
-    "gelu_tanh",
-    "gelu_pytorch_tanh",
-    "relu",
-    "silu",
-    "swish",
-    "tanh",
+from bertjax.modeling.config_checks import (  # noqa: F401  (re-exported)
+    ACTIVATIONS,
+    DTYPES,
+    INIT_SCHEMES,
+    MLP_TYPES,
+    MODEL_TYPES,
+    POOLINGS,
+    POSITION_TYPES,
+    REMAT_POLICIES,
+    validate,
 )
-MODEL_TYPES = ("bert", "roberta", "albert", "electra")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-DTYPES = ("float32", "bfloat16", "float16")
 
 # name: (layers, hidden, heads); intermediate = 4 * hidden as in Turc et al. "Well-Read Students".
 _PRESETS = {
@@ -52,6 +50,54 @@ _PRESETS = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
 }
+
+# ModernBERT (answerdotai/ModernBERT-base, -large) and the Ettin encoders (jhu-clsp/ettin-encoder-*,
+# the same architecture): name: (layers, hidden, heads, intermediate = one GLU half).
+_MODERN_PRESETS = {
+    "modernbert-tiny": (4, 128, 2, 192),  # this CPU's size (configs/modernbert_tiny.py)
+    "ettin-17m": (7, 256, 4, 384),
+    "ettin-32m": (10, 384, 6, 576),
+    "ettin-68m": (19, 512, 8, 768),
+    "ettin-150m": (22, 768, 12, 1152),
+    "ettin-400m": (28, 1024, 16, 2624),
+    "ettin-1b": (28, 1792, 28, 3840),
+    "modernbert-base": (22, 768, 12, 1152),
+    "modernbert-large": (28, 1024, 16, 2624),
+}
+# The ModernBERT shape: every field that differs from BERT's defaults (HF ModernBertConfig and
+# the paper's training yamls: attention-output dropout 0.1, none elsewhere; RoPE 160k global /
+# 10k local as released; 1024-token training used 10k for both).
+MODERN_FIELDS = dict(
+    model_type="modernbert",
+    vocab_size=50368,
+    max_position_embeddings=8192,
+    type_vocab_size=0,
+    hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.0,
+    embedding_dropout_prob=0.0,
+    mlp_dropout_prob=0.0,
+    layer_norm_eps=1e-5,
+    pre_layer_norm=True,
+    first_attention_norm=False,
+    position_embedding_type="rope",
+    rope_theta=160000.0,
+    local_rope_theta=10000.0,
+    local_attention_window=128,
+    global_attn_every_n_layers=3,
+    mlp_type="glu",
+    attention_bias=False,
+    mlp_bias=False,
+    norm_bias=False,
+    head_bias=False,
+    decoder_bias=True,
+    classifier_pooling="cls",
+    init_scheme="modernbert",
+    pad_token_id=50283,
+    unk_token_id=50280,
+    cls_token_id=50281,
+    sep_token_id=50282,
+    mask_token_id=50284,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,170 +162,64 @@ class BertConfig:
     moe_routing: str = "token_choice"
     router_z_loss_weight: float = 1e-3  # ST-MoE router z-loss weight in the total loss
     load_balance_loss_weight: float = 1e-2  # Switch load-balancing loss weight in the total loss
+    # The ModernBERT shape (Warner et al. 2024; transformers' `modernbert` is the reference); each
+    # field at its default is BERT's choice, and ModernBERT/Ettin set them all (BertConfig.modern).
+    position_embedding_type: str = "absolute"  # "absolute": learned table; "rope": rotary q/k
+    rope_theta: float = 10000.0  # RoPE base of global layers (ModernBERT: 160k after phase 1)
+    local_rope_theta: float | None = None  # RoPE base of local layers (None: rope_theta)
+    # Total width of local attention (HF's `local_attention`): a local layer's query at t sees
+    # keys s with |s - t| <= window // 2; 0: every layer attends globally.
+    local_attention_window: int = 0
+    # with a window: layers 0, n, 2n, ... attend globally, the others locally (1: all global)
+    global_attn_every_n_layers: int = 1
+    mlp_type: str = "mlp"  # "mlp": D->F, act, F->D; "glu": D->2F, act(input) * gate, F->D (GeGLU)
+    attention_bias: bool = True  # Q/K/V and attention-output biases
+    mlp_bias: bool = True  # feed-forward biases
+    norm_bias: bool = True  # LayerNorm biases (scale only when False)
+    head_bias: bool = True  # bias of the heads' dense transform (HF ModernBERT: classifier_bias)
+    decoder_bias: bool = True  # MLM decoder bias
+    head_act: str | None = None  # activation of the heads' transform (None: hidden_act)
+    first_attention_norm: bool = True  # pre-LN only; False: layer 0's attention norm is identity
+    # Sequence classification: "pooler" (BERT: tanh dense on [CLS]) | "cls" | "mean" (ModernBERT:
+    # the [CLS] row or the mean of real tokens, then the head's dense, activation, norm).
+    classifier_pooling: str = "pooler"
+    embedding_dropout_prob: float | None = None  # after the embedding norm (None: hidden_dropout)
+    # Feed-forward dropout (None: hidden_dropout_prob): on its output ("mlp"), or on the gated
+    # F-wide activation before the output product ("glu", as ModernBERT).
+    mlp_dropout_prob: float | None = None
+    # "bert": normal(initializer_range); "modernbert": truncated at +-2 std, and the attention
+    # and feed-forward output products and the heads' transform at std / sqrt(2 L) (HF's init).
+    init_scheme: str = "bert"
 
     def __post_init__(self):
-        positive = (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by "
-                f"num_attention_heads ({self.num_attention_heads})"
-            )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(
-                f"BertConfig.hidden_act {self.hidden_act!r} is not one of {ACTIVATIONS}"
-            )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(
-                f"BertConfig.classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}"
-            )
-        if self.layer_norm_eps <= 0:
-            raise ValueError(
-                f"BertConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}"
-            )
-        if self.position_embedding_init not in ("normal", "sinusoidal", "fourier"):
-            raise ValueError(
-                "BertConfig.position_embedding_init must be 'normal', 'sinusoidal' or "
-                f"'fourier', got {self.position_embedding_init!r}"
-            )
-        if self.position_embedding_init == "fourier" and (
-            self.head_dim % 2 or self.head_dim > self.embedding_dim
-        ):
-            raise ValueError(
-                f"BertConfig.position_embedding_init='fourier' needs an even head_dim "
-                f"({self.head_dim}) no wider than the embeddings ({self.embedding_dim})"
-            )
-        self._validate_local_attention()
-        if self.initializer_range <= 0:
-            raise ValueError(
-                f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}"
-            )
-        if self.position_offset < 0:
-            raise ValueError(
-                f"BertConfig.position_offset must be >= 0, got {self.position_offset!r}"
-            )
-        if self.embedding_size is not None and self.embedding_size <= 0:
-            raise ValueError(
-                f"BertConfig.embedding_size must be positive or None, got {self.embedding_size!r}"
-            )
-        if self.num_hidden_groups is not None:
-            if self.num_hidden_groups <= 0 or self.num_hidden_layers % self.num_hidden_groups:
-                raise ValueError(
-                    f"BertConfig.num_hidden_groups ({self.num_hidden_groups}) must be positive and "
-                    f"divide num_hidden_layers ({self.num_hidden_layers})"
-                )
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(
-                f"BertConfig.model_type {self.model_type!r} is not one of {MODEL_TYPES}"
-            )
-        for name, allowed in (
-            ("dtype", DTYPES),
-            ("param_dtype", DTYPES),
-            ("matmul_dtype", (None, *DTYPES)),
-            ("attention_implementation", (None, "xla", "cudnn")),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"BertConfig.{name} {getattr(self, name)!r} is not one of {allowed}"
-                )
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"BertConfig.remat {self.remat!r} is not one of {REMAT_POLICIES}")
-        self._validate_moe()
-        for name in (
-            "pad_token_id",
-            "unk_token_id",
-            "cls_token_id",
-            "sep_token_id",
-            "mask_token_id",
-        ):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(
-                    f"BertConfig.{name} ({value}) is outside the vocabulary [0, {self.vocab_size})"
-                )
+        validate(self)  # bertjax/modeling/config_checks.py: one message per invalid field
 
-    def _validate_local_attention(self):
-        offsets = tuple(self.local_attention_offsets)  # JSON and ml_collections may give a list
-        object.__setattr__(self, "local_attention_offsets", offsets)
-        if not offsets:
-            return
-        if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
-            raise ValueError(
-                f"BertConfig.local_attention_offsets must be integers, got {offsets!r}"
-            )
-        problems = []
-        if len(offsets) > self.num_attention_heads:
-            problems.append(f"{len(offsets)} offsets for {self.num_attention_heads} heads")
-        if self.position_embedding_init != "fourier":
-            problems.append("it needs position_embedding_init='fourier'")
-        if self.embedding_dim != self.hidden_size or self.num_groups != self.num_hidden_layers:
-            problems.append("it needs unfactorized embeddings and unshared layers")
-        if any(abs(o) >= self.head_dim for o in offsets):
-            problems.append(f"offsets must be shorter than head_dim ({self.head_dim})")
-        if not self.local_attention_logit > 0:
-            problems.append(
-                f"local_attention_logit must be positive, got {self.local_attention_logit!r}"
-            )
-        if problems:
-            raise ValueError(
-                f"BertConfig.local_attention_offsets={offsets!r}: " + "; ".join(problems)
-            )
+    def attention_window(self, layer: int) -> int:
+        """Half-width of layer ``layer``'s local attention (keys within it of the query), or 0
+        for a global layer: layers 0, n, 2n, ... are global (n = global_attn_every_n_layers)."""
+        if not self.local_attention_window or layer % self.global_attn_every_n_layers == 0:
+            return 0
+        return self.local_attention_window // 2
 
-    def _validate_moe(self):
-        """Mixture-of-experts fields (see bertjax/modeling/moe.py)."""
-        for name, low in (("num_experts", 0), ("experts_per_token", 1), ("moe_layer_interval", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"BertConfig.{name} must be an integer >= {low}, got {value!r}")
-        if self.num_experts and self.experts_per_token > self.num_experts:
-            raise ValueError(
-                f"BertConfig.experts_per_token ({self.experts_per_token}) must not "
-                f"exceed num_experts ({self.num_experts})"
-            )
-        if self.moe_routing not in ("token_choice", "expert_choice"):
-            raise ValueError(
-                "BertConfig.moe_routing must be 'token_choice' or 'expert_choice', got "
-                f"{self.moe_routing!r}"
-            )
-        if self.moe_routing == "expert_choice" and self.expert_capacity_factor is None:
-            raise ValueError(
-                "BertConfig.moe_routing='expert_choice' needs an expert_capacity_factor"
-                " (the tokens each expert picks), got None"
-            )
-        if self.expert_capacity_factor is not None and not self.expert_capacity_factor > 0:
-            raise ValueError(
-                "BertConfig.expert_capacity_factor must be positive or None "
-                f"(dropless), got {self.expert_capacity_factor!r}"
-            )
-        for name in ("router_z_loss_weight", "load_balance_loss_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"BertConfig.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.num_experts and self.scan_layers and self.moe_layer_interval != 1:
-            raise ValueError(
-                f"BertConfig.moe_layer_interval={self.moe_layer_interval} needs scan_layers=False:"
-                " a scanned encoder repeats one layer type, so with scan_layers every layer is MoE"
-                " (moe_layer_interval=1)"
-            )
-        if self.num_experts and self.moe_layer_interval > self.num_groups:
-            raise ValueError(
-                f"BertConfig.moe_layer_interval ({self.moe_layer_interval}) exceeds "
-                f"the {self.num_groups} distinct layers: no layer would be MoE"
-            )
+    def layer_rope_theta(self, layer: int) -> float:
+        """The RoPE base of layer ``layer``: local layers' own when set."""
+        if self.attention_window(layer) and self.local_rope_theta is not None:
+            return self.local_rope_theta
+        return self.rope_theta
+
+    @property
+    def head_activation(self) -> str:
+        return self.head_act or self.hidden_act
+
+    @property
+    def embedding_dropout(self) -> float:
+        if self.embedding_dropout_prob is None:
+            return self.hidden_dropout_prob
+        return self.embedding_dropout_prob
+
+    @property
+    def mlp_dropout(self) -> float:
+        return self.hidden_dropout_prob if self.mlp_dropout_prob is None else self.mlp_dropout_prob
 
     def is_moe_layer(self, group: int) -> bool:
         """Whether distinct layer ``group`` (layer index; ALBERT group) has an MoE feed-forward."""
@@ -287,10 +227,24 @@ class BertConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
-        """A named size (tiny, mini, small, medium, base, large) with optional field overrides."""
+        """A named size with optional field overrides: BERT's (tiny, mini, small, medium, base,
+        large; Turc et al.) or the ModernBERT shape's (modernbert-tiny/-base/-large, ettin-17m
+        ... ettin-1b: `MODERN_FIELDS` and the size)."""
+        if name in _MODERN_PRESETS:
+            layers, hidden, heads, intermediate = _MODERN_PRESETS[name]
+            fields = dict(
+                MODERN_FIELDS,
+                num_hidden_layers=layers,
+                hidden_size=hidden,
+                num_attention_heads=heads,
+                intermediate_size=intermediate,
+            )
+            fields.update(overrides)
+            return cls.from_dict(fields)
         if name not in _PRESETS:
             raise ValueError(
-                f"unknown BertConfig preset {name!r}; choose one of {sorted(_PRESETS)}"
+                f"unknown BertConfig preset {name!r}; choose one of "
+                f"{sorted(_PRESETS) + sorted(_MODERN_PRESETS)}"
             )
         layers, hidden, heads = _PRESETS[name]
         fields = dict(

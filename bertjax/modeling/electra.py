@@ -21,10 +21,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.modeling.attention import make_attention_mask
+from bertjax.modeling.attention import AttentionMask
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.embeddings import position_ids
-from bertjax.modeling.encoder import BertModel, Encoder
+from bertjax.modeling.encoder import BertModel, Encoder, check_length
 from bertjax.modeling.heads import BertForPreTraining, MaskedLMHead
 from bertjax.modeling.layers import activation, constrain, dense, gather_rows
 
@@ -204,15 +204,11 @@ class ElectraForPreTraining(nn.Module):
     ) -> dict:
         cfg = self.cfg
         batch, length = input_ids.shape
-        if length > cfg.max_position_embeddings - cfg.position_offset:
-            raise ValueError(
-                f"sequence length {length} exceeds max_position_embeddings "
-                f"{cfg.max_position_embeddings} (position_offset {cfg.position_offset})"
-            )
+        check_length(cfg, length)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         positions = position_ids(segment_ids, batch, length, cfg.position_offset)
-        mask = make_attention_mask(attention_mask, segment_ids, batch, length)
+        mask = AttentionMask.build(attention_mask, segment_ids, positions)
 
         # Generator: MLM on the masked input, through the shared embeddings.
         x_BTW = self.bert.embeddings(

@@ -28,7 +28,8 @@ def position_ids(segment_ids: Array | None, batch: int, length: int, offset: int
 
 class Embeddings(nn.Module):
     """Word + position + token-type embeddings, LayerNorm, dropout; ALBERT and ELECTRA project
-    W -> D."""
+    W -> D. With RoPE there is no position table, with type_vocab_size 0 no token-type table
+    (ModernBERT: word embeddings and the norm only)."""
 
     cfg: BertConfig
 
@@ -42,25 +43,27 @@ class Embeddings(nn.Module):
             (cfg.vocab_size, width),
             cfg.params_dtype,
         )
-        position_init = {
-            "normal": nn.initializers.normal(cfg.initializer_range),
-            "sinusoidal": sinusoidal_init(cfg.initializer_range),
-            "fourier": fourier_init(cfg.initializer_range, cfg.head_dim),
-        }[cfg.position_embedding_init]
-        self.position_embeddings = self.param(
-            "position_embeddings",
-            nn.with_logical_partitioning(position_init, ("position", self.width_axis)),
-            (cfg.max_position_embeddings, width),
-            cfg.params_dtype,
-        )
-        self.token_type_embeddings = self.param(
-            "token_type_embeddings",
-            normal_init(cfg, ("types", self.width_axis)),
-            (cfg.type_vocab_size, width),
-            cfg.params_dtype,
-        )
+        if cfg.position_embedding_type == "absolute":  # RoPE rotates q and k instead
+            position_init = {
+                "normal": nn.initializers.normal(cfg.initializer_range),
+                "sinusoidal": sinusoidal_init(cfg.initializer_range),
+                "fourier": fourier_init(cfg.initializer_range, cfg.head_dim),
+            }[cfg.position_embedding_init]
+            self.position_embeddings = self.param(
+                "position_embeddings",
+                nn.with_logical_partitioning(position_init, ("position", self.width_axis)),
+                (cfg.max_position_embeddings, width),
+                cfg.params_dtype,
+            )
+        if cfg.type_vocab_size:
+            self.token_type_embeddings = self.param(
+                "token_type_embeddings",
+                normal_init(cfg, ("types", self.width_axis)),
+                (cfg.type_vocab_size, width),
+                cfg.params_dtype,
+            )
         self.layer_norm = layer_norm(cfg, self.width_axis, "layer_norm")
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.embedding_dropout)
         if width != cfg.hidden_size:
             self.projection = dense(cfg, cfg.hidden_size, ("factor", "embed"), "projection")
 
@@ -70,11 +73,13 @@ class Embeddings(nn.Module):
         """[B, T, D]; ``project=False``: the [B, T, W] output before ALBERT/ELECTRA's W -> D
         projection (what ELECTRA's generator reads from the embeddings it shares)."""
         dtype = self.cfg.compute_dtype
-        x_BTW = (
-            jnp.take(self.word_embeddings, input_ids, axis=0).astype(dtype)
-            + jnp.take(self.position_embeddings, positions, axis=0).astype(dtype)
-            + jnp.take(self.token_type_embeddings, token_type_ids, axis=0).astype(dtype)
-        )
+        x_BTW = jnp.take(self.word_embeddings, input_ids, axis=0).astype(dtype)
+        if self.cfg.position_embedding_type == "absolute":
+            x_BTW = x_BTW + jnp.take(self.position_embeddings, positions, axis=0).astype(dtype)
+        if self.cfg.type_vocab_size:
+            x_BTW = x_BTW + jnp.take(self.token_type_embeddings, token_type_ids, axis=0).astype(
+                dtype
+            )
         x_BTW = self.dropout(self.layer_norm(x_BTW), deterministic=deterministic)
         if not project:
             return constrain(x_BTW, ("act_batch", "act_len", "act_embed"))

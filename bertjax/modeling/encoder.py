@@ -8,26 +8,36 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.modeling.attention import SelfAttention, make_attention_mask
+from bertjax.modeling.attention import AttentionMask, SelfAttention
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.embeddings import Embeddings, position_ids
 from bertjax.modeling.layers import Dropout, activation, constrain, dense, gather_rows, layer_norm
-from bertjax.modeling.moe import MoeFeedForward, token_mask
+from bertjax.modeling.moe import MoeFeedForward
 
 Array = jax.Array
 
 
 class FeedForward(nn.Module):
-    """Dense D -> F, activation, Dense F -> D."""
+    """ "mlp": Dense D -> F, activation, Dense F -> D. "glu" (GeGLU with gelu): Dense D -> 2F
+    split into input and gate, activation(input) * gate, dropout (``mlp_dropout``, here as in
+    ModernBERT), Dense F -> D."""
 
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x_BTD: Array) -> Array:
+    def __call__(self, x_BTD: Array, deterministic: bool = True) -> Array:
         cfg = self.cfg
-        h_BTF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BTD)
-        h_BTF = constrain(activation(cfg.hidden_act)(h_BTF), ("act_batch", "act_len", "act_mlp"))
-        y_BTD = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BTF)
+        glu = cfg.mlp_type == "glu"
+        width = cfg.intermediate_size * (2 if glu else 1)
+        h_BTF = dense(cfg, width, ("embed", "mlp"), "intermediate", cfg.mlp_bias)(x_BTD)
+        if glu:
+            h_BTF, gate_BTF = jnp.split(h_BTF, 2, axis=-1)
+            h_BTF = activation(cfg.hidden_act)(h_BTF) * gate_BTF
+            h_BTF = Dropout(cfg.mlp_dropout)(h_BTF, deterministic)
+        else:
+            h_BTF = activation(cfg.hidden_act)(h_BTF)
+        h_BTF = constrain(h_BTF, ("act_batch", "act_len", "act_mlp"))
+        y_BTD = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output", cfg.mlp_bias, True)(h_BTF)
         return constrain(y_BTD, ("act_batch", "act_len", "act_embed"))
 
 
@@ -35,30 +45,49 @@ class BertLayer(nn.Module):
     """One transformer layer, post-LN (BERT) or pre-LN; ``moe``: its feed-forward is
     `MoeFeedForward` (same parameter path ``mlp``). Returns (x, None) so it can be scanned.
     ``rows`` ([B, R]): the layer's output only at those positions, [B, R, D] (its queries,
-    residuals and feed-forward run on those rows alone; keys and values on all)."""
+    residuals and feed-forward run on those rows alone; keys and values on all).
+    ``half_window`` > 0: local attention; ``rope_theta``: its RoPE base; ``attention_norm``
+    False: pre-LN without the attention norm (ModernBERT's first layer)."""
 
     cfg: BertConfig
     moe: bool = False
+    half_window: int = 0
+    rope_theta: float = 10000.0
+    attention_norm: bool = True
 
     @nn.compact
     def __call__(
         self,
         x: Array,
-        mask: Array,
+        mask: AttentionMask,
         deterministic: bool,
         layer_index=0,
         rows: Array | None = None,
     ):
         cfg = self.cfg
         drop = Dropout(cfg.hidden_dropout_prob)
-        attention = SelfAttention(cfg, name="attention")
+        attention = SelfAttention(cfg, self.half_window, self.rope_theta, name="attention")
         if self.moe:
             experts = MoeFeedForward(cfg, name="mlp")
 
-            def mlp(h):  # MoE layers always run every row (see last_layer_at_rows)
-                return experts(h, token_mask(mask))
+            def feed_forward(h):  # MoE layers always run every row (see last_layer_at_rows)
+                return experts(h, mask.tokens())
         else:
-            mlp = FeedForward(cfg, name="mlp")
+            dense_mlp = FeedForward(cfg, name="mlp")
+
+            def feed_forward(h):
+                return dense_mlp(h, deterministic)
+
+        if cfg.mlp_type == "glu" and not self.moe:  # its dropout is inside
+            mlp = feed_forward
+        else:
+            mlp_drop = drop
+            if cfg.mlp_dropout != cfg.hidden_dropout_prob:
+                mlp_drop = Dropout(cfg.mlp_dropout, name="mlp_dropout")
+
+            def mlp(h):
+                return mlp_drop(feed_forward(h), deterministic)
+
         attention_norm = layer_norm(cfg, "embed", "attention_norm")
         output_norm = layer_norm(cfg, "embed", "output_norm")
         residual = x if rows is None else gather_rows(x, rows)
@@ -67,11 +96,11 @@ class BertLayer(nn.Module):
             return drop(attention(h, mask, deterministic, layer_index, rows), deterministic)
 
         if cfg.pre_layer_norm:
-            x = residual + attend(attention_norm(x))
-            x = x + drop(mlp(output_norm(x)), deterministic)
+            x = residual + attend(attention_norm(x) if self.attention_norm else x)
+            x = x + mlp(output_norm(x))
         else:
             x = attention_norm(residual + attend(x))
-            x = output_norm(x + drop(mlp(x), deterministic))
+            x = output_norm(x + mlp(x))
         return constrain(x, ("act_batch", "act_len", "act_embed")), None
 
 
@@ -98,7 +127,7 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: Array, mask: Array, deterministic: bool, rows: Array | None = None
+        self, x: Array, mask: AttentionMask, deterministic: bool, rows: Array | None = None
     ) -> Array:
         cfg = self.cfg
         groups = cfg.num_groups
@@ -134,11 +163,22 @@ class Encoder(nn.Module):
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
             layer_indices = jnp.arange(groups)  # the first layer's init differs (local heads)
-            x, _ = stack(cfg, cfg.is_moe_layer(0), name="layers")(
+            kinds = dict(half_window=cfg.attention_window(0), rope_theta=cfg.layer_rope_theta(0))
+            x, _ = stack(cfg, cfg.is_moe_layer(0), **kinds, name="layers")(
                 x, mask, deterministic, layer_indices
             )
         else:
-            layers = [layer_cls(cfg, cfg.is_moe_layer(g), name=f"layer_{g}") for g in range(groups)]
+            layers = [
+                layer_cls(
+                    cfg,
+                    cfg.is_moe_layer(g),
+                    half_window=cfg.attention_window(g),
+                    rope_theta=cfg.layer_rope_theta(g),
+                    attention_norm=g > 0 or cfg.first_attention_norm,
+                    name=f"layer_{g}",
+                )
+                for g in range(groups)
+            ]
             for index in range(cfg.num_hidden_layers):
                 at_rows = sparse and index == cfg.num_hidden_layers - 1
                 group = index // repeats
@@ -148,6 +188,15 @@ class Encoder(nn.Module):
         if cfg.pre_layer_norm:
             x = layer_norm(cfg, "embed", "final_norm")(x)
         return x
+
+
+def check_length(cfg: BertConfig, length: int) -> None:
+    """A clear error for rows longer than the model's positions."""
+    if length > cfg.max_position_embeddings - cfg.position_offset:
+        raise ValueError(
+            f"sequence length {length} exceeds max_position_embeddings "
+            f"{cfg.max_position_embeddings} (position_offset {cfg.position_offset})"
+        )
 
 
 class BertModel(nn.Module):
@@ -187,17 +236,13 @@ class BertModel(nn.Module):
     ):
         cfg = self.cfg
         batch, length = input_ids.shape
-        if length > cfg.max_position_embeddings - cfg.position_offset:
-            raise ValueError(
-                f"sequence length {length} exceeds max_position_embeddings "
-                f"{cfg.max_position_embeddings} (position_offset {cfg.position_offset})"
-            )
+        check_length(cfg, length)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if positions is None:
             positions = position_ids(segment_ids, batch, length, cfg.position_offset)
         x = self.embeddings(input_ids, token_type_ids, positions, deterministic)
-        mask = make_attention_mask(attention_mask, segment_ids, batch, length)
+        mask = AttentionMask.build(attention_mask, segment_ids, positions)
         rows = output_positions
         if rows is not None and self.add_pooler:  # [CLS] first, for the pooler
             rows = jnp.concatenate([jnp.zeros((batch, 1), rows.dtype), rows], axis=1)

@@ -25,8 +25,16 @@ from bertjax.modeling.layers import (
 Array = jax.Array
 
 
+def transform(cfg: BertConfig, width: int, axes: tuple, x: Array) -> Array:
+    """The heads' transform (inside a compact module): dense, activation, LayerNorm (BERT's MLM
+    transform; ModernBERT's prediction head, with its own bias and activation choices)."""
+    h = dense(cfg, width, axes, "transform", cfg.head_bias, output=True)(x)
+    return layer_norm(cfg, axes[-1], "layer_norm")(activation(cfg.head_activation)(h))
+
+
 class MaskedLMHead(nn.Module):
-    """Transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings."""
+    """Transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings,
+    with a bias unless ``decoder_bias`` is False."""
 
     cfg: BertConfig
 
@@ -34,9 +42,11 @@ class MaskedLMHead(nn.Module):
     def __call__(self, x_BPD: Array, bert: BertModel) -> Array:
         cfg = self.cfg
         width_axis = "embed_out" if cfg.embedding_dim == cfg.hidden_size else "factor"
-        h_BPW = dense(cfg, cfg.embedding_dim, ("embed", width_axis), "transform")(x_BPD)
-        h_BPW = layer_norm(cfg, width_axis, "layer_norm")(activation(cfg.hidden_act)(h_BPW))
-        bias_V = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
+        h_BPW = transform(cfg, cfg.embedding_dim, ("embed", width_axis), x_BPD)
+        bias_V = None
+        if cfg.decoder_bias:
+            shape = (cfg.vocab_size,)
+            bias_V = self.param("bias", zeros_init(("vocab",)), shape, cfg.params_dtype)
         logits_BPV = bert.attend(h_BPW, bias_V)
         return constrain(logits_BPV, ("act_batch", "act_len", "act_vocab"))
 
@@ -117,8 +127,21 @@ class BertForPreTraining(nn.Module):
             )
 
 
+def pool(cfg: BertConfig, sequence_BTD: Array, attention_mask: Array | None) -> Array:
+    """ModernBERT's pooling: the [CLS] row, or the mean over real tokens ("mean")."""
+    if cfg.classifier_pooling == "cls":
+        return sequence_BTD[:, 0]
+    if attention_mask is None:
+        return jnp.mean(sequence_BTD, axis=1)
+    weights = attention_mask.astype(sequence_BTD.dtype)[..., None]
+    return jnp.sum(sequence_BTD * weights, axis=1) / jnp.sum(weights, axis=1)
+
+
 class _Classifier(nn.Module):
-    """Encoder -> dropout -> linear over ``num_labels``, on the pooled [CLS] or on every token."""
+    """Encoder -> dropout -> linear over ``num_labels``, on the pooled [CLS] or on every token.
+    With ``classifier_pooling`` "cls"/"mean" (ModernBERT) the pooled row (or every token) goes
+    through the head's transform (``head``: dense, activation, LayerNorm) instead of BERT's
+    tanh pooler."""
 
     cfg: BertConfig
     num_labels: int = 2
@@ -134,13 +157,28 @@ class _Classifier(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         cfg = self.cfg
-        sequence, pooled = BertModel(cfg, add_pooler=not self.per_token, name="bert")(
+        modern = cfg.classifier_pooling != "pooler"
+        sequence, pooled = BertModel(cfg, add_pooler=not (self.per_token or modern), name="bert")(
             input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
         )
         x = sequence if self.per_token else pooled
+        if modern:
+            if not self.per_token:
+                x = pool(cfg, sequence, attention_mask)
+            x = PredictionHead(cfg, name="head")(x)
         rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
         x = Dropout(rate)(x, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(x)
+
+
+class PredictionHead(nn.Module):
+    """ModernBERT's prediction head of its task models: dense, activation, LayerNorm."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        return transform(self.cfg, self.cfg.hidden_size, ("embed", "embed_out"), x)
 
 
 class BertForSequenceClassification(_Classifier):

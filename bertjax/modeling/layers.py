@@ -29,9 +29,26 @@ def activation(name: str):
     return {"relu": jax.nn.relu, "silu": jax.nn.silu, "swish": jax.nn.silu, "tanh": jnp.tanh}[name]
 
 
+def _std_init(cfg: BertConfig, std: float):
+    """normal(std) (BERT), or truncated at +-2 std (init_scheme "modernbert", as HF's)."""
+    if cfg.init_scheme == "modernbert":
+        return nn.initializers.truncated_normal(std, lower=-2.0, upper=2.0)
+    return nn.initializers.normal(std)
+
+
 def normal_init(cfg: BertConfig, axes: tuple):
-    """BERT's normal(initializer_range) init, boxed with logical axis names."""
-    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), axes)
+    """BERT's normal(initializer_range) init (see `_std_init`), boxed with logical axis names."""
+    return nn.with_logical_partitioning(_std_init(cfg, cfg.initializer_range), axes)
+
+
+def output_init(cfg: BertConfig, axes: tuple):
+    """The init of the products that write into the residual stream (attention and feed-forward
+    outputs) and of the heads' transform: `normal_init`, or with init_scheme "modernbert"
+    initializer_range / sqrt(2 L) (HF ModernBERT's "out" std)."""
+    std = cfg.initializer_range
+    if cfg.init_scheme == "modernbert":
+        std = std / (2.0 * cfg.num_hidden_layers) ** 0.5
+    return nn.with_logical_partitioning(_std_init(cfg, std), axes)
 
 
 def zeros_init(axes: tuple):
@@ -42,14 +59,23 @@ def ones_init(axes: tuple):
     return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
 
 
-def dense(cfg: BertConfig, features: int, axes: tuple, name: str) -> nn.Dense:
+def dense(
+    cfg: BertConfig,
+    features: int,
+    axes: tuple,
+    name: str,
+    use_bias: bool = True,
+    output: bool = False,
+) -> nn.Dense:
     """A Dense layer with logical names on kernel (in, out) and bias (out,); its product is
-    `bertjax.ops.dense.project` (hand-written backward, optional bf16 operands)."""
+    `bertjax.ops.dense.project` (hand-written backward, optional bf16 operands). ``output``:
+    the kernel takes `output_init`."""
     return nn.Dense(
         features,
+        use_bias=use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
-        kernel_init=normal_init(cfg, axes),
+        kernel_init=(output_init if output else normal_init)(cfg, axes),
         bias_init=zeros_init(axes[-1:]),
         name=name,
         dot_general=functools.partial(dense_ops.dense_dot_general, operand_dtype=cfg.matmul_dtype),
@@ -57,8 +83,10 @@ def dense(cfg: BertConfig, features: int, axes: tuple, name: str) -> nn.Dense:
 
 
 def layer_norm(cfg: BertConfig, axis: str, name: str) -> nn.LayerNorm:
+    """LayerNorm with BertConfig's epsilon; without a bias when ``cfg.norm_bias`` is False."""
     return nn.LayerNorm(
         epsilon=cfg.layer_norm_eps,
+        use_bias=cfg.norm_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
         scale_init=ones_init((axis,)),

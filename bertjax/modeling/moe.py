@@ -210,13 +210,6 @@ class MoeFeedForward(nn.Module):
         return constrain(y_GTD, ("act_batch", "act_len", "act_embed"))
 
 
-def token_mask(mask: Array) -> Array:
-    """[B, T] True at real tokens, from a [B,1,1,T] or [B,1,T,T] attention mask (its diagonal)."""
-    batch, length = mask.shape[0], mask.shape[-1]
-    square = jnp.broadcast_to(mask[:, 0], (batch, length, length))
-    return jnp.diagonal(square, axis1=1, axis2=2)
-
-
 def collect_stats(intermediates) -> dict:
     """Per-layer MoE stats sown anywhere in ``intermediates`` -> their means over MoE layers."""
     found = {name: [] for name in STATS}
