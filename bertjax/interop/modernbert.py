@@ -179,7 +179,7 @@ def hf_config(cfg: BertConfig, architecture: str, num_labels: int = 0) -> dict:
         cls_token_id=cfg.cls_token_id,
         sep_token_id=cfg.sep_token_id,
         attention_bias=cfg.attention_bias,
-        attention_dropout=cfg.attention_probs_dropout_prob,
+        attention_dropout=cfg.hidden_dropout_prob,
         layer_types=layer_types,
         global_attn_every_n_layers=cfg.global_attn_every_n_layers,
         rope_parameters={
@@ -212,10 +212,6 @@ def check_exportable(cfg: BertConfig) -> None:
         problems.append("a non-ModernBERT shape (it needs pre_layer_norm, RoPE and a GLU)")
     if cfg.type_vocab_size or cfg.num_experts or cfg.num_hidden_groups or cfg.embedding_size:
         problems.append("token types, MoE, shared layers or factorized embeddings")
-    if cfg.hidden_dropout_prob != cfg.attention_probs_dropout_prob:
-        problems.append(
-            "hidden_dropout_prob != attention_probs_dropout_prob (HF's one attention_dropout)"
-        )
     if problems:
         raise ValueError(f"to_hf: Hugging Face ModernBERT has no {'; '.join(problems)}")
 
@@ -234,6 +230,15 @@ def to_hf(
     from safetensors.numpy import save_file
 
     check_exportable(cfg)
+    if cfg.attention_probs_dropout_prob != cfg.hidden_dropout_prob:
+        logging.warning(
+            "to_hf(%r): HF ModernBERT has one attention_dropout (probabilities and output); it "
+            "gets hidden_dropout_prob=%s (the attention-output dropout), not "
+            "attention_probs_dropout_prob=%s",
+            path,
+            cfg.hidden_dropout_prob,
+            cfg.attention_probs_dropout_prob,
+        )
     params = nn.unbox(params)
     params = params.get("params", params)
     heads = {"classifier"} if "classifier" in params else {"mlm"} if "mlm_head" in params else set()
