@@ -9,6 +9,14 @@ rate XLA:CPU gets from such small matrices. Medians after one warm-up call.
 
   python benchmarks/attention_cpu.py                        # BERT-mini's shapes, 4 layers
   python benchmarks/attention_cpu.py --batch 8 --length 512
+  python benchmarks/attention_cpu.py --long                 # dense vs blocked, T = 512 .. 8192
+
+``--long``: one layer at ModernBERT-tiny's heads (N=2, H=64), the same 8192 tokens per call at
+every T: global attention dense (`ops.attention`) vs blocked (`ops.blocked_attention.
+flash_attention`, key blocks of 256 / 512 / 1024), local attention (half-window ``--half-window``)
+dense on a windowed mask vs banded (`local_attention`, blocks of 64 / 128 / 256); ms and the
+compiled step's temporary memory (XLA's memory analysis). The thresholds in
+bertjax/modeling/attention.py (LOCAL_BLOCK, FLASH_FROM, FLASH_BLOCK) come from this table.
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from step_throughput import time_steps  # noqa: E402  (benchmarks/, this script's folder)
 
-from bertjax.modeling.attention import exact_attention  # noqa: E402
+from bertjax.modeling.attention import AttentionMask, exact_attention  # noqa: E402
 from bertjax.ops import attention as products  # noqa: E402
+from bertjax.ops import blocked_attention as blocked  # noqa: E402
 
 
 def median_ms(fn, *args, repeats: int) -> float:
@@ -38,8 +47,57 @@ def median_ms(fn, *args, repeats: int) -> float:
     return 1e3 * statistics.median(time_steps(lambda: jax.block_until_ready(fn(*args)), 1, repeats))
 
 
+def _long_variants(b: int, t: int, half: int) -> list:
+    """(name, attend(q, k, v)) of the ``--long`` table at one (B, T)."""
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    mask = AttentionMask.build(None, None, positions)
+    seg_q, seg_k, chains = mask.query_segments, mask.key_segments, products.cpu_chains(b)
+
+    def dense(window):
+        return lambda q, k, v: products.attention(q, k, v, mask.dense(window), chains=chains)
+
+    def flash(block):
+        return lambda q, k, v: blocked.flash_attention(
+            q, k, v, seg_q, seg_k, positions, positions, 0, block
+        )
+
+    def banded(block):
+        return lambda q, k, v: blocked.local_attention(
+            q, k, v, seg_q, seg_k, positions, half, block, chains
+        )
+
+    variants = [("global, dense ops.attention", dense(0))]
+    variants += [(f"global, flash block {k}", flash(k)) for k in (256, 512, 1024) if k <= t]
+    variants += [(f"local +-{half}, dense windowed mask", dense(half))]
+    variants += [
+        (f"local +-{half}, banded block {k}", banded(k)) for k in (64, 128, 256) if half <= k < t
+    ]
+    return variants
+
+
+def long_rows(args) -> None:
+    """The ``--long`` table (module docstring)."""
+    n, h = 2, args.head_dim
+    print(f"| one layer, N={n} H={h}, 8192 tokens, fwd + bwd | T | B | ms | temp MiB |")
+    print("|---|---|---|---|---|")
+    for t in (512, 1024, 2048, 4096, 8192):
+        b = max(1, 8192 // t)
+        rng = np.random.default_rng(0)
+        q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, h)) * 0.3, jnp.float32) for _ in range(3))
+        for name, attend in _long_variants(b, t, args.half_window):
+            if "dense" in name and t > args.dense_up_to:
+                continue
+            grad = jax.jit(jax.grad(lambda q, k, v, f=attend: jnp.sum(f(q, k, v) ** 2), (0, 1, 2)))
+            temp = grad.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+            ms = median_ms(grad, q, k, v, repeats=args.repeats)
+            print(f"| {name} | {t} | {b} | {ms:.1f} | {temp / 2**20:.0f} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--long", action="store_true", help="dense vs blocked at long rows")
+    parser.add_argument("--half-window", type=int, default=64)
+    parser.add_argument("--dense-up-to", type=int, default=4096, help="--long: longest dense T")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
@@ -47,6 +105,8 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
+    if args.long:
+        return long_rows(args)
     b, t, n, h = args.batch, args.length, args.heads, args.head_dim
     rng = np.random.default_rng(0)
     qkv = [

@@ -109,13 +109,14 @@ def exact_attention(
     return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH)
 
 
-# Where the CPU leaves the dense path (benchmarks/attention_cpu.py --long measures them): local
-# layers take the banded path from LOCAL_FROM_BLOCKS blocks of max(half-window, LOCAL_BLOCK) rows,
-# global layers the blocked one from FLASH_FROM keys, in key blocks of FLASH_BLOCK.
-LOCAL_BLOCK = 128
+# Where the CPU leaves the dense path (benchmarks/attention_cpu.py --long; results.md): local
+# layers take the banded path in blocks of max(half-window, LOCAL_BLOCK) rows from
+# LOCAL_FROM_BLOCKS blocks on, global layers the blocked one from FLASH_FROM keys, in key blocks
+# of FLASH_BLOCK (the table in results.md: banded beats dense from T=512, blocked from T=1024).
+LOCAL_BLOCK = 64
 LOCAL_FROM_BLOCKS = 4
-FLASH_FROM = 2048
-FLASH_BLOCK = 512
+FLASH_FROM = 1024
+FLASH_BLOCK = 256
 
 
 def attend(

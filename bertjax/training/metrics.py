@@ -108,10 +108,22 @@ class MetricWriter:
 # Model FLOPs -----------------------------------------------------------------
 
 
+def ffn_width(cfg: BertConfig) -> int:
+    """Columns of the feed-forward's two products together: 2F, or 3F for a GLU (2F in, F out)."""
+    return (3 if cfg.mlp_type == "glu" else 2) * cfg.intermediate_size
+
+
+def attended_keys(cfg: BertConfig, layer: int, seq_len: int) -> int:
+    """Keys a query of layer ``layer`` attends: T, or a local layer's 2h + 1 (the useful work;
+    the banded path computes up to three blocks of keys, which no count includes)."""
+    half = cfg.attention_window(layer)
+    return min(seq_len, 2 * half + 1) if half else seq_len
+
+
 def matmul_params(cfg: BertConfig) -> int:
     """Parameters that take part in one matmul per token per layer (embedding lookups excluded)."""
-    h, i, e = cfg.hidden_size, cfg.intermediate_size, cfg.embedding_dim
-    per_layer = 4 * h * h + 2 * h * i
+    h, e = cfg.hidden_size, cfg.embedding_dim
+    per_layer = 4 * h * h + h * ffn_width(cfg)
     projection = e * h if e != h else 0
     return cfg.num_hidden_layers * per_layer + projection
 
@@ -122,14 +134,16 @@ def train_flops_per_sequence(
     """Training FLOPs (forward + backward = 3x forward) for one sequence.
 
     6·N per token for the encoder's matmuls (shared ALBERT layers count once per use),
-    plus attention scores and context (2 matmuls of T·T·H per layer, ×6 for fwd+bwd),
+    plus attention scores and context (2 matmuls of T·K·H per layer, ×6 for fwd+bwd; K = T, or
+    a local layer's window: `attended_keys`),
     plus the MLM head only at masked positions (transform H·E and decoder E·V).
     ``last_layer_rows`` (BertForPreTraining.last_layer_rows): the last layer's queries,
     attention output and feed-forward at that many rows only (its keys and values at all):
     the FLOPs the step computes, not those of a full last layer.
     """
     encoder = 6 * matmul_params(cfg) * seq_len
-    attention = 6 * 2 * cfg.num_hidden_layers * seq_len * seq_len * cfg.hidden_size
+    keys = sum(attended_keys(cfg, layer, seq_len) for layer in range(cfg.num_hidden_layers))
+    attention = 6 * 2 * keys * seq_len * cfg.hidden_size
     head = (
         6
         * masked_per_sequence
@@ -137,9 +151,10 @@ def train_flops_per_sequence(
     )
     skipped = 0
     if last_layer_rows is not None:
-        h, i = cfg.hidden_size, cfg.intermediate_size
+        h, last = cfg.hidden_size, cfg.num_hidden_layers - 1
         rows_left_out = seq_len - min(last_layer_rows, seq_len)
-        skipped = 6 * rows_left_out * (2 * h * h + 2 * h * i + 2 * seq_len * h)
+        attention_row = 2 * attended_keys(cfg, last, seq_len) * h
+        skipped = 6 * rows_left_out * (2 * h * h + h * ffn_width(cfg) + attention_row)
     return float(encoder + attention + head - skipped)
 
 
