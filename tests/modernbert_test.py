@@ -189,8 +189,10 @@ def test_long_rows_match_transformers_through_the_blocked_paths(
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(blocked_attention, name, spy)
-    hf_model = _save("mlm", tmp_path, num_hidden_layers=2, global_attn_every_n_layers=2,
-                     max_position_embeddings=length, hidden_size=16, intermediate_size=16)  # fmt: skip
+    sizes = dict(num_hidden_layers=2, hidden_size=16, intermediate_size=16)
+    hf_model = _save(
+        "mlm", tmp_path, global_attn_every_n_layers=2, max_position_embeddings=length, **sizes
+    )
     cfg, params = convert.from_hf(str(tmp_path))
     ids, mask = _rows(length, seed=4)
     ours = _ours("mlm", cfg, params, ids, mask)

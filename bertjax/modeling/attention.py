@@ -16,7 +16,7 @@ from bertjax.modeling.position_init import attention_kernel_init
 from bertjax.ops import attention as attention_ops
 from bertjax.ops import blocked_attention as blocked
 from bertjax.ops import dense as dense_ops
-from bertjax.ops import platform
+from bertjax.ops import platform, splash
 from bertjax.ops.elementwise import keep_mask
 
 Array = jax.Array
@@ -170,9 +170,9 @@ def attend(
     if keep is not None:  # dot_product_attention has no dropout: the exact path
         return exact_attention(q_BTNH, k_BSNH, v_BSNH, mask.dense(half_window), keep, rate)
     if cfg.attention_implementation is None and platform.on_tpu() and aligned:
-        from bertjax.ops import splash
-
-        return splash.attention(q_BTNH, k_BSNH, v_BSNH, mask, half_window)
+        return splash.attention(
+            q_BTNH, k_BSNH, v_BSNH, mask.query_segments, mask.key_segments, half_window
+        )
     window = (half_window, half_window) if half_window and aligned else None
     kwargs = {}
     if mask.packed or not aligned:

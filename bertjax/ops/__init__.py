@@ -5,6 +5,8 @@ other way round, and nothing here imports the rest of bertjax.
 
 dense        `project` (Dense, Q/K/V, attention output) and `tied_decoder` (MLM decoder)
 attention    softmax attention in independent row chains
+blocked_attention  banded local and blocked (flash-style) global attention, no T x S array
+splash       the TPU path: Pallas splash attention with segment ids and local masks
 elementwise  exact GELU with a saved Phi(x), dropout masks from 16-bit halves of one hash
 loss         cross-entropy whose backward is softmax minus one-hot in one pass
 platform     `on_cpu()`, the switch between these paths and autodiff's

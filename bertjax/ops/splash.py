@@ -1,0 +1,107 @@
+"""Attention on a TPU through the Pallas splash-attention kernel
+(`jax.experimental.pallas.ops.tpu.splash_attention`): the path `bertjax.modeling.attention.attend`
+takes on a TPU (no attention_implementation, queries aligned with keys). Splash brings its own
+forward and backward kernels (a custom VJP) and skips the key blocks a local layer never sees.
+
+Who may attend whom is `bertjax.modeling.attention.AttentionMask`'s rule, with queries aligned
+with keys (T == S): query t sees key s when ``key_segments[s] > 0``, ``query_segments[t] ==
+key_segments[s]`` and, with a half-window h > 0, ``|t - s| <= h`` (within a segment the index
+difference is the position difference). Splash gets it as a static per-head mask (`FullMask`,
+or `LocalMask` with window (h, h)) and'ed with segment ids: the queries' segments, and the
+keys' with padding (0) remapped to -1, which no query has. Splash does not scale the logits:
+q is scaled by 1/sqrt(H) first.
+
+Rows are padded up to a multiple of 128 (the kernel's lane width; the blocks are 512, 256 or 128
+rows, whichever divides the padded length, no larger than it) with invisible keys, then cut back.
+The head dimension is unconstrained here (on a TPU, 64 and multiples of 128 are the usual ones).
+
+On a multi-device TPU mesh the call is a plain ``pallas_call`` under ``vmap``, which GSPMD does not
+partition: a batch-sharded run would want it inside ``shard_map`` over the batch axes (not done;
+not measured on a TPU).
+
+A query row with no visible key (a padding query of a packed row, segment 0) returns a finite
+but meaningless value, the mean of the values over the key blocks the kernel visited (the dense
+paths return the mean over all keys), and with a zero cotangent there it sends no gradient
+anywhere. Padding queries of unpacked rows see the real keys (as BERT's) and match exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+Array = jax.Array
+
+LANES = 128  # splash's blocks are multiples of the TPU lane width
+BLOCKS = (512, 256, 128)  # the largest that divides the padded length is used
+
+
+def block_size(length: int) -> int:
+    """The splash block (q, kv, forward and backward) for rows padded to ``length``."""
+    return next(block for block in BLOCKS if length % block == 0)
+
+
+def kernel(
+    heads: int, length: int, half_window: int, interpret: bool = False
+) -> splash.splash_attention_kernel.SplashAttentionKernel:
+    """The splash kernel of ``heads`` heads over ``length`` (a multiple of 128) aligned rows:
+    ``kernel(q_NTH, k_NTH, v_NTH, segment_ids=SegmentIds(q=[T], kv=[T]))`` -> [N, T, H]."""
+    shape = (length, length)
+    if half_window:
+        head_mask = splash.LocalMask(shape, window_size=(half_window, half_window), offset=0)
+    else:
+        head_mask = splash.FullMask(shape)
+    block = block_size(length)
+    sizes = splash.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        use_fused_bwd_kernel=True,
+    )
+    return splash.make_splash_mha(
+        splash.MultiHeadMask([head_mask] * heads),
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+    )
+
+
+def attention(
+    q_BTNH: Array,
+    k_BTNH: Array,
+    v_BTNH: Array,
+    query_segments: Array,
+    key_segments: Array,
+    half_window: int,
+    interpret: bool = False,
+) -> Array:
+    """Softmax attention [B, T, N, H] of aligned rows under the segments ([B, T] each, an
+    `AttentionMask`'s) and a local half-window (0: global) by the splash kernel;
+    ``interpret``: Pallas interpret mode (any backend, slow; the tests' CPU check)."""
+    batch, length, heads, head_dim = q_BTNH.shape
+    if k_BTNH.shape[1] != length or v_BTNH.shape[1] != length:
+        raise ValueError(f"splash attention needs aligned rows: T={length}, S={k_BTNH.shape[1]}")
+    padded = -(-length // LANES) * LANES
+    pad = padded - length
+
+    def heads_major(x_BTNH: Array) -> Array:  # [B, T, N, H] -> [B, N, T', H]
+        return jnp.pad(x_BTNH, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+
+    scale = 1.0 / math.sqrt(head_dim)
+    q_BNTH = heads_major(q_BTNH * jnp.asarray(scale, q_BTNH.dtype))
+    k_BNTH, v_BNTH = heads_major(k_BTNH), heads_major(v_BTNH)
+    keys_BT = key_segments.astype(jnp.int32)
+    keys_BT = jnp.pad(jnp.where(keys_BT > 0, keys_BT, -1), ((0, 0), (0, pad)), constant_values=-1)
+    queries_BT = jnp.pad(query_segments.astype(jnp.int32), ((0, 0), (0, pad)))
+    run = kernel(heads, padded, half_window, interpret)
+    out_BNTH = jax.vmap(
+        lambda q, k, v, sq, sk: run(q, k, v, segment_ids=splash.SegmentIds(sq, sk))
+    )(q_BNTH, k_BNTH, v_BNTH, queries_BT, keys_BT)
+    return out_BNTH.transpose(0, 2, 1, 3)[:, :length].astype(q_BTNH.dtype)
