@@ -4,7 +4,14 @@ config (`bertjax.training.run_config`), which configs/*.py build on.
     summary = bertjax.trainer.train_and_evaluate(config, workdir)
 """
 
+from bertjax.training.phases import phase
 from bertjax.training.run_config import default_run_config, load_config_file, model_config_dict
 from bertjax.training.trainer import train_and_evaluate
 
-__all__ = ["default_run_config", "load_config_file", "model_config_dict", "train_and_evaluate"]
+__all__ = [
+    "default_run_config",
+    "load_config_file",
+    "model_config_dict",
+    "phase",
+    "train_and_evaluate",
+]

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from bertjax.data import data_config, keys, masking, prepare, rows, samples, similarity
+from bertjax.data.batch_plan import BatchPlan
 from bertjax.data.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store import Store
@@ -98,10 +99,16 @@ class Pipeline(DataSource):
     ):
         c = self.c = config.data
         self.config, self.tokenizer, self.store = config, tokenizer, store
-        rows = host_rows(config.batch_size, process_index, process_count)
         self.global_batch_size = config.batch_size
-        self.host_batch_size = rows.stop - rows.start
         self.process_index, self.process_count = process_index, process_count
+        self._batches = BatchPlan.from_config(config, c.max_seq_length)
+        if self._batches.sizes and c.length_schedule:
+            raise ValueError(
+                "config.batch_warmup with config.data.length_schedule: a growing batch indexes "
+                "one length's samples; give each length its own phase (config.phases)"
+            )
+        for size in {*self._batches.sizes, self._batches.final}:
+            host_rows(size, process_index, process_count)  # every size divides over the hosts
         self._split = _Split(
             store, config, config.batch_size, "train" if store.split == "train" else "eval"
         )
@@ -185,15 +192,46 @@ class Pipeline(DataSource):
         """Steps per pass over the corpus at config.data.max_seq_length."""
         return self._split.steps_per_epoch(self.c.max_seq_length)
 
+    def step_batch_size(self, step: int) -> int:
+        """Global batch size of ``step`` (bertjax/data/batch_plan.py)."""
+        return self._batches.batch(step)
+
     def _rows(
-        self, split: _Split, length: int, ordinal: int, step: int, purpose: str
+        self,
+        split: _Split,
+        length: int,
+        first: int,
+        count: int,
+        key_base: int,
+        purpose: str,
     ) -> dict[str, np.ndarray]:
-        """Unmasked host rows (with word_starts/maskable) and their masking keys."""
-        per_epoch = split.steps_per_epoch(length)
-        epoch, within = divmod(ordinal, per_epoch)
+        """Unmasked host rows of the global samples first .. first + count - 1 at ``length``
+        (sample s: epoch s // U, position s % U of that epoch's order, U the rows an epoch
+        gives in whole batches of config.batch_size), with word_starts/maskable and their
+        masking keys (global sample index key_base + row)."""
+        hosts = host_rows(count, self.process_index, self.process_count)
+        host = np.arange(hosts.start, hosts.stop)
+        per_epoch = split.steps_per_epoch(length) * self.global_batch_size
+        epochs, within = np.divmod(first + host, per_epoch)
+        parts = [
+            self._epoch_rows(split, length, int(epoch), within[epochs == epoch])
+            for epoch in np.unique(epochs)  # a growing batch may straddle two epochs
+        ]
+        out = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+        out["row_keys"] = np.concatenate(
+            [
+                keys.row_keys(
+                    self.config.seed, int(epoch), purpose, key_base + host[epochs == epoch]
+                )
+                for epoch in np.unique(epochs)
+            ]
+        )
+        return out
+
+    def _epoch_rows(self, split: _Split, length: int, epoch: int, within: np.ndarray) -> dict:
+        """Rows at positions ``within`` of one epoch's order (wrapping around its units)."""
         plan, order, packing = split.epoch(length, epoch)
-        host = np.arange(self.host_batch_size) + self.process_index * self.host_batch_size
-        units = (within * self.global_batch_size + host) % split.num_units(length, epoch)
+        units = within % split.num_units(length, epoch)
         store, tok = split.store, self.tokenizer
         if packing is None:
             chosen = order[units]
@@ -230,9 +268,6 @@ class Pipeline(DataSource):
                 len(units),
             )
             out["next_sentence_label"] = np.zeros(len(units), np.int32)
-        out["row_keys"] = keys.row_keys(
-            self.config.seed, epoch, purpose, np.int64(step) * self.global_batch_size + host
-        )
         return out
 
     def _masked(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
@@ -266,7 +301,12 @@ class Pipeline(DataSource):
     def compute_batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of global batch `step`, computed now (no prefetch)."""
         length, ordinal = self._schedule(step)
-        return self._masked(self._rows(self._split, length, ordinal, step, "mask"))
+        batch = self._batches.batch(step)
+        if self._batches.sizes:  # a growing batch: samples consumed (one length, ordinal = step)
+            first = key_base = self._batches.samples_before(step)
+        else:
+            first, key_base = ordinal * batch, step * batch
+        return self._masked(self._rows(self._split, length, first, batch, key_base, "mask"))
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of global batch `step`; the next `prefetch` steps are computed in the
@@ -290,10 +330,12 @@ class Pipeline(DataSource):
         if self._eval_split is None:
             self._eval_split = _Split(self._eval_store, self.config, self.global_batch_size, "eval")
         for i in range(num_batches):
-            yield self._masked(
-                self._rows(self._eval_split, self.c.max_seq_length, i, i, "eval-mask"),
-                self._eval_mask_spec,
-            )
+            first = i * self.global_batch_size
+            rows_i = self._rows(
+                self._eval_split, self.c.max_seq_length, first, self.global_batch_size, first,
+                "eval-mask",
+            )  # fmt: skip
+            yield self._masked(rows_i, self._eval_mask_spec)
 
     def close(self):
         """Stops background prefetching."""

@@ -45,6 +45,10 @@ class DataSource(abc.ABC):
     def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
         """Held-out batches, the same on every call (``num_batches`` 0: all of them)."""
 
+    def step_batch_size(self, step: int) -> int | None:
+        """The global batch size of ``step`` (batch-size warmup); None: config.batch_size."""
+        return None
+
     def model_config(self):
         """A BertConfig the data fixes (a fine-tuning checkpoint's), or None: the run's own."""
         return None

@@ -73,6 +73,9 @@ class Objective(abc.ABC):
     (subclasses are frozen dataclasses: the step's static description)."""
 
     extra_config_keys: tuple = ()  # config.loss keys this objective adds to the defaults
+    # True: the objective reads config.init_from itself (fine-tuning); otherwise a fresh state
+    # starts from it through bertjax/objectives/warm_start.py (pretraining from a checkpoint)
+    loads_init_from: bool = False
     fgm_epsilon: float = 0.0  # > 0: the step adds an FGM adversarial pass (fine-tuning)
 
     @classmethod

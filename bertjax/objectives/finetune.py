@@ -65,6 +65,8 @@ def add_finetune_config(config: ml_collections.ConfigDict, objective: str, num_l
 class _Finetuning(Objective):
     """Shared pieces of the fine-tuning objectives: inputs, weighted normalizer, data, init."""
 
+    loads_init_from = True  # the encoder of config.init_from, in prepare_state
+
     extra_config_keys = ("num_labels", "fgm_epsilon")
     tokens = False
 

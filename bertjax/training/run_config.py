@@ -13,7 +13,9 @@ from ml_collections import config_dict
 
 from bertjax import paths
 from bertjax.data import default_data_config
+from bertjax.data.batch_plan import default_batch_warmup_config
 from bertjax.modeling.bert_config import BertConfig
+from bertjax.training.phases import plan_phases
 from bertjax.training.step import default_step_config
 
 # Model fields the tokenizer decides; a run config never sets them.
@@ -63,6 +65,17 @@ def default_run_config() -> ml_collections.ConfigDict:
     config.mlm_bias_init = "unigram"
     config.peak_flops_per_device = 0.0  # for MFU; 0 = by device kind, CPU measured at start
     config.progress_bar = True  # tqdm bar with loss, tokens/s, MFU and ETA (process 0)
+    # a model to start from: "" (fresh init) | a bertjax workdir/checkpoint | an HF directory
+    # (pretraining: its weights, and its tokenizer unless config.data names one; fine-tuning:
+    # its encoder)
+    config.init_from = ""
+    config.init_tiling = False  # pretraining: centre-tile init_from into a larger model
+    # batch-size warmup by tokens (bertjax/data/batch_plan.py); off by default
+    config.batch_warmup = default_batch_warmup_config()
+    # phases run in this order (names in config.phases, each `bertjax.trainer.phase(...)`);
+    # () = one phase of num_train_steps (bertjax/training/phases.py)
+    config.phase_order = ()
+    config.phases = ml_collections.ConfigDict()
     return config
 
 
@@ -100,6 +113,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
             f"{config.data.masking!r}: the diffusion objective and diffusion masking go together "
             "(bertjax.diffusion.add_diffusion_config sets both)"
         )
+    if config.get("phase_order"):
+        for phase in plan_phases(config):
+            validate_run_config(phase.config)
+        return
     if config.optim.total_steps != config.num_train_steps:
         logging.warning(
             "config.optim.total_steps=%s differs from num_train_steps=%s",

@@ -242,18 +242,31 @@ def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, 
     params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
     if state.spec.skip_nonfinite_updates:
-        # opt_state (and its schedule count) stays put, so after n skips the applied LR lags
-        # the reported learning_rate(step) by n steps.
+        # opt_state (and its schedule count) stays put, so after n skips the schedule is n
+        # steps behind state.step (the reported learning_rate follows the schedule's count).
         keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         params = jax.tree.map(keep, params, state.params)
         opt_state = jax.tree.map(keep, opt_state, state.opt_state)
     metrics.update(
         grad_norm=grad_norm,
         param_norm=optax.tree.norm(params),
-        learning_rate=state.learning_rate_fn(state.step),
+        learning_rate=state.learning_rate_fn(schedule_count(state.opt_state, state.step)),
         nonfinite=(~finite).astype(jnp.float32),
     )
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def schedule_count(opt_state, default: Array) -> Array:
+    """The step count the optimizer's LR schedule is at (it lags ``state.step`` by the skipped
+    updates, and restarts with a phase: bertjax/training/phases.py); ``default`` without one."""
+    found = [
+        node.count
+        for node in jax.tree.leaves(
+            opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByScheduleState)
+        )
+        if isinstance(node, optax.ScaleByScheduleState)
+    ]
+    return found[0] if found else default
 
 
 def eval_step(state: TrainState, batch: dict) -> dict:

@@ -21,8 +21,11 @@ import ml_collections
 import numpy as np
 
 from bertjax import objectives, paths
+from bertjax.data.batch_plan import BatchPlan
 from bertjax.interop.checkpoints import tokenizer_meta
+from bertjax.objectives.warm_start import warm_start, with_source_tokenizer
 from bertjax.training import metrics as metrics_lib
+from bertjax.training import phases as phases_lib
 from bertjax.training import sharding
 from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
@@ -122,21 +125,36 @@ def _meta(config, model_cfg, data) -> dict:
     }
 
 
-def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer):
+def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer, phase=None):
     """The train state: the latest checkpoint in ``ckpt`` if there is one, else a fresh state
     (MLM bias from unigram frequencies if configured, then the objective's preparation:
-    a pretrained encoder, a distillation teacher)."""
+    a pretrained encoder, a distillation teacher). A later ``phase`` (bertjax/training/
+    phases.py) starts from the previous phase's last checkpoint; with reset_time its schedule
+    counts restart at the phase's first step."""
     abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
     if ckpt.latest_step() is not None:
         check_compatible(ckpt.read_meta(), model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
         state, _ = ckpt.restore(abstract)
         logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
+        if phase is not None and phase.index and phase.reset_time and state.step == phase.start:
+            logging.info(
+                "phase %r starts at step %d: its schedule restarts", phase.name, phase.start
+            )
+            state = state.replace(opt_state=phases_lib.restart_schedule(state.opt_state))
         return state
+    if phase is not None and phase.index:
+        raise ValueError(
+            f"phase {phase.name!r} starts from the previous phase's last checkpoint, but "
+            f"{ckpt.directory} has none"
+        )
     state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
     prior = data.unigram_log_prior() if config.get("mlm_bias_init") == "unigram" else None
     if prior is not None:
         state = init_mlm_bias(state, prior)
-    return objective.prepare_state(state, data)
+    state = objective.prepare_state(state, data)
+    if config.get("init_from") and not objective.loads_init_from:  # pretraining from a model
+        state = warm_start(state, config.init_from, model_cfg, bool(config.get("init_tiling")))
+    return state
 
 
 class _LogWindow:
@@ -151,14 +169,13 @@ class _LogWindow:
         self.tokens = self.flops = 0.0
         self.start = time.perf_counter()
 
-    def add(self, host_batch: dict) -> None:
+    def add(self, host_batch: dict, batch_size: int) -> None:
         processes = jax.process_count()
         self.tokens += float(np.sum(host_batch["attention_mask"])) * processes
         masked = float(np.sum(host_batch.get("masked_weights", 0) > 0)) * processes
         width = None  # masked slots per row (a sparse last layer computes those rows)
         if "masked_positions" in host_batch:
             width = host_batch["masked_positions"].shape[1]
-        batch_size = self.config.batch_size
         length = host_batch["input_ids"].shape[1]
         self.flops += batch_size * self.objective.train_flops_per_sequence(
             self.model_cfg,
@@ -186,10 +203,13 @@ class _Run:
     """One call of `train_and_evaluate`: its parts, the loop, and the cadence of logging,
     evaluation and checkpoints."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, phase=None):
         self.config, self.workdir = config, workdir
+        self.phase = phase or phases_lib.plan_phases(config)[0]
         self.is_chief = jax.process_index() == 0
         self.objective = objectives.make_objective(config)
+        if not self.objective.loads_init_from:
+            config = self.config = with_source_tokenizer(config)
         self.data = self.objective.make_data(config, workdir)
         self.model_cfg = self.data.model_config() or model_config(config, self.data.tokenizer)
         self.mesh = sharding.make_mesh(config.mesh)
@@ -198,8 +218,9 @@ class _Run:
             keep=int(config.keep_checkpoints),
             async_save=bool(config.async_checkpoints),
         )
+        self._check_batch_sizes()
         self.state = restore_or_init(
-            config, self.objective, self.data, self.model_cfg, self.mesh, self.ckpt
+            config, self.objective, self.data, self.model_cfg, self.mesh, self.ckpt, self.phase
         )
         self.steps = step_lib.jit_steps(self.state, self.mesh)
         self.meta = _meta(config, self.model_cfg, self.data)
@@ -213,9 +234,27 @@ class _Run:
         self.history, self.unchecked, self.summary = [], [], {}
         self.progress = None
 
+    def _check_batch_sizes(self) -> None:
+        """Every batch size of the run divides over the hosts, the mesh's batch shards and the
+        microbatches (checked now, not when a growing batch first reaches a size)."""
+        length = int(self.config.data.max_seq_length) if "data" in self.config else 1
+        plan = BatchPlan.from_config(self.config, length)
+        sizes = {*plan.sizes, plan.final}
+        accumulate = int(self.config.optim.grad_accum_steps)
+        for size in sorted(sizes):
+            sharding.process_batch_rows(self.mesh, size)
+            shards = math.prod(self.mesh.shape[a] for a in sharding.BATCH_AXES)
+            if size % (accumulate * shards):
+                raise ValueError(
+                    f"global batch {size} does not split into {accumulate} microbatches over "
+                    f"{shards} batch shards: make config.batch_warmup.quantum (and "
+                    "config.batch_size) a multiple of grad_accum_steps x the batch shards"
+                )
+
     def train(self) -> dict:
         config = self.config
-        total = int(config.num_train_steps)
+        phase = self.phase
+        total = phase.end
         start = int(jax.device_get(self.state.step))
         if self.is_chief and config.progress_bar and start < total:
             from tqdm.auto import tqdm
@@ -224,9 +263,11 @@ class _Run:
         dropout_rng = jax.random.key(config.seed + 1)
         self.window.restart()
         for current in range(start, total):
-            host_batch = self.data.batch(current)
-            self.window.add(host_batch)
-            batch = sharding.global_batch(host_batch, self.mesh, config.batch_size)
+            within = current - phase.start  # the phase's data and batch plan count from its start
+            host_batch = self.data.batch(within)
+            size = self.data.step_batch_size(within) or config.batch_size
+            self.window.add(host_batch, size)
+            batch = sharding.global_batch(host_batch, self.mesh, size)
             self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
             self.history.append(step_metrics)
             self.unchecked.append(step_metrics)
@@ -243,17 +284,18 @@ class _Run:
         """Logging, evaluation and checkpoints due after step ``done``; True: stop now."""
         config = self.config
         last = done == total
-        if done % config.log_every == 0 or last or self.stop.received is not None:
+        within = done - self.phase.start  # cadences count from the phase's start
+        if within % config.log_every == 0 or last or self.stop.received is not None:
             self._log(done)
         if self.progress is not None:
             self.progress.update(1)
-        if config.eval_every and (done % config.eval_every == 0 or last):
+        if config.eval_every and (within % config.eval_every == 0 or last):
             self._eval(done)
         # Read the signal once: one that lands after this line is handled at the next step,
         # so a stop always saves first.
         stopping = self.stop.received is not None
         every = config.checkpoint_every
-        if (every and done % every == 0) or last or stopping:
+        if (every and within % every == 0) or last or stopping:
             self._check_finite(done)
             self.ckpt.save(self.state, self.meta, force=True)
         if stopping:
@@ -321,8 +363,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...)."""
     validate_run_config(config)
     config = resolve_paths(config)
-    run = _Run(config, _prepare_workdir(workdir))
-    try:
-        return run.train()
-    finally:
-        run.close()
+    workdir = _prepare_workdir(workdir)
+    phases = phases_lib.plan_phases(config)
+    done = None
+    if len(phases) > 1:
+        probe = Checkpointer(paths.join(workdir, "checkpoints"), async_save=False)
+        done = probe.latest_step()
+        probe.close()
+    summary: dict = {}
+    for phase in phases:
+        if done is not None and done >= phase.end and phase is not phases[-1]:
+            continue  # finished in an earlier call
+        if len(phases) > 1:
+            logging.info("phase %r: steps %d to %d", phase.name, phase.start, phase.end)
+        run = _Run(phase.config, workdir, phase)
+        try:
+            summary = run.train()
+        finally:
+            run.close()
+        summary["phase"] = phase.name
+        if summary["stopped_by_signal"]:
+            break
+    return summary
