@@ -16,24 +16,31 @@ Run:     pip install 'bertjax[zh]'
              --config.data.similar_words_file=/data/zh/similar.tsv
          (similar.tsv: "word<TAB>similar1 similar2 ..." per line, e.g. from the Synonyms toolkit
          MacBERT used; or a .npy [V, D] embedding matrix: one-piece words and their nearest pieces)
+             --config.init_from=/models/bert-base-chinese   # Google's Chinese BERT (HF dir)
 Expect:  no [MASK] token in the inputs: a masked word is wholly one similar word ~80% of the time
          (tests/data_masking_test.py measures 0.80 +- 0.02), a random word otherwise.
+
+The schedule as HFL's recipes (ymcui/MacBERT and ymcui/Chinese-BERT-wwm READMEs): LAMB, from
+Google's Chinese BERT (pretraining ``init_from``), 100K steps at 128 with batch 2560, then 100K
+at 512 with batch 384. Word boundaries from jieba where HFL used LTP. Not in the READMEs,
+chosen here: peak LR 1e-4, 10% warmup and linear decay in each phase (reset_time).
 """
 
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, phase
 
 
 def get_config():
     config = default_run_config()
     config.model = model_config_dict("base", dtype="bfloat16")
     config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
-    config.batch_size = 256
-    config.num_train_steps = 1_000_000
+    config.init_from = ""  # Google's Chinese BERT (an HF directory): the recipe starts from it
+    config.batch_size = 2560
+    config.num_train_steps = 200_000
     config.data.corpus = "data/zh/*.txt"  # your Chinese corpus
     config.data.language = "zh"
     config.data.vocab_size = 21128
-    config.data.max_seq_length = 512
-    config.data.max_predictions = 80
+    config.data.max_seq_length = 128
+    config.data.max_predictions = 20
     config.data.sample_plan = "sop"
     config.data.masking = "ngram"
     config.data.ngram_max = 4
@@ -42,9 +49,15 @@ def get_config():
     config.data.similar_words_file = "data/zh/similar_words.tsv"  # your similarity table
     config.optim.name = "lamb"
     config.optim.learning_rate = 1e-4
-    config.optim.base_batch_size = 256
-    config.optim.warmup_steps = 10_000
+    config.optim.base_batch_size = 2560
+    config.optim.warmup_steps = 0
+    config.optim.warmup_fraction = 0.1
     config.log_every = 100
     config.eval_every = 10_000
     config.checkpoint_every = 10_000
+    config.phase_order = ("seq128", "seq512")
+    config.phases.seq128 = phase(steps=100_000)
+    config.phases.seq512 = phase(
+        steps=100_000, batch_size=384, data={"max_seq_length": 512, "max_predictions": 80}
+    )
     return config

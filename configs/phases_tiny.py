@@ -1,5 +1,5 @@
 """A three-phase ModernBERT-style recipe at toy size, the one the tests run: phase 1 at 64 tokens
-with batch-size warmup (4 -> 8 -> 12, then 16) and 30% masking; phase 2 extends the context to
+with batch-size warmup (4 -> 8 -> 12, then 16) and 30% masking, StableAdamW; phase 2 extends the context to
 128 tokens and raises the global RoPE base (10k -> 160k); phase 3 decays the LR with 1-sqrt at
 15% masking. Each phase restarts its schedule (reset_time) from the previous phase's end.
 
@@ -34,6 +34,8 @@ def get_config():
     config.batch_size = 16
     config.batch_warmup.tokens = 64 * 24 * 4  # sizes 4, 8, 12: four steps each
     config.batch_warmup.quantum = 4
+    config.optim.name = "stableadamw"  # ModernBERT's optimizer and decay
+    config.optim.weight_decay = 1e-5
     config.optim.learning_rate = 1e-3
     config.optim.warmup_steps = 2
     config.optim.schedule = "constant"  # after its warmup (phase 1 and 2)
@@ -54,6 +56,6 @@ def get_config():
         model={"rope_theta": 160000.0},
         batch_size=8,
         batch_warmup={"tokens": 0},
-        optim={"schedule": "linear", "warmup_steps": 0, "warmup_fraction": 0.0},
+        optim={"schedule": "1-sqrt", "warmup_steps": 0, "warmup_fraction": 0.0},
     )
     return config

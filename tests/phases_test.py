@@ -62,7 +62,7 @@ def test_batch_plan_counts_samples_and_inverts():
     config.batch_size = 16
     config.batch_warmup.update(tokens=64 * 2 * (4 + 8 + 12), quantum=4)
     plan = BatchPlan.from_config(config, 64)
-    assert (plan.sizes, plan.stage_steps, plan.quantum) == ((4, 8, 12), 2, 4)
+    assert (plan.sizes, plan.stage_steps, plan.quantum) == ((4, 8, 12), (2, 2, 2), 4)
     sizes = [plan.batch(s) for s in range(10)]
     assert sizes == [4, 4, 8, 8, 12, 12, 16, 16, 16, 16]
     assert [plan.samples_before(s) for s in range(11)] == list(np.cumsum([0, *sizes]))
@@ -70,6 +70,12 @@ def test_batch_plan_counts_samples_and_inverts():
         step = plan.steps_for_samples(samples)
         assert plan.samples_before(step) >= samples > plan.samples_before(step - 1) or step == 0
     assert [int(plan.batch_at(s)) for s in range(8)] == sizes[:8]
+    config.batch_warmup.shape = "equal_tokens"  # cramming's ramp: 4 x 4 ~ 8 x 2 ~ 12 x 1 rows
+    config.batch_warmup.tokens = 64 * 48
+    ramp = BatchPlan.from_config(config, 64)
+    assert ramp.stage_steps == (4, 2, 1) and ramp.samples_before(7) == 44
+    assert [ramp.batch(s) for s in range(8)] == [4, 4, 4, 4, 8, 8, 12, 16]
+    assert [int(ramp.batch_at(s)) for s in range(8)] == [4, 4, 4, 4, 8, 8, 12, 16]
     config.batch_warmup.quantum = 5
     with pytest.raises(ValueError, match="quantum 5 must divide config.batch_size=16"):
         BatchPlan.from_config(config, 64)

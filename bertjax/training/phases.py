@@ -10,7 +10,8 @@ counter runs on across phases, so a checkpoint's step says which phase it is in:
 runs the phases in order and resumes mid-phase. With ``reset_time`` (ModernBERT's phases) the
 LR schedule and batch warmup count from the phase's first step (the optimizer's schedule count is
 reset there; its moments carry over); without it the schedule runs on, spanning every step so
-far. Phases may not change the parameter shapes.
+far (a phase may also name its schedule's span: ``set.optim.total_steps``). Phases may not
+change the parameter shapes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import ml_collections
 import optax
 
 from bertjax.data.batch_plan import BatchPlan
+from bertjax.training.metrics import train_flops_per_sequence
 
 # Model fields that shape parameters: a phase may not change them (its checkpoint must restore).
 _SHAPE_FIELDS = (
@@ -122,7 +124,8 @@ def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
             steps = BatchPlan.from_config(c, length).steps_for_samples(rows)
         c.seed = int(config.seed) + DATA_SEED_STRIDE * index
         c.num_train_steps = steps
-        c.optim.total_steps = steps if entry.reset_time else start + steps
+        chosen = entry.set.get("optim", {}).get("total_steps")  # a span the phase names wins
+        c.optim.total_steps = chosen or (steps if entry.reset_time else start + steps)
         c.phase_order, c.phases = (), ml_collections.ConfigDict()
         phases.append(Phase(name, index, c, start, start + steps, bool(entry.reset_time)))
         start += steps
@@ -141,3 +144,31 @@ def restart_schedule(opt_state):
     return jax.tree.map(
         reset, opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByScheduleState)
     )
+
+
+def apply_flop_budget(config: ml_collections.ConfigDict, model_cfg, objective):
+    """``config`` with its length set by ``config.budget_flops`` (cramming's budget, counted in
+    the trainer's training FLOPs instead of wall time, so the run stays a pure function of its
+    config): ``num_train_steps`` (and the schedule's ``total_steps``) is the first step count
+    whose FLOPs reach the budget, and with ``batch_warmup.budget_fraction`` the batch warmup
+    spans that share of the budget's tokens. Unchanged when budget_flops is 0."""
+    budget = float(config.get("budget_flops", 0.0))
+    if not budget:
+        return config
+    if config.get("phase_order"):
+        raise ValueError(
+            "config.budget_flops sets one run's length: it does not combine with phases"
+        )
+    length = int(config.data.max_seq_length)
+    masked = float(config.data.mask_rate) * length
+    per_sequence = objective.train_flops_per_sequence(
+        model_cfg, length, masked, int(config.data.max_predictions), train_flops_per_sequence
+    )
+    rows = int(-(-budget // per_sequence))
+    config = config.copy_and_resolve_references()
+    fraction = float(config.batch_warmup.get("budget_fraction", 0.0))
+    if fraction:
+        config.batch_warmup.tokens = int(fraction * rows * length)
+    steps = BatchPlan.from_config(config, length).steps_for_samples(rows)
+    config.num_train_steps = config.optim.total_steps = steps
+    return config

@@ -70,6 +70,9 @@ def default_run_config() -> ml_collections.ConfigDict:
     # its encoder)
     config.init_from = ""
     config.init_tiling = False  # pretraining: centre-tile init_from into a larger model
+    # > 0: the run lasts until its training FLOPs (the trainer's count) reach this; it sets
+    # num_train_steps and the schedule's total_steps (cramming's budget, deterministic)
+    config.budget_flops = 0.0
     # batch-size warmup by tokens (bertjax/data/batch_plan.py); off by default
     config.batch_warmup = default_batch_warmup_config()
     # phases run in this order (names in config.phases, each `bertjax.trainer.phase(...)`);

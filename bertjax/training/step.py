@@ -21,6 +21,7 @@ from flax import struct
 from jax.sharding import Mesh
 
 from bertjax import objectives
+from bertjax.data.batch_plan import BatchPlan
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.training import optim, sharding
 
@@ -86,7 +87,9 @@ def abstract_train_state(
             f"{model_cfg.num_experts}: each device holds whole experts"
         )
     spec = StepSpec.from_config(config, model_cfg)
-    tx, learning_rate_fn = optim.make_optimizer(config.optim, model_cfg, config.batch_size)
+    tx, learning_rate_fn = optim.make_optimizer(
+        config.optim, model_cfg, config.batch_size, **_batch_schedule(config)
+    )
     model = spec.model()
     init_batch = spec.objective.init_batch(model_cfg)
     rules = sharding.logical_axis_rules()
@@ -138,6 +141,19 @@ def abstract_train_state(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
     )
     return shapes, shardings, init_fn
+
+
+def _batch_schedule(config: ml_collections.ConfigDict) -> dict:
+    """make_optimizer's ``tokens_before`` (tokens are rows x row length of the run's batch plan)
+    and, under batch-size warmup, ``batch_at`` (the LR follows each step's batch)."""
+    if "data" not in config:
+        return {}
+    length = int(config.data.max_seq_length)
+    plan = BatchPlan.from_config(config, length)
+    schedule = {"tokens_before": lambda step: plan.samples_before(step) * length}
+    if plan.sizes:
+        schedule["batch_at"] = plan.batch_at
+    return schedule
 
 
 def init_train_state(

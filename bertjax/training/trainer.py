@@ -212,6 +212,14 @@ class _Run:
             config = self.config = with_source_tokenizer(config)
         self.data = self.objective.make_data(config, workdir)
         self.model_cfg = self.data.model_config() or model_config(config, self.data.tokenizer)
+        if config.get("budget_flops"):  # the run's length from its FLOP budget (cramming)
+            config = self.config = phases_lib.apply_flop_budget(
+                config, self.model_cfg, self.objective
+            )
+            self.phase = phases_lib.plan_phases(config)[0]
+            self.data.close()
+            self.data = self.objective.make_data(config, workdir)
+            logging.info("config.budget_flops: %d steps", config.num_train_steps)
         self.mesh = sharding.make_mesh(config.mesh)
         self.ckpt = Checkpointer(
             paths.join(workdir, "checkpoints"),
