@@ -1,7 +1,7 @@
 """A three-phase ModernBERT-style recipe at toy size, the one the tests run: phase 1 at 64 tokens
-with batch-size warmup (4 -> 8 -> 12, then 16) and 30% masking, StableAdamW; phase 2 extends the context to
-128 tokens and raises the global RoPE base (10k -> 160k); phase 3 decays the LR with 1-sqrt at
-15% masking. Each phase restarts its schedule (reset_time) from the previous phase's end.
+with batch-size warmup (4 -> 8 -> 12, then 16), 30% masking and StableAdamW; phase 2 extends the
+context to 128 tokens and raises the global RoPE base (10k -> 160k); phase 3 decays the LR with
+1-sqrt at 15% masking. Each phase restarts its schedule (reset_time) from the previous one's end.
 
 Run:     python train.py --config=configs/phases_tiny.py --workdir=workdir/phases_tiny
 Expect:  on a 2-core CPU about a minute; the held-out MLM accuracy of each phase's end in
