@@ -122,7 +122,7 @@ def test_chinese_whole_word_masking_masks_multi_character_words_whole(tmp_path, 
     p = make_pipeline(config, str(tmp_path), process_index=0, process_count=1)
     multi_character = 0
     for step in range(6):
-        rows = p._rows(p._split, 48, step, step, "mask")
+        rows = p._rows(p._split, 48, step * 16, 16, step * 16, "mask")
         batch = p.batch(step)
         for r in range(16):
             maskable = rows["maskable"][r]
@@ -176,7 +176,7 @@ def test_macbert_correction_on_chinese_rows(tmp_path, corpus_path, tok):
     lexicon = {w for w, s in SIMILAR.items() for w in [w, *s]}
     outcomes = {"similar": 0, "kept": 0, "random": 0}
     for step in range(30):
-        rows, batch = p._rows(p._split, 48, step, step, "mask"), p.batch(step)
+        rows, batch = p._rows(p._split, 48, step * 16, 16, step * 16, "mask"), p.batch(step)
         for r in range(16):
             maskable = rows["maskable"][r]
             starts = (

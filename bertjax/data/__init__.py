@@ -10,6 +10,7 @@ masking         token (uniform or smoothed-unigram) / whole-word / n-gram / MacB
                 diffusion masking, keyed per row; similarity (MacBERT's similar words),
                 permutation (PERT's shuffle and position targets)
 keys, schedule  keyed randomness; the row length of every step
+batch_plan      the global batch of every step (fixed, or growing by tokens: batch warmup)
 source          DataSource, what the trainer may ask of any data source
 pipeline        `make_pipeline(config, workdir).batch(step)`
 """

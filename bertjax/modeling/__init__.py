@@ -3,7 +3,10 @@
 bert_config    BertConfig (presets, validation) and the legend of shape suffixes
 layers         initializers, Dense/LayerNorm factories, activation, dropout, row gathers
 embeddings     word + position + token-type embeddings, position ids of packed rows
-attention      self-attention and its paths (CPU fast path, fused, exact), attention masks
+attention      self-attention and its paths (CPU fast path, banded local and blocked global,
+               fused, TPU splash, exact); masks as segment ids and positions
+rotary         rotary position embeddings (the ModernBERT shape)
+config_checks  BertConfig's validation, one message per invalid field
 encoder        feed-forward, transformer layer, layer stack (loop / scan / shared), BertModel
 moe            mixture-of-experts feed-forward: routing, capacity, router statistics
 heads          MLM (+ NSP/SOP) pretraining model, PERT's position head, sequence and token

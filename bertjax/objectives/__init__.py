@@ -4,6 +4,7 @@ base               the Objective interface, config.loss defaults, MoE losses add
 registry           objectives by name (config.loss.objective)
 pretraining        MLM (+ NSP/SOP)
 finetune           sequence / token classification, the init_from encoder
+warm_start         pretraining from a model (init_from), copied or tiled into a larger one
 task_data, tasks   fine-tuning data: task examples (built-in, files, tfds GLUE) as rows
 glue_tasks         GLUE directories as the download script writes them; official metrics, score
 task_metrics       GLUE and CoNLL metrics

@@ -1,7 +1,9 @@
 """Running the encoder: the pure step and everything around the loop.
 
 step         TrainState, train_step / eval_step (pure, jitted once with shardings)
-optim        AdamW / LAMB / Adafactor, schedules, LR scaling, layer-wise LR decay
+optim        AdamW / LAMB / Adafactor / StableAdamW (stable_adamw), schedules (linear, cosine,
+             WSD, 1-sqrt, cramming's triangle), LR scaling, layer-wise LR decay
+phases       multi-phase runs from one config; FLOP budgets
 sharding     the device mesh, logical-axis rules, global batches
 checkpoint   Orbax checkpoints with exact resume (best: WORKDIR/best by a dev metric)
 run_config   the run config's keys and defaults, recipe files
