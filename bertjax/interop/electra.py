@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.interop import hf
+from bertjax.interop import hf, hf_keys
 from bertjax.interop.hf_files import read_config, read_weights
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.electra import generator_config
@@ -44,8 +44,8 @@ def _linear(prefix: str, path: tuple) -> dict:
 
 
 def _mapping(cfg: BertConfig, kind: str) -> dict:
-    """Every HF key of an ELECTRA ``kind`` model, with its place in our params (see hf.Rule)."""
-    bert_rules = hf._mapping(cfg.replace(model_type="bert", embedding_size=None), set())
+    """Every HF key of an ELECTRA ``kind`` model, with its place in our params (hf_keys.Rule)."""
+    bert_rules = hf_keys.key_map(cfg.replace(model_type="bert", embedding_size=None), set())
     rules = {"electra." + key[len("bert.") :]: rule for key, rule in bert_rules.items()}
     if cfg.embedding_dim != cfg.hidden_size:
         rules.update(_linear("electra.embeddings_project", ("bert", "embeddings", "projection")))
@@ -106,7 +106,7 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
         )
     params: dict = {}
     for key, (target, forward, _) in rules.items():
-        hf._set(params, target, np.asarray(forward(weights[key]), np.float32))
+        hf_keys.set_path(params, target, np.asarray(forward(weights[key]), np.float32))
     table = params["bert"]["embeddings"]["word_embeddings"]
     if table.shape != (cfg.vocab_size, cfg.embedding_dim):
         raise ValueError(
@@ -202,7 +202,9 @@ def _write(cfg: BertConfig, params: dict, path: str, kind: str) -> None:
     if "layers" in params["bert"]["encoder"]:
         params = hf.unstack_layers(cfg, params)
     tensors = {
-        key: np.ascontiguousarray(np.asarray(backward(np.asarray(hf._get(params, source))), "f4"))
+        key: np.ascontiguousarray(
+            np.asarray(backward(np.asarray(hf_keys.get_path(params, source))), "f4")
+        )
         for key, (source, _, backward) in _mapping(cfg, kind).items()
     }
     config = dict(

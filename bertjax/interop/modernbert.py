@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bertjax import paths
-from bertjax.interop import hf
+from bertjax.interop import hf, hf_keys
 from bertjax.interop.hf_files import read_config, read_weights
 from bertjax.modeling.bert_config import BertConfig
 
@@ -33,7 +33,7 @@ _ENCODER_PARTS = ("embeddings.", "layers.", "final_norm.")
 
 
 def _mapping(cfg: BertConfig, heads: set[str]) -> dict:
-    """Every HF key this config and head set uses, with its place in our params (hf.Rule)."""
+    """Every HF key this config and head set uses, with its place in our params (hf_keys.Rule)."""
     n, h, width = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
     rules: dict = {}
 
@@ -142,7 +142,7 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
     params: dict = {}
     for rule, (target, forward, _) in rules.items():
         value = np.asarray(forward(weights[rule.split("#")[0]]), np.float32)
-        hf._set(params, target, value)
+        hf_keys.set_path(params, target, value)
     table = params["bert"]["embeddings"]["word_embeddings"]
     if table.shape != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(
@@ -245,7 +245,7 @@ def to_hf(
     tensors: dict[str, np.ndarray] = {}
     for rule, (source, _, backward) in _mapping(cfg, heads).items():
         key, _, part = rule.partition("#")
-        value = np.asarray(backward(np.asarray(hf._get(params, source))), np.float32)
+        value = np.asarray(backward(np.asarray(hf_keys.get_path(params, source))), np.float32)
         tensors[key] = np.concatenate([tensors[key], value]) if part and key in tensors else value
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     num_labels = 0

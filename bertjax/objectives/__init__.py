@@ -6,6 +6,7 @@ pretraining        MLM (+ NSP/SOP)
 finetune           sequence / token classification, the init_from encoder
 warm_start         pretraining from a model (init_from), copied or tiled into a larger one
 task_data, tasks   fine-tuning data: task examples (built-in, files, tfds GLUE) as rows
+builtin_tasks      the offline tasks made from CPython's docstrings (families, spans, order)
 glue_tasks         GLUE directories as the download script writes them; official metrics, score
 task_metrics       GLUE and CoNLL metrics
 distill            DistilBERT's distillation from a frozen teacher

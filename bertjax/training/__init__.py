@@ -2,7 +2,8 @@
 
 step         TrainState, train_step / eval_step (pure, jitted once with shardings)
 optim        AdamW / LAMB / Adafactor / StableAdamW (stable_adamw), schedules (linear, cosine,
-             WSD, 1-sqrt, cramming's triangle), LR scaling, layer-wise LR decay
+             WSD, 1-sqrt, cramming's triangle), LR scaling
+param_groups which parameters decay, stacked layer/expert axes, layer-wise LR decay factors
 phases       multi-phase runs from one config; FLOP budgets
 sharding     the device mesh, logical-axis rules, global batches
 checkpoint   Orbax checkpoints with exact resume (best: WORKDIR/best by a dev metric)
