@@ -164,8 +164,12 @@ def _child(args) -> None:
 def _run_child(row: str, size: str, length: int, args) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--child", row, "--size", size]
     command += ["--length", str(length), "--warmup", str(args.warmup), "--steps", str(args.steps)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == -9:  # the kernel's OOM killer: the row does not fit this host
+        return {"killed": True}
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -205,6 +209,15 @@ def main():
             rows = (["hf"] if not args.no_hf else []) + ["bertjax"]
             for row in rows:
                 result = _run_child(row, size, length, args)
+                if result.get("killed"):
+                    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+                    lines.append(
+                        f"| {'HF' if row == 'hf' else 'bertjax'} {size} | {length} | "
+                        f"{TOKENS // length} | killed: out of memory ({memory:.0f} GiB host) "
+                        "| | | | | |"
+                    )
+                    print(lines[-1], flush=True)
+                    continue
                 median = statistics.median(result["times"])
                 if row == "hf":
                     reference = median

@@ -112,10 +112,11 @@ def exact_attention(
 # Where the CPU leaves the dense path (benchmarks/attention_cpu.py --long; results.md): local
 # layers take the banded path in blocks of max(half-window, LOCAL_BLOCK) rows from
 # LOCAL_FROM_BLOCKS blocks on, global layers the blocked one from FLASH_FROM keys, in key blocks
-# of FLASH_BLOCK (the table in results.md: banded beats dense from T=512, blocked from T=1024).
+# of FLASH_BLOCK (the quiet table in results.md: banded beats dense from T=512; blocked takes
+# less memory from T=1024 but is only faster from T=4096, and this path is for speed).
 LOCAL_BLOCK = 64
 LOCAL_FROM_BLOCKS = 4
-FLASH_FROM = 1024
+FLASH_FROM = 4096
 FLASH_BLOCK = 256
 
 
