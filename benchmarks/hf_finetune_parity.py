@@ -10,7 +10,8 @@ length, batch, order), from the same initial classifier, with the same optimizer
 with decoupled weight decay on kernels and embeddings only, eps 1e-6, global-norm clipping 1.0,
 the same learning rate at every step), dropout off on both sides and layer-wise LR decay off (the
 PyTorch side has no equivalent). Prints the dev accuracy of both (stdlib_families dev: 1077
-examples) after the same number of steps, as a markdown table.
+examples) after the same number of steps, and how many dev examples the two label differently
+(bertjax's from WORKDIR/best/dev_predictions.tsv), as a markdown table.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def bertjax_run(config, workdir: str) -> tuple[float, float]:
     return summary["eval/accuracy"], time.perf_counter() - start
 
 
-def torch_run(config, hf_dir: str, workdir: str) -> tuple[float, float]:
-    """transformers' PyTorch fine-tuning of the same directory on bertjax's own rows."""
+def torch_run(config, hf_dir: str, workdir: str) -> tuple[float, float, list[str]]:
+    """transformers' PyTorch fine-tuning of the same directory on bertjax's own rows:
+    (dev accuracy, seconds, the predicted label of every dev example in order)."""
     import torch
     import transformers
 
@@ -122,6 +124,7 @@ def torch_run(config, hf_dir: str, workdir: str) -> tuple[float, float]:
     seconds = time.perf_counter() - start
     model.eval()
     correct = total = 0.0
+    predicted = []
     with torch.no_grad():
         for rows in data.eval_batches(0):
             logits = model(
@@ -130,10 +133,20 @@ def torch_run(config, hf_dir: str, workdir: str) -> tuple[float, float]:
                 attention_mask=torch.tensor(rows["attention_mask"]).long(),
             ).logits.numpy()
             hits = (logits.argmax(-1) == rows["labels"]) * rows["label_weights"]
+            real = rows["label_weights"] > 0
+            predicted += [data.labels[int(p)] for p in logits.argmax(-1)[real]]
             correct += float(hits.sum())
             total += float(rows["label_weights"].sum())
     data.close()
-    return correct / total, seconds
+    return correct / total, seconds, predicted
+
+
+def bertjax_predictions(workdir: str) -> list[str]:
+    """The predicted column of bertjax's WORKDIR/best/dev_predictions.tsv (dev order)."""
+    with open(os.path.join(workdir, "best", "dev_predictions.tsv"), encoding="utf-8") as f:
+        header = f.readline().rstrip("\n").split("\t")
+        column = header.index("predicted")
+        return [line.rstrip("\n").split("\t")[column] for line in f]
 
 
 def main():
@@ -147,18 +160,28 @@ def main():
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         config = finetune_config(hf_dir, args.steps, seed)
-        ours, our_s = bertjax_run(config, os.path.join(args.workdir, f"bertjax_{seed}"))
-        theirs, their_s = torch_run(config, hf_dir, os.path.join(args.workdir, f"torch_{seed}"))
-        rows.append((seed, ours, theirs, our_s, their_s))
+        our_dir = os.path.join(args.workdir, f"bertjax_{seed}")
+        ours, our_s = bertjax_run(config, our_dir)
+        theirs, their_s, their_pred = torch_run(
+            config, hf_dir, os.path.join(args.workdir, f"torch_{seed}")
+        )
+        our_pred = bertjax_predictions(our_dir)
+        if len(our_pred) != len(their_pred):
+            raise SystemExit(f"{len(our_pred)} bertjax vs {len(their_pred)} torch dev predictions")
+        differ = sum(a != b for a, b in zip(our_pred, their_pred))
+        rows.append((seed, ours, theirs, differ, len(our_pred)))
         print(
             f"seed {seed}: bertjax {ours:.4f} ({our_s:.0f} s), transformers {theirs:.4f} "
-            f"({their_s:.0f} s)",
+            f"({their_s:.0f} s), {differ} of {len(our_pred)} dev predictions differ",
             flush=True,
         )
-    print("\n| seed | bertjax dev accuracy | transformers (PyTorch) dev accuracy | difference |")
-    print("|---|---|---|---|")
-    for seed, ours, theirs, _, _ in rows:
-        print(f"| {seed} | {ours:.4f} | {theirs:.4f} | {ours - theirs:+.4f} |")
+    print(
+        "\n| seed | bertjax dev accuracy | transformers (PyTorch) dev accuracy | difference "
+        "| dev predictions that differ |"
+    )
+    print("|---|---|---|---|---|")
+    for seed, ours, theirs, differ, n in rows:
+        print(f"| {seed} | {ours:.4f} | {theirs:.4f} | {ours - theirs:+.4f} | {differ} of {n} |")
     diffs = [ours - theirs for _, ours, theirs, _, _ in rows]
     print(
         f"\nmedian difference {np.median(diffs):+.4f}, range {min(diffs):+.4f} .. {max(diffs):+.4f}"
