@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -165,7 +166,7 @@ def _run_child(row: str, size: str, length: int, args) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--child", row, "--size", size]
     command += ["--length", str(length), "--warmup", str(args.warmup), "--steps", str(args.steps)]
     done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode == -9:  # the kernel's OOM killer: the row does not fit this host
+    if done.returncode == -signal.SIGKILL:  # on this host, the kernel's OOM killer
         return {"killed": True}
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
@@ -213,7 +214,7 @@ def main():
                     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
                     lines.append(
                         f"| {'HF' if row == 'hf' else 'bertjax'} {size} | {length} | "
-                        f"{TOKENS // length} | killed: out of memory ({memory:.0f} GiB host) "
+                        f"{TOKENS // length} | killed (SIGKILL; {memory:.0f} GiB host, OOM?) "
                         "| | | | | |"
                     )
                     print(lines[-1], flush=True)
