@@ -16,7 +16,7 @@ def on_tpu() -> bool:
 
 
 def current() -> str:
-    """"cpu", "tpu" or "gpu" (any other accelerator): the platform the attention kernels'
+    """The platform, "cpu", "tpu" or "gpu" (any other accelerator), that the attention kernels'
     automatic choice reads (tests simulate platforms by patching this or `on_cpu`)."""
     if on_cpu():
         return "cpu"
