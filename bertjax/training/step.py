@@ -186,31 +186,6 @@ def _microbatches(batch: dict, k: int) -> dict:
     return {key: split(value) for key, value in batch.items()}
 
 
-def fgm_perturbation(grads, epsilon: float):
-    """FGM (Miyato et al. 2017): r = epsilon * g / ||g|| on the word embeddings, 0 elsewhere."""
-    g = grads["bert"]["embeddings"]["word_embeddings"]
-    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
-    perturbation = jax.tree.map(jnp.zeros_like, grads)
-    perturbation["bert"]["embeddings"]["word_embeddings"] = (epsilon * g / (norm + 1e-12)).astype(
-        g.dtype
-    )
-    return perturbation
-
-
-def with_fgm(grad_fn: Callable, epsilon: float) -> Callable:
-    """``grad_fn`` plus the gradient at embeddings moved by the FGM perturbation (clean +
-    adversarial,
-    as in the usual FGM recipe); the loss sums stay the clean pass's."""
-
-    def fgm_grad_fn(params, batch, rng):
-        grads, sums = grad_fn(params, batch, rng)
-        perturbed = jax.tree.map(jnp.add, params, fgm_perturbation(grads, epsilon))
-        adversarial, _ = grad_fn(perturbed, batch, rng)
-        return jax.tree.map(jnp.add, grads, adversarial), sums
-
-    return fgm_grad_fn
-
-
 def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     """Whole-batch gradients and loss sums, accumulated over microbatches with lax.scan."""
     spec = state.spec
@@ -224,9 +199,7 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
         sums = objective.sums(outputs, microbatch)
         return objective.loss(sums, norms), sums
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-    if objective.fgm_epsilon > 0:  # fine-tuning: adversarial second pass
-        grad_fn = with_fgm(grad_fn, objective.fgm_epsilon)
+    grad_fn = objective.gradients(jax.grad(loss_fn, has_aux=True))  # e.g. FGM's second pass
     k = spec.grad_accum_steps
     if k == 1:
         grads, sums = grad_fn(state.params, batch, rng)
