@@ -305,6 +305,7 @@ def hf_dir(tmp_path_factory, vocab_file):
     return str(path)
 
 
+@pytest.mark.slow
 def test_hf_checkpoint_fine_tunes_end_to_end(tmp_path, hf_dir):
     rng = np.random.default_rng(0)
     for split, n in (("train", 24), ("dev", 10)):

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from ml_collections import config_dict
 
 from bertjax.data import make_pipeline
@@ -66,6 +67,22 @@ def next_sentence(config: ml_collections.ConfigDict) -> bool:
             "leave config.loss.next_sentence unset to follow the data"
         )
     return bool(chosen)
+
+
+def example_rows(cfg: BertConfig, rows: int, length: int, seed: int) -> dict:
+    """Random ``input_ids``, ``token_type_ids`` and ``attention_mask`` (every third row ends in
+    padding), the part of an `Objective.example_batch` every encoder reads."""
+    rs = np.random.RandomState(seed)
+    attention_mask = np.ones((rows, length), np.int32)
+    attention_mask[::3, length - length // 4 :] = 0
+    token_types = np.zeros((rows, length), np.int32)
+    token_types[:, length // 2 :] = 1
+    low = min(5, cfg.vocab_size - 1)
+    return dict(
+        input_ids=rs.randint(low, cfg.vocab_size, (rows, length)).astype(np.int32),
+        token_type_ids=token_types,
+        attention_mask=attention_mask,
+    )
 
 
 def real_tokens(batch: dict) -> Array:
@@ -284,7 +301,7 @@ class Objective(abc.ABC):
         this host's share (the masked predictions a row makes, and the slots a sparse last
         layer computes, read from the batch)."""
         processes = jax.process_count()
-        masked = float((host_batch.get("masked_weights", 0) > 0).sum()) * processes
+        masked = float(np.sum(host_batch.get("masked_weights", 0) > 0)) * processes
         width = None  # masked slots per row (a sparse last layer computes those rows)
         if "masked_positions" in host_batch:
             width = host_batch["masked_positions"].shape[1]
@@ -311,6 +328,18 @@ class Objective(abc.ABC):
         """A state restored from a checkpoint made whole: what checkpoints leave out (a
         teacher, ``state.frozen``) put back; ``fresh()`` is a freshly initialised state."""
         return state
+
+    # Metrics that depend on the step's rng beyond dropout (ELECTRA's sampled replacements): an
+    # eval step cannot reproduce them, so the objective contract test compares the others.
+    rng_dependent_metrics: tuple = ()
+
+    def example_batch(self, cfg: BertConfig, rows: int, length: int, seed: int) -> dict:
+        """A random batch (numpy) of every key this objective reads, with padding: what the
+        objective contract test (tests/objective_contract_test.py) trains on."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.example_batch: define it (every batch key the objective "
+            "reads) so tests/objective_contract_test.py can check the objective"
+        )
 
     def held_out_counts(self, host_batch: dict) -> collections.Counter:
         """Host-side counts over an eval batch that `held_out_metrics` reads (added up)."""

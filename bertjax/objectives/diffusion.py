@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax.objectives.base import real_tokens
+from bertjax.objectives.base import example_rows, real_tokens
 from bertjax.objectives.pretraining import MaskedLM
 from bertjax.ops.loss import cross_entropy
 
@@ -64,6 +64,22 @@ class MaskedDiffusion(MaskedLM):
     corruptions = ("diffusion",)
     headline_metrics = (*MaskedLM.headline_metrics, "nll_bound")
     input_names = ("input_ids", "attention_mask", "segment_ids", "masked_positions")
+
+    def example_batch(self, cfg, rows, length, seed):
+        """Every position a prediction slot, masked at rate t per row."""
+        batch = example_rows(cfg, rows, length, seed)
+        rs = np.random.RandomState(seed + 1)
+        t = (0.05 + 0.9 * rs.rand(rows)).astype(np.float32)
+        masked = (rs.rand(rows, length) < t[:, None]) & (batch["attention_mask"] > 0)
+        masked[:, 0] = False
+        return dict(
+            batch,
+            input_ids=np.where(masked, cfg.mask_token_id or 0, batch["input_ids"]).astype(np.int32),
+            masked_positions=np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)),
+            masked_ids=batch["input_ids"],
+            masked_weights=masked.astype(np.float32),
+            mask_ratio=t,
+        )
 
     def apply(self, model, variables, batch, rngs, deterministic):
         outputs = super().apply(model, variables, batch, rngs, deterministic)

@@ -72,6 +72,16 @@ class Electra(MaskedLM):
 
     headline_metrics = (*MaskedLM.headline_metrics, "rtd_accuracy", "rtd_auc")
     input_names = (*MaskedLM.input_names, "masked_ids", "masked_weights")
+    rng_dependent_metrics = (  # the replacements are sampled with the step's rng
+        "loss",
+        "sampled_accuracy",
+        "rtd_loss",
+        "rtd_accuracy",
+        "rtd_precision",
+        "rtd_recall",
+        "rtd_auc",
+        "replaced_fraction",
+    )
 
     # generator width, heads and feed-forward as a fraction of the discriminator's (Table 6)
     generator_hidden_size: float = 0.25

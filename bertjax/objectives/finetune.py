@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from bertjax.modeling.heads import BertForSequenceClassification, BertForTokenClassification
-from bertjax.objectives.base import Objective
+from bertjax.objectives.base import Objective, example_rows
 from bertjax.objectives.fgm import with_fgm
 from bertjax.objectives.task_data import TaskData
 from bertjax.ops.loss import cross_entropy
@@ -91,6 +91,21 @@ class _Finetuning(Objective):
     def init_batch(self, cfg):
         ids = jnp.zeros((1, min(8, cfg.max_position_embeddings - cfg.position_offset)), jnp.int32)
         return {"input_ids": ids, "token_type_ids": ids, "attention_mask": ids + 1}
+
+    def example_batch(self, cfg, rows, length, seed):
+        """Labels per row (per token for token tasks), weight 0 on a few (padding tokens)."""
+        batch = example_rows(cfg, rows, length, seed)
+        rs = np.random.RandomState(seed + 1)
+        shape = (rows, length) if self.tokens else (rows,)
+        weights = np.ones(shape, np.float32)
+        weights[::4] = 0.0
+        if self.tokens:
+            weights = weights * batch["attention_mask"]
+        if self.num_labels == 1:
+            labels = rs.randn(*shape).astype(np.float32)
+        else:
+            labels = rs.randint(0, self.num_labels, shape).astype(np.int32)
+        return dict(batch, labels=labels, label_weights=weights)
 
     def normalizers(self, batch):
         weight = jnp.sum(batch["label_weights"].astype(jnp.float32))

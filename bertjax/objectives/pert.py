@@ -17,9 +17,10 @@ of it (no pretraining code was released). PERT's checkpoint is an ordinary BERT 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.modeling.heads import BertForPermutedLM
-from bertjax.objectives.base import Objective
+from bertjax.objectives.base import Objective, example_rows
 from bertjax.ops.loss import cross_entropy
 
 
@@ -35,6 +36,21 @@ class PermutedLM(Objective):
     def init_batch(self, cfg):
         batch = super().init_batch(cfg)
         return {**batch, "attention_mask": jnp.ones_like(batch["input_ids"])}
+
+    def example_batch(self, cfg, rows, length, seed):
+        """Selected positions (distinct, real) and where each one's original token went."""
+        batch = example_rows(cfg, rows, length, seed)
+        rs = np.random.RandomState(seed + 1)
+        slots, real = max(2, length // 8), length - length // 4
+        positions = np.stack([1 + rs.permutation(real - 1)[:slots] for _ in range(rows)])
+        weights = np.ones((rows, slots), np.float32)
+        weights[::2, -1] = 0.0
+        return dict(
+            batch,
+            masked_positions=positions.astype(np.int32),
+            target_positions=np.stack([rs.permutation(p) for p in positions]).astype(np.int32),
+            masked_weights=weights,
+        )
 
     def loss_sums(self, outputs, batch):
         weights_BP = batch["masked_weights"].astype(jnp.float32)

@@ -13,7 +13,13 @@ import numpy as np
 
 from bertjax.modeling.encoder import last_layer_at_rows
 from bertjax.modeling.heads import BertForPreTraining
-from bertjax.objectives.base import Objective, derived, next_sentence, run_setting
+from bertjax.objectives.base import (
+    Objective,
+    derived,
+    example_rows,
+    next_sentence,
+    run_setting,
+)
 from bertjax.ops.loss import cross_entropy
 
 Array = jax.Array
@@ -74,6 +80,24 @@ class MaskedLM(Objective):
             return state
         prior = data.unigram_log_prior()
         return state if prior is None else init_mlm_bias(state, prior)
+
+    def example_batch(self, cfg, rows, length, seed):
+        """Real-token positions to predict (distinct per row, never [CLS]), their ids, weights
+        with empty slots, and a sentence label."""
+        batch = example_rows(cfg, rows, length, seed)
+        rs = np.random.RandomState(seed + 1)
+        slots = max(2, length // 8)
+        real = length - length // 4  # every row's real prefix
+        positions = np.stack([1 + rs.permutation(real - 1)[:slots] for _ in range(rows)])
+        weights = np.ones((rows, slots), np.float32)
+        weights[::2, -1] = 0.0
+        return dict(
+            batch,
+            masked_positions=positions.astype(np.int32),
+            masked_ids=rs.randint(5, cfg.vocab_size, (rows, slots)).astype(np.int32),
+            masked_weights=weights,
+            next_sentence_label=rs.randint(0, 2, (rows,)).astype(np.int32),
+        )
 
     def held_out_counts(self, host_batch):
         if "masked_ids" not in host_batch:
