@@ -121,11 +121,10 @@ class BertConfig:
     # rows: rows of positions less than head_dim apart are orthogonal; positions 2*head_dim apart
     # share a row). All are learned; only initial values differ, so HF conversion is unchanged.
     position_embedding_init: str = "normal"
-    # Relative offsets the first layer's heads attend to at init (head h -> offsets[h], e.g. (-1,
-    # 1):
-    # the left and right neighbour); needs position_embedding_init="fourier". The query/key kernel
-    # rows of the position columns are set so that a head's logit is about local_attention_logit at
-    # its offset and about 0 elsewhere. (): BERT's random init.
+    # Relative offsets the first layer's heads attend to at init (head h -> offsets[h], e.g.
+    # (-1, 1): the left and right neighbour); needs position_embedding_init="fourier". The
+    # query/key kernel rows of the position columns are set so that a head's logit is about
+    # local_attention_logit at its offset and about 0 elsewhere. (): BERT's random init.
     local_attention_offsets: tuple = ()
     local_attention_logit: float = 6.0
     layer_norm_eps: float = 1e-12

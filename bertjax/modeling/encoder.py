@@ -18,9 +18,9 @@ Array = jax.Array
 
 
 class FeedForward(nn.Module):
-    """ "mlp": Dense D -> F, activation, Dense F -> D. "glu" (GeGLU with gelu): Dense D -> 2F
-    split into input and gate, activation(input) * gate, dropout (``mlp_dropout``, here as in
-    ModernBERT), Dense F -> D."""
+    """The feed-forward block. "mlp": Dense D -> F, activation, Dense F -> D. "glu" (GeGLU with
+    gelu): Dense D -> 2F split into input and gate, activation(input) * gate, dropout
+    (``mlp_dropout``, here as in ModernBERT), Dense F -> D."""
 
     cfg: BertConfig
 

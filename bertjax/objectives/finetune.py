@@ -30,9 +30,8 @@ def default_task_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     # "builtin:NAME" | "files" | "glue:NAME" (a GLUE directory) | "tfds:glue/NAME" (no download)
     c.source = "builtin:stdlib_families"
-    c.train_file = (
-        ""  # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
-    )
+    # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
+    c.train_file = ""
     c.dev_file = ""  # source="files": dev examples, same format
     c.text_column = "text"  # column of the (first) text
     c.text_pair_column = ""  # column of the second text of a pair ("" = single sentence)
@@ -50,9 +49,8 @@ def default_task_config() -> ml_collections.ConfigDict:
 
 def add_finetune_config(config: ml_collections.ConfigDict, objective: str, num_labels: int):
     """Turns a `default_run_config()` into a fine-tuning one (call before the config is locked)."""
-    config.init_from = (
-        ""  # "" (random) | bertjax pretraining workdir/checkpoints dir | HF model dir
-    )
+    # "" (random) | bertjax pretraining workdir/checkpoints dir | HF model dir
+    config.init_from = ""
     config.task = default_task_config()
     config.loss.objective = objective
     config.loss.num_labels = num_labels  # classes (1 = regression; token tasks: BIO tags)
