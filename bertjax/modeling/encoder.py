@@ -212,6 +212,15 @@ class BertModel(nn.Module):
     the last layer computes only those rows (plus [CLS] for the pooler): same values there,
     less work (see Encoder).
 
+    Args:
+      cfg: the BertConfig (the module's only configuration).
+      add_pooler: build the tanh pooler on [CLS].
+
+    Returns:
+      ``(sequence_output, pooled_output)`` from ``__call__(input_ids, token_type_ids=None,
+      attention_mask=None, segment_ids=None, positions=None, deterministic=True,
+      output_positions=None)``.
+
     Example::
 
         cfg = bertjax.BertConfig.preset("tiny", vocab_size=1000)

@@ -159,7 +159,18 @@ def _batch_schedule(config: ml_collections.ConfigDict) -> dict:
 def init_train_state(
     config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh, rng: Array
 ) -> TrainState:
-    """A fresh TrainState, created directly in its shardings on ``mesh``."""
+    """A fresh TrainState, created directly in its shardings on ``mesh``.
+
+    Args:
+      config: the run (or step) config: ``loss`` (the objective), ``optim``, ``batch_size``.
+      model_cfg: the encoder's BertConfig.
+      mesh: the device mesh (`bertjax.training.sharding.make_mesh`).
+      rng: the parameter-init key.
+
+    Returns:
+      A `TrainState` (step 0, params, optimizer state, a teacher in ``frozen`` if the objective
+      has one), every array already placed in its sharding.
+    """
     _, shardings, init_fn = abstract_train_state(config, model_cfg, mesh)
     return jax.jit(init_fn, out_shardings=shardings)(rng)
 
@@ -222,7 +233,18 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
 
 
 def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, dict]:
-    """One optimizer step on the global batch; pure, no host sync."""
+    """One optimizer step on the global batch; pure, no host sync.
+
+    Args:
+      state: the `TrainState` (its static fields say what the step computes).
+      batch: the global batch, a dict of arrays (the objective's keys: ``input_ids``,
+        ``attention_mask``, ``masked_positions``, ...).
+      rng: the run's dropout key; folded with ``state.step`` here.
+
+    Returns:
+      ``(state, metrics)``: the next state and device scalars (``loss``, the objective's
+      metrics, ``grad_norm``, ``param_norm``, ``learning_rate``, ``nonfinite``).
+    """
     rng = jax.random.fold_in(rng, state.step)
     grads, sums, norms = _gradients(state, batch, rng)
     metrics = state.spec.objective.report(sums, norms)
@@ -261,7 +283,16 @@ def schedule_count(opt_state, default: Array) -> Array:
 def eval_step(state: TrainState, batch: dict) -> dict:
     """Deterministic metrics of one batch, plus its loss ``sums`` and ``norms``: adding those
     over many batches and calling ``objective.report`` gives exact held-out averages; with
-    ``predictions`` when the objective scores them (fine-tuning)."""
+    ``predictions`` when the objective scores them (fine-tuning).
+
+    Args:
+      state: the `TrainState`.
+      batch: a global batch, as for `train_step`.
+
+    Returns:
+      A dict of device arrays: the objective's report (``loss``, ...), ``sums``, ``norms`` and,
+      for fine-tuning, ``predictions``.
+    """
     objective = state.spec.objective
     outputs = _forward(
         state.spec, state.params, batch, None, deterministic=True, frozen=state.frozen

@@ -335,8 +335,17 @@ class _Run:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Trains as configured, resuming from ``workdir`` if it holds checkpoints; returns the
-    last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...)."""
+    """Trains as configured, resuming from ``workdir`` if it holds checkpoints.
+
+    Args:
+      config: a run config (`bertjax.training.run_config.default_run_config`, or a recipe's
+        ``get_config()`` from configs/).
+      workdir: a directory or URL (gs://...) for the tokenizer, checkpoints and metrics.
+
+    Returns:
+      The last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...,
+      ``phase``, ``stopped_by_signal``).
+    """
     validate_run_config(config)
     config = resolve_paths(config)
     workdir = _prepare_workdir(workdir)
