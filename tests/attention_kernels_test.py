@@ -18,7 +18,7 @@ import bertjax
 from bertjax.modeling import attention_kernels as kernels
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.modeling.embeddings import position_ids
-from bertjax.modeling.encoder import Encoder
+from bertjax.modeling.encoder import Encoder, layer_kinds
 from bertjax.ops import platform
 
 B, T, N, H = 2, 16, 2, 8
@@ -265,3 +265,19 @@ def test_causal_outputs_never_depend_on_later_or_other_segments_tokens(implement
                     assert dependence[i, b, j] == 0.0, (b, i, j)
                 elif j >= i - 1:
                     assert dependence[i, b, j] > 0.0, (b, i, j)
+
+
+def test_scanned_and_unscanned_stacks_read_the_same_layer_kinds():
+    """Both stacks take each layer's kind from `layer_kinds`; a scanned stack whose layers
+    differ (BertConfig rejects it; forced past validation here) raises instead of repeating
+    layer 0's kind."""
+    cfg = bertjax.BertConfig.preset(
+        "tiny", vocab_size=32, local_attention_window=4, global_attn_every_n_layers=2
+    )
+    kinds = layer_kinds(cfg)
+    assert [k["half_window"] for k in kinds] == [0, 2]
+    object.__setattr__(cfg, "scan_layers", True)
+    x = jnp.zeros((1, 8, cfg.hidden_size))
+    mask = AttentionMask.build(None, None, position_ids(None, 1, 8, 0))
+    with pytest.raises(ValueError, match="scan_layers=True repeats one layer"):
+        Encoder(cfg).init(jax.random.key(0), x, mask, True)
