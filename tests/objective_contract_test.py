@@ -3,7 +3,8 @@ one is picked up from `OBJECTIVES`): the train and eval steps compile once; with
 first train step reports the eval step's metrics (but those the objective declares dependent on
 the step's rng); resuming from a checkpoint (plus `resume_state`) gives bitwise the same next
 step; and two microbatches on a 4-device (data 2 x fsdp 2) mesh give the one-device whole-batch
-step. Tiny models (one layer, T=16, B=8) and the objective's own `example_batch`."""
+step (one whole batch there for an objective whose rows interact, `microbatch_additive`). Tiny
+models (one layer, T=16, B=8) and the objective's own `example_batch`."""
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +93,7 @@ def test_objective_keeps_the_step_contract(name, tmp_path):
 
     # two microbatches over 4 devices == the whole batch on one device
     sharded_config = _config(name, data=2, fsdp=2)
-    sharded_config.optim.grad_accum_steps = 2
+    sharded_config.optim.grad_accum_steps = 2 if objective.microbatch_additive else 1
     sharded_mesh = _mesh(sharded_config, 4)
     _, shardings, _ = step.abstract_train_state(sharded_config, cfg, sharded_mesh)
     sharded = shardings.replace(  # the same initial state, placed on 4 devices

@@ -125,6 +125,10 @@ class Objective(abc.ABC):
         "segment_ids",
         "masked_positions",
     )
+    # True: the loss sums add up over rows, so microbatches accumulate exactly. An objective
+    # whose rows interact (in-batch negatives of a contrastive loss) sets False, and the step
+    # refuses config.optim.grad_accum_steps > 1 for it.
+    microbatch_additive: bool = True
     # The held-out metrics a run prints at its end (train.py), after step and train/loss.
     headline_metrics: tuple = ()
     # True: the objective reads config.init_from itself (fine-tuning); otherwise a fresh state

@@ -52,12 +52,15 @@ class StepSpec:
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, model_cfg: BertConfig) -> StepSpec:
         optim.validate_optim_config(config.optim)
-        return cls(
-            model_cfg,
-            objectives.make_objective(config),
-            int(config.optim.grad_accum_steps),
-            bool(config.skip_nonfinite_updates),
-        )
+        objective = objectives.make_objective(config)
+        accumulate = int(config.optim.grad_accum_steps)
+        if accumulate > 1 and not objective.microbatch_additive:
+            raise ValueError(
+                f"config.optim.grad_accum_steps={accumulate}: the {type(objective).__name__} "
+                "objective's loss is not a sum over rows (its rows interact), so microbatches "
+                "cannot add up to the batch; use 1"
+            )
+        return cls(model_cfg, objective, accumulate, bool(config.skip_nonfinite_updates))
 
     def model(self) -> nn.Module:
         return self.objective.model(self.model_cfg)
