@@ -55,19 +55,10 @@ def main(argv):
     except paths.MissingPathError as error:  # a path setting names nothing: one line, no traceback
         raise SystemExit(f"error: {error}") from None
     if jax.process_index() == 0:
-        keys = (
-            "step",
-            "train/loss",
-            "eval/mlm_accuracy",
-            "eval/majority_baseline",
-            "eval/perplexity",
-            "eval/nsp_accuracy",
-            "eval/nll_bound",
-            "eval/rtd_accuracy",
-            "eval/rtd_auc",
-            "perf/tokens_per_second",
-            "perf/mfu",
-        )
+        from bertjax.objectives import headline_metrics
+
+        held_out = tuple(f"eval/{name}" for name in headline_metrics(_CONFIG.value))
+        keys = ("step", "train/loss", *held_out, "perf/tokens_per_second", "perf/mfu")
         print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
 
 

@@ -22,15 +22,11 @@ bertjax/modeling/attention.py (LOCAL_BLOCK, FLASH_FROM, FLASH_BLOCK) come from t
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bertjax.training import runtime
 
-from bertjax.training import runtime  # noqa: E402
-
-runtime.reexec_with_hugepage_malloc()
+runtime.reexec_with_hugepage_malloc()  # before jax starts: the imports below come after it
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

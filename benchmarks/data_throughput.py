@@ -16,16 +16,14 @@ import argparse
 import functools
 import os
 import resource
-import sys
 import time
 
 import ml_collections
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bertjax.data import corpus, default_data_config, keys, make_pipeline, masking  # noqa: E402
-from bertjax.data.store import prepare_store  # noqa: E402
-from bertjax.data.tokenizer import Tokenizer  # noqa: E402
+from bertjax.data import corpus, default_data_config, keys, make_pipeline, masking
+from bertjax.data.store import prepare_store
+from bertjax.data.tokenizer import Tokenizer
 
 MODES = ("token", "whole_word", "ngram", "diffusion")
 

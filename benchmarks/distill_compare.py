@@ -19,19 +19,17 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
 from bertjax import (
-    BertForPreTraining,  # noqa: E402
-    trainer,  # noqa: E402
+    BertForPreTraining,
+    trainer,
 )
-from bertjax.interop.pretrained import PretrainedSource  # noqa: E402
-from bertjax.objectives import distill  # noqa: E402
+from bertjax.interop.pretrained import PretrainedSource
+from bertjax.objectives import distill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

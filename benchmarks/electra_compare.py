@@ -35,15 +35,13 @@ import types
 
 import jax
 import numpy as np
+from step_throughput import single_device_state
+
+from bertjax import step, trainer
+from bertjax.training import metrics as metrics_lib
+from bertjax.training.run_config import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from step_throughput import single_device_state  # noqa: E402
-
-from bertjax import step, trainer  # noqa: E402
-from bertjax.training import metrics as metrics_lib  # noqa: E402
-from bertjax.training.run_config import model_config  # noqa: E402
 
 BATCH, LENGTH, VOCAB = 16, 128, 8000
 ELECTRA_LOSS = dict(

@@ -18,14 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bertjax import paths, trainer  # noqa: E402
-from bertjax.training.checkpoint import Checkpointer  # noqa: E402
+from bertjax import paths, trainer
+from bertjax.training.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Built-in sequence tasks and their label counts.

@@ -13,19 +13,15 @@ attention mask matters.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import jax
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from step_throughput import single_device_state  # noqa: E402  (benchmarks/ is on sys.path)
 
-import bertjax  # noqa: E402
-from bertjax.training import step as step_internals  # noqa: E402
+import bertjax
+from bertjax.training import step as step_internals
 
 LOSS_BOUND, GRAD_BOUND = 1e-2, 3e-2
 

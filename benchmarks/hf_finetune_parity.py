@@ -19,20 +19,17 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 
+import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import jax  # noqa: E402
-
-from bertjax import convert, trainer  # noqa: E402
-from bertjax import step as step_lib  # noqa: E402
-from bertjax.interop.checkpoints import CheckpointReader  # noqa: E402
-from bertjax.objectives import make_objective  # noqa: E402
-from bertjax.training import sharding  # noqa: E402
-from bertjax.training.run_config import resolve_paths  # noqa: E402
+from bertjax import convert, trainer
+from bertjax import step as step_lib
+from bertjax.interop.checkpoints import CheckpointReader
+from bertjax.objectives import make_objective
+from bertjax.training import sharding
+from bertjax.training.run_config import resolve_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -20,14 +20,12 @@ import json
 import os
 import shutil
 import statistics
-import sys
+
+from electra_compare import _evals, recipe
+
+from bertjax import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from electra_compare import _evals, recipe  # noqa: E402
-
-from bertjax import trainer  # noqa: E402
 
 NAMES = ("bert_tiny", "modernbert_tiny")
 

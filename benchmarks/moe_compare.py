@@ -15,12 +15,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 
+from bertjax import trainer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from bertjax import trainer  # noqa: E402
 
 
 def _config():

@@ -23,15 +23,13 @@ import json
 import os
 import shutil
 import statistics
-import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bertjax import trainer
+from bertjax.data.batch_plan import BatchPlan
 
-from bertjax import trainer  # noqa: E402
-from bertjax.data.batch_plan import BatchPlan  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LENGTH = 128
 

@@ -6,16 +6,13 @@ full jitted, donated train step (adds clipping and AdamW). Medians of 5 after on
 """
 
 import argparse
-import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bertjax import BertConfig, sharding  # noqa: E402
+from bertjax import BertConfig, sharding
 from bertjax import step as step_lib
 
 BATCH, LENGTH, PREDICTIONS = 32, 128, 20

@@ -29,11 +29,9 @@ import time
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import bertjax  # noqa: E402
-from bertjax import step  # noqa: E402
-from bertjax.training import metrics as metrics_lib  # noqa: E402
+import bertjax
+from bertjax import step
+from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding
 
 VOCAB = 30522

@@ -24,9 +24,8 @@ def get_config():
     # Short runs underfit: no dropout (on accelerators that also takes the fused attention path).
     config.model.hidden_dropout_prob = 0.0
     config.model.attention_probs_dropout_prob = 0.0
-    config.model.initializer_range = (
-        0.05  # ~0.02 * sqrt(768 / 128): BERT-base's init scaled to H=128
-    )
+    # ~0.02 * sqrt(768 / 128): BERT-base's init scaled to H=128
+    config.model.initializer_range = 0.05
     # Layer 0's two heads start attending to the left and right neighbour (BertConfig docs): from
     # BERT's random init they were still uniform after 3000 steps here (a bag-of-words model).
     config.model.position_embedding_init = "fourier"

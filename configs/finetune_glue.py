@@ -29,15 +29,13 @@ def get_config():
     config.num_train_steps = 600
     config.data.max_seq_length = 64  # task rows: [CLS] a [SEP] (b [SEP]), cut longest-first
     config.data.vocab_size = 4000  # tokenizer trained on the task's text when init_from is ""
-    config.optim.learning_rate = (
-        5e-4  # BERT-tiny: 5e-4 beat 1e-4 from both inits on stdlib_families
-    )
+    # BERT-tiny: 5e-4 beat 1e-4 from both inits on stdlib_families
+    config.optim.learning_rate = 5e-4
     config.optim.base_batch_size = 32
     config.optim.lr_scaling = "linear"  # LR follows batch_size / base_batch_size
     config.optim.warmup_fraction = 0.1
-    config.optim.layerwise_lr_decay = (
-        0.9  # classifier 1.0, top layer 0.9, ..., embeddings 0.9^(L+1)
-    )
+    # classifier 1.0, top layer 0.9, ..., embeddings 0.9^(L+1)
+    config.optim.layerwise_lr_decay = 0.9
     config.optim.weight_decay = 0.01
     config.loss.fgm_epsilon = 0.0  # e.g. 1.0 for FGM adversarial training (twice the step cost)
     config.log_every = 50

@@ -23,9 +23,8 @@ def get_config():
     config.num_train_steps = 600
     config.data.max_seq_length = 64
     config.data.vocab_size = 4000  # tokenizer trained on the task's text when init_from is ""
-    config.optim.learning_rate = (
-        5e-4  # BERT-tiny: 5e-4 beat 1e-4 from both inits on stdlib_families
-    )
+    # BERT-tiny: 5e-4 beat 1e-4 from both inits on stdlib_families
+    config.optim.learning_rate = 5e-4
     config.optim.base_batch_size = 32
     config.optim.warmup_fraction = 0.1
     config.optim.layerwise_lr_decay = 0.9

@@ -3,9 +3,12 @@
 import os
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_gpu_suite_dry_run_prints_the_table():
     env = dict(
         os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS="--xla_force_host_platform_device_count=1"
@@ -26,6 +29,7 @@ def test_gpu_suite_dry_run_prints_the_table():
         assert tokens_per_second > 0
 
 
+@pytest.mark.slow
 def test_step_throughput_bf16_rows_run_beside_hf():
     """--bf16-matmuls adds HF under bf16 autocast and bertjax with matmul_dtype=bfloat16, with a
     ratio between them, at a tiny shape."""
@@ -64,6 +68,7 @@ def test_step_throughput_bf16_rows_run_beside_hf():
     assert ratio.endswith("x") and float(ratio[:-1]) > 0
 
 
+@pytest.mark.slow
 def test_attention_cpu_benchmark_prints_every_variant():
     result = subprocess.run(
         [

@@ -4,7 +4,7 @@ import importlib.util
 import os
 
 import pytest
-from data_chinese_test import DOCS as ZH_DOCS
+from helpers import DOCS as ZH_DOCS
 
 from bertjax import trainer
 
@@ -95,6 +95,7 @@ def _shrink(config, zh_files, spm):
     return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_runs_shrunken(name, zh_files, small_spm, tmp_path):
     config = _shrink(_load(name).get_config(), zh_files, small_spm)

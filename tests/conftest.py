@@ -48,6 +48,17 @@ def small_spm(tmp_path_factory) -> str:
     return _builtin_spm(tmp_path_factory, 400)
 
 
+@pytest.fixture(scope="module")
+def session_tokenizer_runs(small_spm):
+    """The module's train.py runs (tests/helpers.py `command`) use the session's SentencePiece
+    model (none trains its own)."""
+    from helpers import SHRINK
+
+    SHRINK.append(f"--config.data.tokenizer_model={small_spm}")
+    yield
+    SHRINK.remove(f"--config.data.tokenizer_model={small_spm}")
+
+
 @pytest.fixture(scope="session")
 def gcs_bucket():
     """A Google Cloud Storage emulator on the loopback address (tests/gcs_emulator.py, started

@@ -16,58 +16,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from flax import linen as nn  # noqa: E402
+from helpers import COMMON  # noqa: E402
+from helpers import assert_close as _assert_close  # noqa: E402
+from helpers import hf_batch as _batch  # noqa: E402
+from helpers import hf_dir as _hf_dir  # noqa: E402
+from helpers import randomize as _randomize  # noqa: E402
 
 import bertjax  # noqa: E402
 from bertjax import convert  # noqa: E402
-
-TOL = 1e-5
-COMMON = dict(
-    vocab_size=97,
-    hidden_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=40,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
-
-
-def _randomize(model, seed):
-    """Random values for every parameter, biases and LayerNorms included (stronger than HF init)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if "LayerNorm" in name or "layer_norm" in name else 0.05
-            base = 1.0 if name.endswith(("LayerNorm.weight", "layer_norm.weight")) else 0.0
-            p.copy_(base + scale * torch.randn(p.shape, generator=gen))
-    return model.eval()
-
-
-def _batch(pad_id, vocab, seed=0, batch=3, length=12):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(5, vocab, size=(batch, length)).astype(np.int64)
-    lengths = np.array([length, length - 4, 5])[:batch]
-    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int64)
-    ids = np.where(mask == 1, ids, pad_id)
-    types = (np.arange(length)[None] >= (lengths[:, None] // 2)).astype(np.int64) * mask
-    return ids, types, mask
-
-
-def _hf_dir(tmp_path_factory, name, model):
-    path = str(tmp_path_factory.mktemp(name))
-    model.save_pretrained(path)
-    return path
-
-
-def _assert_close(ours, theirs, mask=None, what=""):
-    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
-    if mask is not None:
-        ours, theirs = ours[mask.astype(bool)], theirs[mask.astype(bool)]
-    err = np.max(np.abs(ours - theirs))
-    assert err < TOL, f"{what}: max-abs difference {err:.2e} > {TOL}"
-
 
 FAMILIES = {
     "bert": (transformers.BertConfig, transformers.BertForPreTraining, {}, 0),

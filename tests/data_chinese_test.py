@@ -7,51 +7,10 @@ import jieba  # noqa: E402  (the zh extra; installed for tests)
 import ml_collections
 import numpy as np
 import pytest
+from helpers import DOCS
 
 from bertjax.data import default_data_config, make_pipeline, masking
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
-
-# A small corpus written for this test: documents separated by blank lines, one sentence per line.
-DOCS = [
-    [
-        "今天早上我们去公园散步。",
-        "天气非常好，阳光照在湖面上。",
-        "很多老人在树下打太极拳。",
-        "孩子们在草地上放风筝。",
-    ],
-    [
-        "我的朋友在北京大学学习计算机科学。",
-        "他每天晚上都在图书馆看书。",
-        "周末他喜欢和同学一起踢足球。",
-    ],
-    [
-        "自然语言处理是人工智能的重要方向。",
-        "机器翻译可以帮助人们理解外国文字。",
-        "语音识别技术已经进入普通家庭。",
-        "研究人员正在训练更大的语言模型。",
-    ],
-    ["这家餐厅的饺子非常好吃。", "服务员热情地介绍今天的特色菜。", "我们点了红烧肉和青菜豆腐汤。"],
-    ["春天来了，山上的花都开了。", "农民开始在田里种水稻。", "小鸟在屋檐下建造新的鸟窝。"],
-    ["火车站里人来人往，非常热闹。", "乘客们拿着行李排队上车。", "列车准时离开了城市。"],
-    [
-        "老师在黑板上写下今天的作业。",
-        "学生们认真地记在笔记本上。",
-        "下课以后大家一起讨论数学问题。",
-    ],
-    ["妈妈在厨房里准备晚饭。", "爸爸下班回家以后帮忙洗碗。", "全家人坐在一起看电视新闻。"],
-    [
-        "这座城市的博物馆收藏了很多古代文物。",
-        "游客可以看到精美的瓷器和书法作品。",
-        "讲解员详细介绍了历史背景。",
-    ],
-    ["冬天的北方经常下雪。", "孩子们在院子里堆雪人。", "大家穿着厚厚的衣服去上班。"],
-    ["科学家发现了一种新的植物。", "这种植物可以在沙漠里生长。", "它的种子能够保存很多年。"],
-    [
-        "我们公司明年计划开发新的软件产品。",
-        "工程师们正在设计用户界面。",
-        "市场部门负责调查客户需求。",
-    ],
-]
 
 
 @pytest.fixture(scope="module")

@@ -236,6 +236,7 @@ def test_sampled_tokens_follow_softmax_at_temperature(x64):
     assert (greedy == 0).all()
 
 
+@pytest.mark.slow
 def test_diffusion_tiny_recipe_trains_and_generates(tmp_path, capsys):
     config = trainer.load_config_file(os.path.join(ROOT, "configs", "diffusion_tiny.py"))
     config.batch_size, config.num_train_steps = 8, 3

@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import two_process_worker as setup
 
@@ -310,5 +311,10 @@ def test_teacher_is_frozen_through_a_train_step_and_checkpoint(distilled, tmp_pa
     abstract, _, _ = step.abstract_train_state(config, _cfg(2), mesh)
     restored, _ = ckpt.restore(abstract)
     ckpt.close()
+    saved = ocp.StandardCheckpointer().metadata(tmp_path / "ckpt" / "1" / "state")
+    assert "frozen" not in saved.item_metadata.tree and "params" in saved.item_metadata.tree
+    restored = restored.spec.objective.resume_state(restored, None, None)  # reloads the teacher
     for key, value in _leaves(restored.frozen).items():
         np.testing.assert_array_equal(value, before_teacher[key], err_msg=key)
+    for key, value in _leaves(restored.params).items():
+        np.testing.assert_array_equal(value, _leaves(state.params)[key], err_msg=key)

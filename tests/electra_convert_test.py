@@ -10,7 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from convert_test import _assert_close, _batch, _hf_dir, _randomize
+from helpers import assert_close as _assert_close
+from helpers import hf_batch as _batch
+from helpers import hf_dir as _hf_dir
+from helpers import randomize as _randomize
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -14,15 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import two_process_worker as setup
-from trainer_test import (  # noqa: F401  (_session_tokenizer: the session tokenizer, autouse)
-    ROOT,
-    _command,
-    _env,
-    _final_params,
-    _run,
-    _session_tokenizer,
-    _steps,
-)
+from helpers import ROOT
+from helpers import checkpoint_steps as _steps
+from helpers import command as _command
+from helpers import env as _env
+from helpers import final_params as _final_params
+from helpers import run as _run
 
 from bertjax import BertForSequenceClassification, step
 from bertjax.interop.pretrained import PretrainedSource
@@ -31,6 +28,8 @@ from bertjax.objectives import electra as electra_lib
 from bertjax.objectives import finetune
 from bertjax.objectives.electra import Electra
 from bertjax.training import sharding
+
+pytestmark = pytest.mark.usefixtures("session_tokenizer_runs")
 
 MASK_ID = 4
 ELECTRA = os.path.join(ROOT, "configs", "electra_tiny.py")
@@ -285,6 +284,7 @@ def reference(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_identical(reference, tmp_path):
     workdir = str(tmp_path)
     killed = subprocess.run(
@@ -303,6 +303,7 @@ def test_sigkill_then_resume_is_bit_identical(reference, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_discriminator(reference):
     """init_from an ELECTRA workdir: the model config in its meta builds a classifier whose
     encoder is the discriminator's, and `merge_encoder` (what fine-tuning's prepare_state runs)

@@ -12,7 +12,7 @@ from bertjax import step as step_lib
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.interop.pretrained import PretrainedSource
-from bertjax.objectives import finetune
+from bertjax.objectives import fgm, finetune
 from bertjax.objectives import task_metrics as evaluation
 from bertjax.objectives import tasks as tasks_data
 from bertjax.training import checkpoint as checkpoint_lib
@@ -215,10 +215,12 @@ def _fgm_grads(state, batch):
     compile."""
 
     def step_grads(epsilon):
-        spec = step_lib.StepSpec(state.spec.model_cfg, finetune.Classification(3, epsilon))
+        spec = step_lib.StepSpec(
+            state.spec.model_cfg, finetune.Classification(num_labels=3, fgm_epsilon=epsilon)
+        )
         return step_internals._gradients(state.replace(spec=spec), batch, jax.random.key(1))[0]
 
-    objective = finetune.Classification(3, 0.0)
+    objective = finetune.Classification(num_labels=3, fgm_epsilon=0.0)
     direct = jax.grad(
         lambda p: objective.total_loss(
             objective.loss_sums(
@@ -234,11 +236,9 @@ def test_fgm_changes_the_gradient_and_is_off_at_zero(tiny_state):
     _, state, batch = tiny_state
     clean, direct, adversarial = _fgm_grads(state, batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), clean, direct)
-    zero = step_internals.fgm_perturbation(
-        clean, 0.0
-    )  # the adversarial pass at eps=0 is the clean pass
+    zero = fgm.fgm_perturbation(clean, 0.0)  # the adversarial pass at eps=0 is the clean pass
     assert all(float(jnp.abs(z).max()) == 0 for z in jax.tree.leaves(zero))
-    r = step_internals.fgm_perturbation(clean, 0.5)["bert"]["embeddings"]["word_embeddings"]
+    r = fgm.fgm_perturbation(clean, 0.5)["bert"]["embeddings"]["word_embeddings"]
     assert float(jnp.linalg.norm(r)) == pytest.approx(0.5, rel=1e-4)
     diff = jax.tree.map(lambda a, b: float(jnp.abs(a - 2 * b).max()), adversarial, clean)
     assert max(jax.tree.leaves(diff)) > 1e-6  # clean + adversarial != 2 x clean
@@ -305,6 +305,7 @@ def hf_dir(tmp_path_factory, vocab_file):
     return str(path)
 
 
+@pytest.mark.slow
 def test_hf_checkpoint_fine_tunes_end_to_end(tmp_path, hf_dir):
     rng = np.random.default_rng(0)
     for split, n in (("train", 24), ("dev", 10)):

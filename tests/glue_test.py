@@ -163,6 +163,7 @@ def glue_run(glue_dir, small_spm, tmp_path_factory):
     return workdir, result
 
 
+@pytest.mark.slow
 def test_one_command_writes_all_eight_tasks_and_learns_sst2(glue_run):
     workdir, result = glue_run
     results = json.load(open(workdir / "glue_results.json"))
@@ -182,6 +183,7 @@ def test_one_command_writes_all_eight_tasks_and_learns_sst2(glue_run):
     assert "| SST-2 | accuracy" in result.stdout
 
 
+@pytest.mark.slow
 def test_rte_starts_from_mnli_and_checkpoints_are_cleaned(glue_run):
     workdir, _ = glue_run
     runs = json.load(open(workdir / "glue_runs.json"))
@@ -196,6 +198,7 @@ def test_rte_starts_from_mnli_and_checkpoints_are_cleaned(glue_run):
         assert (run / "best").exists() == (name == "mnli"), name
 
 
+@pytest.mark.slow
 def test_a_second_call_reruns_nothing_and_other_settings_are_refused(glue_run, glue_dir, small_spm):
     workdir, _ = glue_run
     before = (workdir / "glue_results.json").read_text()

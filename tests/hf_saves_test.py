@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from convert_test import COMMON, _assert_close, _batch, _randomize
+from helpers import COMMON
+from helpers import assert_close as _assert_close
+from helpers import hf_batch as _batch
+from helpers import randomize as _randomize
 
 import bertjax
 from bertjax import convert, trainer

@@ -10,8 +10,8 @@ import pytest
 from bertjax import step as step_lib
 from bertjax import trainer
 from bertjax.data import make_pipeline
+from bertjax.objectives.pretraining import init_mlm_bias
 from bertjax.training import run_config, sharding
-from bertjax.training import trainer as trainer_lib
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_new_model_starts_at_the_unigram_loss_on_a_tensor_parallel_mesh(setup):
     state = step_lib.init_train_state(config, model_cfg, mesh, jax.random.key(0))
     prior = pipeline.unigram_log_prior()
     before = state.params["mlm_head"]["bias"].sharding
-    state = trainer_lib.init_mlm_bias(state, prior)
+    state = init_mlm_bias(state, prior)
     bias = state.params["mlm_head"]["bias"]
     assert bias.sharding == before and len(bias.sharding.device_set) == 8
     np.testing.assert_array_equal(np.asarray(bias), prior)

@@ -14,6 +14,8 @@ import two_process_worker as worker
 
 from bertjax.training import sharding
 
+pytestmark = pytest.mark.slow  # end-to-end runs
+
 WORKER = pathlib.Path(worker.__file__).resolve()
 REPO = WORKER.parent.parent
 TIMEOUT_S = 240

@@ -4,7 +4,10 @@ rot."""
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow  # end-to-end runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -166,6 +166,7 @@ def _guess_loss(batches):
     return -(s * np.log(s) + (1 - s) * np.log((1 - s) / (real - 1))).mean()
 
 
+@pytest.mark.slow
 def test_pert_loss_falls_on_the_builtin_corpus(pert_run, small_spm, tmp_path):
     workdir, summary = pert_run
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -179,6 +180,7 @@ def test_pert_loss_falls_on_the_builtin_corpus(pert_run, small_spm, tmp_path):
     assert "eval/mlm_loss" not in summary and "eval/majority_baseline" not in summary
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_a_pert_checkpoint(pert_run, tmp_path):
     workdir, _ = pert_run
     pert = PretrainedSource(workdir, "config.init_from").params()

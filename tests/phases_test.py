@@ -169,6 +169,7 @@ def _params(workdir, step):
     return ocp.StandardCheckpointer().restore(path)["params"]
 
 
+@pytest.mark.slow
 def test_kill_inside_a_phase_at_its_end_and_in_the_next_resumes_bitwise(small_spm, tmp_path):
     reference = tmp_path / "reference"
     done = _train(reference, small_spm)

@@ -229,6 +229,7 @@ def test_parsing_joins_continuations_drops_comments_and_splits_chains():
 _BLOCKS = runnable_blocks()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(_BLOCKS)), ids=[b.name for b in _BLOCKS])
 def test_readme_block_runs(runner, index):
     for command, result in runner.run_through(index):

@@ -14,10 +14,16 @@ import subprocess
 import jax
 import numpy as np
 import pytest
-from trainer_test import ROOT, _command, _env, _final_params, _wait_for
+from helpers import ROOT
+from helpers import command as _command
+from helpers import env as _env
+from helpers import final_params as _final_params
+from helpers import wait_for as _wait_for
 
 from bertjax import paths, trainer
 from bertjax.objectives.finetune import add_finetune_config
+
+pytestmark = pytest.mark.slow  # end-to-end runs
 
 STEPS, EVERY = 20, 10
 

@@ -10,93 +10,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from helpers import ROOT, SHRINK
+from helpers import checkpoint_steps as _steps
+from helpers import command as _command
+from helpers import env as _env
+from helpers import final_params as _final_params
+from helpers import run as _run
+from helpers import wait_for as _wait_for
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHRINK = [
-    "--config.batch_size=8",
-    "--config.data.max_seq_length=32",
-    "--config.data.max_predictions=5",
-    "--config.model.hidden_size=32",
-    "--config.model.num_attention_heads=2",
-    "--config.model.intermediate_size=64",
-    "--config.optim.warmup_steps=5",
-    "--config.log_every=5",
-    "--config.eval_every=0",
-    "--config.progress_bar=False",
-    "--config.data.prefetch=1",
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _session_tokenizer(small_spm):
-    """Every run here uses the session's SentencePiece model (none trains its own)."""
-    SHRINK.append(f"--config.data.tokenizer_model={small_spm}")
-    yield
-    SHRINK.remove(f"--config.data.tokenizer_model={small_spm}")
-
-
-def _env(devices=1):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
-
-
-def _command(workdir, steps=30, every=10, extra=(), config=None):
-    """train.py on ``config`` (default: configs/bert_tiny.py), shrunk; --config comes first."""
-    return [
-        sys.executable,
-        os.path.join(ROOT, "train.py"),
-        *([f"--config={config}"] if config else []),
-        f"--workdir={workdir}",
-        f"--config.num_train_steps={steps}",
-        f"--config.checkpoint_every={every}",
-        *SHRINK,
-        *extra,
-    ]
-
-
-def _run(workdir, devices=1, **kwargs):
-    result = subprocess.run(
-        _command(workdir, **kwargs),
-        env=_env(devices),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout[result.stdout.index("{") :])
-
-
-def _steps(workdir):
-    path = os.path.join(workdir, "checkpoints")
-    return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
-
-
-def _final_params(workdir, step):
-    """The saved params of a step, read back with orbax as plain numpy."""
-    import orbax.checkpoint as ocp
-
-    path = os.path.join(workdir, "checkpoints", str(step), "state")
-    tree = ocp.StandardCheckpointer().restore(path)
-    return tree["params"]
-
-
-def _wait_for(predicate, process, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        if process.poll() is not None:
-            raise AssertionError(f"trainer exited early: {process.stderr.read()[-3000:]}")
-        time.sleep(0.2)
-    process.kill()
-    raise AssertionError("timed out waiting for the trainer")
+pytestmark = [pytest.mark.usefixtures("session_tokenizer_runs"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -53,6 +53,7 @@ def _source_params(workdir):
     return source.model_config(), source.params()
 
 
+@pytest.mark.slow
 def test_init_from_copies_a_checkpoint_into_a_fresh_state(small_spm, source_run):
     cfg, state = _fresh(_config(small_spm))
     started = warm_start(state, source_run, cfg)
@@ -61,6 +62,7 @@ def test_init_from_copies_a_checkpoint_into_a_fresh_state(small_spm, source_run)
     assert jax.tree.structure(started.params) == jax.tree.structure(state.params)
 
 
+@pytest.mark.slow
 def test_init_from_tiles_into_a_larger_model(small_spm, source_run):
     config = _config(small_spm)
     config.model.update(num_hidden_layers=3, hidden_size=48, num_attention_heads=3)
@@ -78,6 +80,7 @@ def test_init_from_tiles_into_a_larger_model(small_spm, source_run):
     np.testing.assert_array_equal(q_large.reshape(48, 48)[8:40, 8:40], q_small)
 
 
+@pytest.mark.slow
 def test_a_pretraining_run_starts_from_a_checkpoint_with_its_tokenizer(
     small_spm, source_run, tmp_path
 ):

@@ -19,12 +19,10 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.text_feature = "text"  # tfds: name of the string feature that holds a document
     c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
     c.language = "en"  # "en" | "zh" (zh: word boundaries from jieba, `pip install bertjax[zh]`)
-    c.tokenizer_model = (
-        ""  # path to a SentencePiece .model ("" = train one into WORKDIR/tokenizer/)
-    )
-    c.hf_vocab = (
-        ""  # path to a Hugging Face vocab.txt or tokenizer.json (overrides tokenizer_model)
-    )
+    # path to a SentencePiece .model ("" = train one into WORKDIR/tokenizer/)
+    c.tokenizer_model = ""
+    # path to a Hugging Face vocab.txt or tokenizer.json (overrides tokenizer_model)
+    c.hf_vocab = ""
     c.lowercase = True  # hf vocab.txt only: lowercase + strip accents (uncased BERT)
     c.vocab_size = 8000  # size of the SentencePiece model trained when none is given
     c.tokenizer_type = "unigram"  # "unigram" | "bpe" for the trained SentencePiece model
@@ -38,16 +36,13 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.masking = "token"
     c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
     c.max_predictions = 20  # P, width of masked_positions/ids/weights (diffusion: always T)
-    c.eval_mask_rate = (
-        0.0  # held-out batches: mask rate (0 = mask_rate; BERT's 0.15 keeps evals comparable)
-    )
+    # held-out batches: mask rate (0 = mask_rate; BERT's 0.15 keeps evals comparable)
+    c.eval_mask_rate = 0.0
     c.eval_max_predictions = 0  # held-out batches: P (0 = max_predictions)
-    c.mask_token_prob = (
-        0.8  # of predicted tokens: replaced by [MASK] (or a similar token if correction)
-    )
-    c.random_token_prob = (
-        0.1  # of predicted tokens: replaced by a random token (the rest stay as is)
-    )
+    # of predicted tokens: replaced by [MASK] (or a similar token if correction)
+    c.mask_token_prob = 0.8
+    # of predicted tokens: replaced by a random token (the rest stay as is)
+    c.random_token_prob = 0.1
     # token masking, training batches: "uniform" | "smoothed_unigram" (DistilBERT: a token is
     # picked with probability proportional to max(count, 1) ** -mask_token_smoothing, counts of the
     # training split); held-out batches stay uniform so evals compare across recipes
@@ -58,16 +53,14 @@ def default_data_config() -> ml_collections.ConfigDict:
     # MacBERT (whole_word/ngram masking): one 80/10/10 decision per selected word; the word
     # becomes one of its similar words (same number of pieces) instead of [MASK], else a random word
     c.correction = False
-    c.similar_words_file = (
-        ""  # correction: TSV "word<TAB>sim1 sim2 ..." or .npy embedding matrix [V, D]
-    )
+    # correction: TSV "word<TAB>sim1 sim2 ..." or .npy embedding matrix [V, D]
+    c.similar_words_file = ""
     c.diffusion_eps = 1e-3  # diffusion: t ~ U(eps, 1) per row
     c.permute_prob = 0.9  # pert: share of the selected tokens shuffled (the rest stay in place)
     c.pack_rows = False  # pack several short samples per row (segment_ids 1, 2, ...; 0 = pad)
     c.length_schedule = ()  # () = always max_seq_length; else ((fraction_of_steps, length), ...)
-    c.mixed_lengths = (
-        False  # False: schedule is consecutive phases; True: per-step choice by fraction
-    )
+    # False: schedule is consecutive phases; True: per-step choice by fraction
+    c.mixed_lengths = False
     c.heldout_fraction = 0.02  # fraction of documents (by hash of their id) kept for eval
     # local cache of token stores and downloaded files ("" = $BERTJAX_CACHE_DIR, else
     # bertjax-cache under the system temp dir); see bertjax/data/prepare.py

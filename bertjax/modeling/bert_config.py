@@ -121,11 +121,10 @@ class BertConfig:
     # rows: rows of positions less than head_dim apart are orthogonal; positions 2*head_dim apart
     # share a row). All are learned; only initial values differ, so HF conversion is unchanged.
     position_embedding_init: str = "normal"
-    # Relative offsets the first layer's heads attend to at init (head h -> offsets[h], e.g. (-1,
-    # 1):
-    # the left and right neighbour); needs position_embedding_init="fourier". The query/key kernel
-    # rows of the position columns are set so that a head's logit is about local_attention_logit at
-    # its offset and about 0 elsewhere. (): BERT's random init.
+    # Relative offsets the first layer's heads attend to at init (head h -> offsets[h], e.g.
+    # (-1, 1): the left and right neighbour); needs position_embedding_init="fourier". The
+    # query/key kernel rows of the position columns are set so that a head's logit is about
+    # local_attention_logit at its offset and about 0 elsewhere. (): BERT's random init.
     local_attention_offsets: tuple = ()
     local_attention_logit: float = 6.0
     layer_norm_eps: float = 1e-12
@@ -149,9 +148,13 @@ class BertConfig:
     matmul_dtype: str | None = None
     scan_layers: bool = False  # nn.scan over layers: one compiled layer, stacked params
     remat: str = "none"  # rematerialisation policy per layer: none | full | dots | dots_no_batch
-    # None: products.attention on the CPU (hand-written backward, row chains), else
-    # jax.nn.dot_product_attention's own choice; "xla" | "cudnn": dot_product_attention with it
+    # None: the first attention kernel that serves each layer's attention on this platform
+    # (bertjax/modeling/attention_kernels.py); a kernel's name forces it ("cpu_dense", "xla",
+    # "cudnn", "splash", "exact", ...; it raises if it cannot serve a layer)
     attention_implementation: str | None = None
+    # True: no token attends to a later one (within its segment), in every layer and kernel; the
+    # mask a causal-LM objective trains under
+    causal: bool = False
     num_experts: int = 0  # mixture-of-experts feed-forward experts per MoE layer (0: dense)
     experts_per_token: int = 1  # top-k routing: experts each token is sent to
     moe_layer_interval: int = 1  # every n-th layer (indices n-1, 2n-1, ...) is MoE; 1: all

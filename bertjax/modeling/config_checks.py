@@ -94,10 +94,12 @@ def validate(cfg) -> None:
         ("dtype", DTYPES),
         ("param_dtype", DTYPES),
         ("matmul_dtype", (None, *DTYPES)),
-        ("attention_implementation", (None, "xla", "cudnn")),
+        ("attention_implementation", (None, *_kernel_names())),
     ):
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"BertConfig.{name} {getattr(cfg, name)!r} is not one of {allowed}")
+    if not isinstance(cfg.causal, bool):
+        raise ValueError(f"BertConfig.causal must be True or False, got {cfg.causal!r}")
     if cfg.remat not in REMAT_POLICIES:
         raise ValueError(f"BertConfig.remat {cfg.remat!r} is not one of {REMAT_POLICIES}")
     _validate_moe(cfg)
@@ -114,6 +116,14 @@ def validate(cfg) -> None:
             raise ValueError(
                 f"BertConfig.{name} ({value}) is outside the vocabulary [0, {cfg.vocab_size})"
             )
+
+
+def _kernel_names() -> tuple:
+    """The attention kernels BertConfig.attention_implementation may name (imported late: the
+    kernel table imports the ops, which need no config)."""
+    from bertjax.modeling.attention_kernels import KERNEL_NAMES
+
+    return KERNEL_NAMES
 
 
 def _validate_local_attention(cfg) -> None:

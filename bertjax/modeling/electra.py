@@ -110,6 +110,13 @@ class ElectraDiscriminator(nn.Module):
     """The ELECTRA discriminator (Hugging Face ``ElectraForPreTraining``): ``rtd_logits`` [B, T],
     > 0 where a token looks replaced, and ``sequence_output`` [B, T, D].
 
+    Args:
+      cfg: the discriminator's BertConfig (``model_type="electra"``).
+
+    Returns:
+      From ``__call__(input_ids, token_type_ids=None, attention_mask=None, segment_ids=None,
+      deterministic=True)``: a dict with ``rtd_logits`` and ``sequence_output``.
+
     Example::
 
         cfg, params = bertjax.convert.from_hf("electra-small-discriminator/")

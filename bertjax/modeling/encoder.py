@@ -18,9 +18,9 @@ Array = jax.Array
 
 
 class FeedForward(nn.Module):
-    """ "mlp": Dense D -> F, activation, Dense F -> D. "glu" (GeGLU with gelu): Dense D -> 2F
-    split into input and gate, activation(input) * gate, dropout (``mlp_dropout``, here as in
-    ModernBERT), Dense F -> D."""
+    """The feed-forward block. "mlp": Dense D -> F, activation, Dense F -> D. "glu" (GeGLU with
+    gelu): Dense D -> 2F split into input and gate, activation(input) * gate, dropout
+    (``mlp_dropout``, here as in ModernBERT), Dense F -> D."""
 
     cfg: BertConfig
 
@@ -111,6 +111,20 @@ _REMAT_POLICIES = {
 }
 
 
+def layer_kinds(cfg: BertConfig) -> list[dict]:
+    """Each distinct layer's (ALBERT group's) kind: `BertLayer`'s fields after ``cfg``, read the
+    same way by the scanned and the unscanned stack."""
+    return [
+        dict(
+            moe=cfg.is_moe_layer(g),
+            half_window=cfg.attention_window(g),
+            rope_theta=cfg.layer_rope_theta(g),
+            attention_norm=g > 0 or cfg.first_attention_norm,
+        )
+        for g in range(cfg.num_groups)
+    ]
+
+
 def last_layer_at_rows(cfg: BertConfig) -> bool:
     """Whether the Encoder's last layer computes only the requested output rows (see Encoder)."""
     return not cfg.scan_layers and not cfg.num_experts
@@ -142,7 +156,12 @@ class Encoder(nn.Module):
                 static_argnums=(3,),  # deterministic (self counts as 0)
             )
 
-        if cfg.scan_layers:  # one layer type: BertConfig allows MoE here only in every layer
+        kinds = layer_kinds(cfg)
+        if cfg.scan_layers:  # one layer repeated: BertConfig rejects stacks of several kinds
+            if any(kind != kinds[0] for kind in kinds):
+                raise ValueError(
+                    f"BertConfig.scan_layers=True repeats one layer, but the layers differ: {kinds}"
+                )
             block = layer_cls
             sown = {"intermediates": 0} if cfg.num_experts else {}  # per-layer MoE stats
             if repeats > 1:  # shared layer applied `repeats` times: broadcast its parameters
@@ -163,22 +182,9 @@ class Encoder(nn.Module):
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
             layer_indices = jnp.arange(groups)  # the first layer's init differs (local heads)
-            kinds = dict(half_window=cfg.attention_window(0), rope_theta=cfg.layer_rope_theta(0))
-            x, _ = stack(cfg, cfg.is_moe_layer(0), **kinds, name="layers")(
-                x, mask, deterministic, layer_indices
-            )
+            x, _ = stack(cfg, **kinds[0], name="layers")(x, mask, deterministic, layer_indices)
         else:
-            layers = [
-                layer_cls(
-                    cfg,
-                    cfg.is_moe_layer(g),
-                    half_window=cfg.attention_window(g),
-                    rope_theta=cfg.layer_rope_theta(g),
-                    attention_norm=g > 0 or cfg.first_attention_norm,
-                    name=f"layer_{g}",
-                )
-                for g in range(groups)
-            ]
+            layers = [layer_cls(cfg, **kind, name=f"layer_{g}") for g, kind in enumerate(kinds)]
             for index in range(cfg.num_hidden_layers):
                 at_rows = sparse and index == cfg.num_hidden_layers - 1
                 group = index // repeats
@@ -205,6 +211,15 @@ class BertModel(nn.Module):
     ``output_positions`` ([B, P]): the sequence output only at those positions, [B, P, D], and
     the last layer computes only those rows (plus [CLS] for the pooler): same values there,
     less work (see Encoder).
+
+    Args:
+      cfg: the BertConfig (the module's only configuration).
+      add_pooler: build the tanh pooler on [CLS].
+
+    Returns:
+      ``(sequence_output, pooled_output)`` from ``__call__(input_ids, token_type_ids=None,
+      attention_mask=None, segment_ids=None, positions=None, deterministic=True,
+      output_positions=None)``.
 
     Example::
 

@@ -60,6 +60,18 @@ class BertForPreTraining(nn.Module):
     the same logits, most of that layer's work saved, and no ``sequence_output``. The
     pretraining objective sets it.
 
+    Args:
+      cfg: the encoder's BertConfig (the module's only configuration).
+      next_sentence: build the pooler and the NSP/SOP head.
+      sparse_last_layer: the last layer computes only the masked positions (and [CLS]).
+
+    Call arguments: ``input_ids`` [B, T]; optional ``token_type_ids``, ``attention_mask`` (or
+    ``segment_ids`` for packed rows) [B, T], ``masked_positions`` [B, P]; ``deterministic``
+    (False: dropout, with a ``dropout`` rng).
+
+    Returns:
+      A dict: ``mlm_logits``, ``sequence_output`` and (``next_sentence``) ``nsp_logits``.
+
     Example::
 
         cfg = bertjax.BertConfig.preset("tiny", vocab_size=1000)
@@ -183,6 +195,16 @@ class PredictionHead(nn.Module):
 
 class BertForSequenceClassification(_Classifier):
     """Pooled [CLS] -> dropout -> linear: logits [B, num_labels]; ``num_labels=1`` is regression.
+
+    Args:
+      cfg: the encoder's BertConfig (``classifier_pooling``: BERT's pooler, [CLS] or the mean).
+      num_labels: classes (1: a regression score).
+
+    Call arguments: ``input_ids`` [B, T]; optional ``token_type_ids``, ``attention_mask`` or
+    ``segment_ids`` [B, T]; ``deterministic``.
+
+    Returns:
+      Logits [B, num_labels].
 
     Example::
 

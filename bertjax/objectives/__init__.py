@@ -3,7 +3,7 @@
 base               the Objective interface, config.loss defaults, MoE losses added in one place
 registry           objectives by name (config.loss.objective)
 pretraining        MLM (+ NSP/SOP)
-finetune           sequence / token classification, the init_from encoder
+finetune           sequence / token classification, the init_from encoder (+ fgm: FGM)
 warm_start         pretraining from a model (init_from), copied or tiled into a larger one
 task_data, tasks   fine-tuning data: task examples (built-in, files, tfds GLUE) as rows
 builtin_tasks      the offline tasks made from CPython's docstrings (families, spans, order)
@@ -16,12 +16,18 @@ electra            ELECTRA's replaced-token detection: generator MLM + discrimin
 """
 
 from bertjax.objectives.base import Objective, default_loss_config
-from bertjax.objectives.registry import OBJECTIVES, make_objective, validate_loss_config
+from bertjax.objectives.registry import (
+    OBJECTIVES,
+    headline_metrics,
+    make_objective,
+    validate_loss_config,
+)
 
 __all__ = [
     "OBJECTIVES",
     "Objective",
     "default_loss_config",
+    "headline_metrics",
     "make_objective",
     "validate_loss_config",
 ]

@@ -3,20 +3,30 @@
 An objective builds the model, runs it on a batch, and turns the outputs into additive loss sums
 plus global normalizers, so k microbatches summed give exactly the loss of the whole batch and
 eval sums added over many batches give exact held-out averages. Everything the step and the
-trainer may ask of an objective is a method here with a default: its data source, how a fresh
-state is prepared (a pretrained encoder, a teacher), FGM, per-row predictions, the rows a sparse
-last layer computes, the FLOPs of a step. Mixture-of-experts router losses join every objective's
-loss here, in one place (`sums`, `loss`, `report`).
+trainer may ask of an objective is here with a default: the data corruption it trains on
+(``corruptions``), its settings (its dataclass fields, each a ``config.loss`` key with its
+default), its model inputs by name (``input_names``), its data source, how a fresh or resumed
+state is prepared (the MLM bias, a pretrained encoder, a teacher), how its gradients are taken
+(FGM), per-row predictions, the rows a sparse last layer computes, the FLOPs of a step, and the
+metrics a run prints (``headline_metrics``). Mixture-of-experts router losses join every
+objective's loss here, in one place (`sums`, `loss`, `report`).
+
+Subclasses are made frozen, keyword-only dataclasses when they are created (`__init_subclass__`):
+hashable, the step's static description.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
+import dataclasses
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from ml_collections import config_dict
 
 from bertjax.data import make_pipeline
@@ -59,6 +69,22 @@ def next_sentence(config: ml_collections.ConfigDict) -> bool:
     return bool(chosen)
 
 
+def example_rows(cfg: BertConfig, rows: int, length: int, seed: int) -> dict:
+    """Random ``input_ids``, ``token_type_ids`` and ``attention_mask`` (every third row ends in
+    padding), the part of an `Objective.example_batch` every encoder reads."""
+    rs = np.random.RandomState(seed)
+    attention_mask = np.ones((rows, length), np.int32)
+    attention_mask[::3, length - length // 4 :] = 0
+    token_types = np.zeros((rows, length), np.int32)
+    token_types[:, length // 2 :] = 1
+    low = min(5, cfg.vocab_size - 1)
+    return dict(
+        input_ids=rs.randint(low, cfg.vocab_size, (rows, length)).astype(np.int32),
+        token_type_ids=token_types,
+        attention_mask=attention_mask,
+    )
+
+
 def real_tokens(batch: dict) -> Array:
     """[B, T] float: 1 at real tokens (attention_mask, or segment_ids > 0 for packed rows)."""
     if batch.get("attention_mask") is not None:
@@ -68,20 +94,98 @@ def real_tokens(batch: dict) -> Array:
     return jnp.ones(batch["input_ids"].shape, jnp.float32)
 
 
-class Objective(abc.ABC):
-    """What a step computes: the model, its inputs, loss sums and metrics. Frozen and hashable
-    (subclasses are frozen dataclasses: the step's static description)."""
+RUN_KEY = {"run_key": True}  # field metadata: a setting read from the run config's top level
+DERIVED = {"derived": True}  # field metadata: filled by from_config, not a config key
 
-    extra_config_keys: tuple = ()  # config.loss keys this objective adds to the defaults
+
+def run_setting(default):
+    """A setting read from ``config.<name>`` (the run's top level), not ``config.loss``."""
+    return dataclasses.field(default=default, metadata=RUN_KEY)
+
+
+def derived(default):
+    """A field `from_config` computes (e.g. from the data config), never a config key."""
+    return dataclasses.field(default=default, metadata=DERIVED)
+
+
+class Objective(abc.ABC):
+    """What a step computes: the model, its inputs, loss sums and metrics. Every subclass is a
+    frozen, keyword-only dataclass (made so at class creation); its fields are its settings,
+    each read from the ``config.loss`` key of its name (`from_config`) with the field's default.
+    """
+
+    # The config.data.masking values this objective trains on; None: it reads no pretraining
+    # corruption (fine-tuning). Checked once, where objectives are made (registry.make_objective).
+    corruptions: tuple | None = None
+    # The batch keys the model takes, passed by name (absent keys as None).
+    input_names: tuple = (
+        "input_ids",
+        "token_type_ids",
+        "attention_mask",
+        "segment_ids",
+        "masked_positions",
+    )
+    # True: the loss sums add up over rows, so microbatches accumulate exactly. An objective
+    # whose rows interact (in-batch negatives of a contrastive loss) sets False, and the step
+    # refuses config.optim.grad_accum_steps > 1 for it.
+    microbatch_additive: bool = True
+    # The held-out metrics a run prints at its end (train.py), after step and train/loss.
+    headline_metrics: tuple = ()
     # True: the objective reads config.init_from itself (fine-tuning); otherwise a fresh state
     # starts from it through bertjax/objectives/warm_start.py (pretraining from a checkpoint)
     loads_init_from: bool = False
-    fgm_epsilon: float = 0.0  # > 0: the step adds an FGM adversarial pass (fine-tuning)
+    extra_config_keys: tuple = ()  # its config.loss keys beyond default_loss_config (computed)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        shared = set(default_loss_config().keys())
+        cls.extra_config_keys = tuple(name for name in cls.setting_names() if name not in shared)
 
     @classmethod
-    @abc.abstractmethod
+    def setting_names(cls) -> tuple:
+        """The ``config.loss`` keys this objective reads (its fields, less run keys and derived)."""
+        return tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if not f.metadata.get("run_key") and not f.metadata.get("derived")
+        )
+
+    @classmethod
+    def settings(cls, config: ml_collections.ConfigDict) -> dict:
+        """The keyword arguments of the objective ``config`` describes: each setting from
+        ``config.loss`` (or the run's top level), the field's default where unset."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("derived"):
+                continue
+            source = config if f.metadata.get("run_key") else config.loss
+            value = source.get(f.name) if f.name in source else None
+            if value is None:
+                continue
+            default = f.default
+            if isinstance(default, bool | int | float | str | tuple):
+                value = type(default)(value)
+            values[f.name] = value
+        return values
+
+    @classmethod
+    def add_config(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+        """Turns a run config into one for this objective (before it is locked): its name and
+        its settings at their defaults (the one place those are declared)."""
+        from bertjax.objectives.registry import name_of
+
+        with config.loss.unlocked():
+            config.loss.objective = name_of(cls)
+            for f in dataclasses.fields(cls):
+                if f.name in cls.extra_config_keys:
+                    config.loss[f.name] = f.default
+        return config
+
+    @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> Objective:
         """The objective a run config describes (``config.loss``, and ``config.data`` if any)."""
+        return cls(**cls.settings(config))
 
     def model(self, cfg: BertConfig) -> nn.Module:
         return BertForPreTraining(cfg, next_sentence=False)
@@ -94,29 +198,27 @@ class Objective(abc.ABC):
             "masked_positions": jnp.zeros((1, 1), jnp.int32),
         }
 
-    def model_inputs(self, batch: dict) -> tuple:
-        """The model's positional inputs from a batch."""
-        return (
-            batch["input_ids"],
-            batch.get("token_type_ids"),
-            batch.get("attention_mask"),
-            batch.get("segment_ids"),
-            batch["masked_positions"],
-        )
+    def model_inputs(self, batch: dict) -> dict:
+        """The model's keyword inputs from a batch (``input_names``; absent keys as None)."""
+        return {name: batch.get(name) for name in self.input_names}
 
     def init(self, model: nn.Module, rngs, batch: dict) -> dict:
         """The model's fresh variables (``params``; others such as a teacher's ``frozen``)."""
-        return model.init(rngs, *self.model_inputs(batch), deterministic=True)
+        return model.init(rngs, **self.model_inputs(batch), deterministic=True)
 
     def apply(self, model: nn.Module, variables: dict, batch: dict, rngs, deterministic: bool):
         """The model's outputs on a batch, always a dict (a bare array becomes ``logits``); MoE
         models add their router statistics as ``outputs["moe"]``."""
-        args = self.model_inputs(batch)
+        inputs = self.model_inputs(batch)
         if not model.cfg.num_experts:
-            outputs = model.apply(variables, *args, deterministic=deterministic, rngs=rngs)
+            outputs = model.apply(variables, **inputs, deterministic=deterministic, rngs=rngs)
         else:
             outputs, state = model.apply(
-                variables, *args, deterministic=deterministic, rngs=rngs, mutable=["intermediates"]
+                variables,
+                **inputs,
+                deterministic=deterministic,
+                rngs=rngs,
+                mutable=["intermediates"],
             )
         if not isinstance(outputs, dict):
             outputs = {"logits": outputs}
@@ -198,10 +300,55 @@ class Objective(abc.ABC):
         rows = None if masked_width is None else self.last_layer_rows(cfg, masked_width)
         return count(cfg, seq_len, masked_per_sequence, rows)
 
+    def batch_flops(self, cfg: BertConfig, host_batch: dict, batch_size: int, count) -> float:
+        """Training FLOPs of a global batch of ``batch_size`` rows, of which ``host_batch`` is
+        this host's share (the masked predictions a row makes, and the slots a sparse last
+        layer computes, read from the batch)."""
+        processes = jax.process_count()
+        masked = float(np.sum(host_batch.get("masked_weights", 0) > 0)) * processes
+        width = None  # masked slots per row (a sparse last layer computes those rows)
+        if "masked_positions" in host_batch:
+            width = host_batch["masked_positions"].shape[1]
+        length = host_batch["input_ids"].shape[1]
+        return batch_size * self.train_flops_per_sequence(
+            cfg, length, masked / batch_size, width, count
+        )
+
+    def gradients(self, grad_fn: Callable) -> Callable:
+        """How the step takes gradients: ``grad_fn(params, batch, rng) -> (grads, sums)`` as
+        is, or wrapped (fine-tuning's FGM adversarial pass)."""
+        return grad_fn
+
     def make_data(self, config: ml_collections.ConfigDict, workdir: str) -> DataSource:
         """The run's data source (default: the pretraining pipeline)."""
         return make_pipeline(config, workdir)
 
     def prepare_state(self, state, data: DataSource):
-        """A freshly initialised train state made ready (pretrained weights, a teacher)."""
+        """A freshly initialised train state made ready (the MLM bias, pretrained weights, a
+        teacher)."""
         return state
+
+    def resume_state(self, state, data: DataSource, fresh: Callable):
+        """A state restored from a checkpoint made whole: what checkpoints leave out (a
+        teacher, ``state.frozen``) put back; ``fresh()`` is a freshly initialised state."""
+        return state
+
+    # Metrics that depend on the step's rng beyond dropout (ELECTRA's sampled replacements): an
+    # eval step cannot reproduce them, so the objective contract test compares the others.
+    rng_dependent_metrics: tuple = ()
+
+    def example_batch(self, cfg: BertConfig, rows: int, length: int, seed: int) -> dict:
+        """A random batch (numpy) of every key this objective reads, with padding: what the
+        objective contract test (tests/objective_contract_test.py) trains on."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.example_batch: define it (every batch key the objective "
+            "reads) so tests/objective_contract_test.py can check the objective"
+        )
+
+    def held_out_counts(self, host_batch: dict) -> collections.Counter:
+        """Host-side counts over an eval batch that `held_out_metrics` reads (added up)."""
+        return collections.Counter()
+
+    def held_out_metrics(self, metrics: dict, counts: collections.Counter) -> dict:
+        """Held-out metrics beyond the report's (e.g. perplexity, a majority baseline)."""
+        return metrics

@@ -20,7 +20,6 @@ set because eval batches are fixed and sums add). Sampling lives in `diffusion_s
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -28,7 +27,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax.objectives.base import Objective, real_tokens
+from bertjax.objectives.base import example_rows, real_tokens
+from bertjax.objectives.pretraining import MaskedLM
 from bertjax.ops.loss import cross_entropy
 
 Array = jax.Array
@@ -49,29 +49,36 @@ def maskable_tokens(input_ids: Array, attention_mask: Array, cfg) -> Array:
 def add_diffusion_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Turns a pretraining run config into a masked-diffusion one: the objective, its masking and
     single-segment FULL-SENTENCES rows, set together (the trainer checks they agree)."""
-    config.loss.objective = "diffusion"
-    config.data.masking = "diffusion"  # every maskable position at rate t ~ U(eps, 1) per row
+    MaskedDiffusion.add_config(config)
+    # every maskable position at rate t ~ U(eps, 1) per row
+    (config.data.masking,) = MaskedDiffusion.corruptions
     config.data.sample_plan = "full_sentences"  # one segment per row, no sentence label
     return config
 
 
-@dataclasses.dataclass(frozen=True)
-class MaskedDiffusion(Objective):
-    """LLaDA's masked-diffusion loss (1/t-weighted masked CE); SFT with `answer_mask` batches."""
+class MaskedDiffusion(MaskedLM):
+    """LLaDA's masked-diffusion loss (1/t-weighted masked CE); SFT with `answer_mask` batches.
+    Its model inputs: the encoder + MLM head at `masked_positions` (all T positions, weight 0
+    where unmasked), no token types."""
 
-    @classmethod
-    def from_config(cls, config):
-        return cls()
+    corruptions = ("diffusion",)
+    headline_metrics = (*MaskedLM.headline_metrics, "nll_bound")
+    input_names = ("input_ids", "attention_mask", "segment_ids", "masked_positions")
 
-    def model_inputs(self, batch):
-        """Encoder + MLM head at `masked_positions` (all T positions, weight 0 where unmasked);
-        no token types."""
-        return (
-            batch["input_ids"],
-            None,
-            batch.get("attention_mask"),
-            batch.get("segment_ids"),
-            batch["masked_positions"],
+    def example_batch(self, cfg, rows, length, seed):
+        """Every position a prediction slot, masked at rate t per row."""
+        batch = example_rows(cfg, rows, length, seed)
+        rs = np.random.RandomState(seed + 1)
+        t = (0.05 + 0.9 * rs.rand(rows)).astype(np.float32)
+        masked = (rs.rand(rows, length) < t[:, None]) & (batch["attention_mask"] > 0)
+        masked[:, 0] = False
+        return dict(
+            batch,
+            input_ids=np.where(masked, cfg.mask_token_id or 0, batch["input_ids"]).astype(np.int32),
+            masked_positions=np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)),
+            masked_ids=batch["input_ids"],
+            masked_weights=masked.astype(np.float32),
+            mask_ratio=t,
         )
 
     def apply(self, model, variables, batch, rngs, deterministic):

@@ -26,7 +26,6 @@ width): it exists only so smoke tests can run the recipe offline, and logs a war
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 
@@ -40,36 +39,17 @@ from bertjax.data import make_pipeline
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.heads import BertForPreTraining
-from bertjax.objectives.base import Objective, real_tokens
-from bertjax.objectives.pretraining import mlm_normalizers, mlm_sums
+from bertjax.objectives.base import derived, real_tokens
+from bertjax.objectives.pretraining import MaskedLM, mlm_normalizers, mlm_sums
 
 Array = jax.Array
 TEACHER_KEY = "config.loss.teacher"
 
 
 def add_distill_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Adds the ``config.loss`` keys of the "distill" objective (DistilBERT's defaults)."""
-    loss = config.loss
-    with loss.unlocked():
-        loss.objective = "distill"
-        # bertjax workdir/checkpoints dir or HF model dir; "" = RANDOM teacher (smoke tests only)
-        loss.teacher = ""
-        loss.teacher_layers = (
-            0  # depth of the random teacher ("" teacher only); 0 = twice the student's
-        )
-        loss.teacher_dtype = (
-            "float32"  # compute dtype of the teacher forward ("bfloat16" halves its cost)
-        )
-        # teacher layer per student layer; () = spread first to last (default_student_layers)
-        loss.student_layers = ()
-        loss.temperature = 2.0  # softmax temperature T of the soft targets
-        loss.alpha_ce = 5.0  # weight of T^2 * KL(teacher || student), mean over its positions
-        # KL at masked positions only (True) or at every real token (False: HF's default)
-        loss.restrict_ce_to_mask = False
-        loss.logits_chunk = 128  # positions per chunk of the full-token KL logits (0: all at once)
-        loss.alpha_mlm = 2.0  # weight of the hard-label MLM cross-entropy
-        loss.alpha_cos = 1.0  # weight of 1 - cosine(student, teacher last hidden states)
-    return config
+    """Adds the ``config.loss`` keys of the "distill" objective at `Distillation`'s defaults
+    (DistilBERT's)."""
+    return Distillation.add_config(config)
 
 
 def default_student_layers(teacher_layers: int, student_layers: int) -> tuple:
@@ -148,57 +128,38 @@ def _take_like(target, source: dict, where: str):
     return {k: _take_like(v, source[k], where) for k, v in target.items()}
 
 
-@dataclasses.dataclass(frozen=True)
-class Distillation(Objective):
+class Distillation(MaskedLM):
     """DistilBERT's triple loss for a student BertForPreTraining(cfg, next_sentence=False)."""
 
-    extra_config_keys = (
-        "teacher",
-        "teacher_layers",
-        "teacher_dtype",
-        "student_layers",
-        "temperature",
-        "alpha_ce",
-        "alpha_mlm",
-        "alpha_cos",
-        "restrict_ce_to_mask",
-        "logits_chunk",
-    )
+    # bertjax workdir/checkpoints dir or HF model dir; "" = RANDOM teacher (smoke tests only)
     teacher: str = ""
-    teacher_cfg: BertConfig | None = None  # None: a random teacher of the student's width
-    teacher_layers: int = 0
-    teacher_dtype: str = "float32"
+    teacher_cfg: BertConfig | None = derived(None)  # None: random, the student's width
+    teacher_layers: int = 0  # depth of the random teacher ("" teacher only); 0: twice the student's
+    teacher_dtype: str = "float32"  # compute dtype of the teacher ("bfloat16" halves its cost)
+    # teacher layer per student layer; () = spread first to last (default_student_layers)
     student_layers: tuple = ()
-    temperature: float = 2.0
-    alpha_ce: float = 5.0
-    alpha_mlm: float = 2.0
-    alpha_cos: float = 1.0
+    temperature: float = 2.0  # softmax temperature T of the soft targets
+    alpha_ce: float = 5.0  # weight of T^2 * KL(teacher || student), mean over its positions
+    alpha_mlm: float = 2.0  # weight of the hard-label MLM cross-entropy
+    alpha_cos: float = 1.0  # weight of 1 - cosine(student, teacher last hidden states)
+    # KL at masked positions only (True) or at every real token (False: HF's default)
     restrict_ce_to_mask: bool = False
-    logits_chunk: int = 128
+    logits_chunk: int = 128  # positions per chunk of the full-token KL logits (0: all at once)
+
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError(f"config.loss.temperature={self.temperature!r}: must be > 0")
+        for key in ("alpha_ce", "alpha_mlm", "alpha_cos", "logits_chunk"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"config.loss.{key}={getattr(self, key)!r}: must be >= 0")
+        object.__setattr__(self, "student_layers", tuple(int(i) for i in self.student_layers))
 
     @classmethod
     def from_config(cls, config):
-        loss = config.loss
-        teacher = str(loss.teacher)
-        if float(loss.temperature) <= 0:
-            raise ValueError(f"config.loss.temperature={loss.temperature!r}: must be > 0")
-        for key in ("alpha_ce", "alpha_mlm", "alpha_cos", "logits_chunk"):
-            if float(loss[key]) < 0:
-                raise ValueError(f"config.loss.{key}={loss[key]!r}: must be >= 0")
+        settings = cls.settings(config)
+        teacher = settings.get("teacher", "")
         teacher_cfg = PretrainedSource(teacher, TEACHER_KEY).model_config() if teacher else None
-        return cls(
-            teacher,
-            teacher_cfg,
-            int(loss.teacher_layers),
-            str(loss.teacher_dtype),
-            tuple(int(i) for i in loss.student_layers),
-            float(loss.temperature),
-            float(loss.alpha_ce),
-            float(loss.alpha_mlm),
-            float(loss.alpha_cos),
-            bool(loss.restrict_ce_to_mask),
-            int(loss.logits_chunk),
-        )
+        return cls(**settings, teacher_cfg=teacher_cfg)
 
     def teacher_config(self, student: BertConfig) -> BertConfig:
         """The teacher's BertConfig, checked against the student's."""
@@ -245,10 +206,10 @@ class Distillation(Objective):
 
     def init(self, model, rngs, batch):
         """Student params drawn from a fresh teacher, which is returned as ``frozen``."""
-        args = self.model_inputs(batch)
+        inputs = self.model_inputs(batch)
         teacher_rngs = {"params": jax.random.fold_in(rngs["params"], 1)}
-        teacher_params = self._teacher(model.cfg).init(teacher_rngs, *args, deterministic=True)
-        student_params = model.init(rngs, *args, deterministic=True)["params"]
+        teacher_params = self._teacher(model.cfg).init(teacher_rngs, **inputs, deterministic=True)
+        student_params = model.init(rngs, **inputs, deterministic=True)["params"]
         layers = self.layers(model.cfg)
         return {
             "params": student_from_teacher(student_params, teacher_params["params"], layers),
@@ -266,7 +227,7 @@ class Distillation(Objective):
         frozen = jax.lax.stop_gradient(variables["frozen"])
         teacher = self._teacher(model.cfg)
         teacher_out = teacher.apply(
-            {"params": frozen}, *self.model_inputs(batch), deterministic=True
+            {"params": frozen}, **self.model_inputs(batch), deterministic=True
         )
         params = {"params": variables["params"]}
         outputs = super().apply(model, params, batch, rngs, deterministic)
@@ -358,10 +319,29 @@ class Distillation(Objective):
 
     def prepare_state(self, state, data):
         """``state`` with the teacher's params in ``frozen`` and the student drawn from them."""
+        state = super().prepare_state(state, data)
         if not self.teacher:
             return state  # the random teacher and its student were made by init
+        frozen = self._load_teacher(state.frozen)
+        layers = self.layers(state.spec.model_cfg)
+        shardings = jax.tree.map(lambda x: x.sharding, state.params)
+        params = jax.jit(lambda p, t: student_from_teacher(p, t, layers), out_shardings=shardings)(
+            state.params, frozen
+        )
+        return state.replace(params=params, frozen=frozen)
+
+    def resume_state(self, state, data, fresh):
+        """The teacher is never checkpointed: reloaded from ``config.loss.teacher`` (or, for the
+        random teacher, drawn again by init from the run's seed)."""
+        if not self.teacher:
+            return state.replace(frozen=fresh().frozen)
+        return state.replace(frozen=self._load_teacher(state.frozen))
+
+    def _load_teacher(self, targets):
+        """The teacher's params from its source, placed as ``targets`` (arrays or shapes with
+        shardings) are."""
         source = PretrainedSource(self.teacher, TEACHER_KEY)
-        loaded = _take_like(state.frozen, source.params(), self.teacher)
+        loaded = _take_like(targets, source.params(), self.teacher)
 
         def put(path, target, value):
             if tuple(value.shape) != tuple(target.shape):
@@ -371,10 +351,4 @@ class Distillation(Objective):
                 )
             return jax.device_put(np.asarray(value, target.dtype), target.sharding)
 
-        frozen = jax.tree_util.tree_map_with_path(put, state.frozen, loaded)
-        layers = self.layers(state.spec.model_cfg)
-        shardings = jax.tree.map(lambda x: x.sharding, state.params)
-        params = jax.jit(lambda p, t: student_from_teacher(p, t, layers), out_shardings=shardings)(
-            state.params, frozen
-        )
-        return state.replace(params=params, frozen=frozen)
+        return jax.tree_util.tree_map_with_path(put, targets, loaded)

@@ -20,16 +20,14 @@ thresholds) so it adds up exactly over eval batches.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 
 from bertjax.modeling.electra import ElectraForPreTraining, generator_config
 from bertjax.modeling.encoder import last_layer_at_rows
-from bertjax.objectives.base import Objective, real_tokens
-from bertjax.objectives.pretraining import mlm_normalizers, mlm_sums
+from bertjax.objectives.base import real_tokens
+from bertjax.objectives.pretraining import MaskedLM, mlm_normalizers, mlm_sums
 
 Array = jax.Array
 
@@ -40,14 +38,10 @@ _EVAL_SAMPLE_KEY = 0  # the fixed sampling key of eval steps (no rng there)
 
 def add_electra_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Turns a `default_run_config()` into an ELECTRA one (call before the config is locked):
-    the objective and its keys with the paper's values, model_type "electra" (exports as
-    Hugging Face ELECTRA), and ELECTRA's masking (85% [MASK], 15% kept, no random tokens)."""
-    config.loss.objective = "electra"
-    config.loss.mlm_weight = 1.0  # generator MLM loss weight (ELECTRA's gen_weight)
-    config.loss.discriminator_weight = 50.0  # replaced-token BCE weight (ELECTRA's lambda)
-    # generator width, heads and feed-forward as a fraction of the discriminator's (Table 6)
-    config.loss.generator_hidden_size = 0.25
-    config.loss.generator_layers = 1.0  # generator layers as a fraction of the discriminator's
+    the objective and its keys at `Electra`'s defaults (the paper's values), model_type
+    "electra" (exports as Hugging Face ELECTRA), and ELECTRA's masking (85% [MASK], 15% kept, no
+    random tokens)."""
+    Electra.add_config(config)
     config.model.model_type = "electra"
     config.data.mask_token_prob = 0.85
     config.data.random_token_prob = 0.0
@@ -73,40 +67,46 @@ def auc_from_histograms(positive: Array, negative: Array) -> Array:
     return jnp.where(pairs > 0, wins / jnp.maximum(pairs, 1.0), 0.5)
 
 
-@dataclasses.dataclass(frozen=True)
-class Electra(Objective):
+class Electra(MaskedLM):
     """Generator MLM + discriminator replaced-token detection (see the module docstring)."""
 
-    extra_config_keys = ("discriminator_weight", "generator_hidden_size", "generator_layers")
+    headline_metrics = (*MaskedLM.headline_metrics, "rtd_accuracy", "rtd_auc")
+    input_names = (*MaskedLM.input_names, "masked_ids", "masked_weights")
+    rng_dependent_metrics = (  # the replacements are sampled with the step's rng
+        "loss",
+        "sampled_accuracy",
+        "rtd_loss",
+        "rtd_accuracy",
+        "rtd_precision",
+        "rtd_recall",
+        "rtd_auc",
+        "replaced_fraction",
+    )
 
+    # generator width, heads and feed-forward as a fraction of the discriminator's (Table 6)
     generator_hidden_size: float = 0.25
-    generator_layers: float = 1.0
-    mlm_weight: float = 1.0
-    discriminator_weight: float = 50.0
+    generator_layers: float = 1.0  # generator layers as a fraction of the discriminator's
+    mlm_weight: float = 1.0  # generator MLM loss weight (ELECTRA's gen_weight)
+    discriminator_weight: float = 50.0  # replaced-token BCE weight (ELECTRA's lambda)
     sparse_last_layer: bool = True
+
+    def __post_init__(self):
+        for key in ("mlm_weight", "discriminator_weight"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"config.loss.{key}={getattr(self, key)!r}: must be >= 0")
+        for key in ("generator_hidden_size", "generator_layers"):
+            if not 0.0 < getattr(self, key) <= 1.0:
+                raise ValueError(f"config.loss.{key}={getattr(self, key)!r}: must be in (0, 1]")
 
     @classmethod
     def from_config(cls, config):
-        loss = config.loss
-        for key in ("mlm_weight", "discriminator_weight"):
-            if loss.get(key, 0.0) < 0:
-                raise ValueError(f"config.loss.{key}={loss[key]!r}: must be >= 0")
-        for key in ("generator_hidden_size", "generator_layers"):
-            if key in loss and not 0.0 < loss[key] <= 1.0:
-                raise ValueError(f"config.loss.{key}={loss[key]!r}: must be in (0, 1]")
         if "model" in config and config.model.get("model_type") != "electra":
             raise ValueError(
                 f"config.loss.objective='electra' needs config.model.model_type='electra', got "
                 f"{config.model.get('model_type')!r} (bertjax.objectives.electra."
                 "add_electra_config sets both)"
             )
-        return cls(
-            float(loss.get("generator_hidden_size", 0.25)),
-            float(loss.get("generator_layers", 1.0)),
-            float(loss.mlm_weight),
-            float(loss.get("discriminator_weight", 50.0)),
-            bool(loss.sparse_last_layer),
-        )
+        return cls(**cls.settings(config))
 
     def generator_cfg(self, cfg):
         """The generator's BertConfig for discriminator config ``cfg``."""
@@ -119,17 +119,6 @@ class Electra(Objective):
         batch = super().init_batch(cfg)
         one = jnp.ones((1, 1), jnp.int32)
         return {**batch, "masked_ids": one, "masked_weights": one.astype(jnp.float32)}
-
-    def model_inputs(self, batch):
-        return (
-            batch["input_ids"],
-            batch.get("token_type_ids"),
-            batch.get("attention_mask"),
-            batch.get("segment_ids"),
-            batch["masked_positions"],
-            batch["masked_ids"],
-            batch["masked_weights"],
-        )
 
     def init(self, model, rngs, batch):
         return super().init(model, {**rngs, "sample": rngs["params"]}, batch)

@@ -6,12 +6,11 @@ The trainer's one loop runs fine-tuning: ``config.loss.objective`` = "classifica
 `TaskData` (bertjax/objectives/task_data.py), which knows the init_from model's config and
 tokenizer and scores dev predictions with GLUE/CoNLL metrics; the objective's `prepare_state`
 loads the pretrained encoder; the trainer keeps WORKDIR/best by the task's dev metric. FGM
-(``config.loss.fgm_epsilon``) is applied by the step.
+(``config.loss.fgm_epsilon``) is the objective's way of taking gradients (`Objective.gradients`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import jax
@@ -20,7 +19,8 @@ import ml_collections
 import numpy as np
 
 from bertjax.modeling.heads import BertForSequenceClassification, BertForTokenClassification
-from bertjax.objectives.base import Objective
+from bertjax.objectives.base import Objective, example_rows
+from bertjax.objectives.fgm import with_fgm
 from bertjax.objectives.task_data import TaskData
 from bertjax.ops.loss import cross_entropy
 
@@ -30,9 +30,8 @@ def default_task_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     # "builtin:NAME" | "files" | "glue:NAME" (a GLUE directory) | "tfds:glue/NAME" (no download)
     c.source = "builtin:stdlib_families"
-    c.train_file = (
-        ""  # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
-    )
+    # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
+    c.train_file = ""
     c.dev_file = ""  # source="files": dev examples, same format
     c.text_column = "text"  # column of the (first) text
     c.text_pair_column = ""  # column of the second text of a pair ("" = single sentence)
@@ -50,9 +49,8 @@ def default_task_config() -> ml_collections.ConfigDict:
 
 def add_finetune_config(config: ml_collections.ConfigDict, objective: str, num_labels: int):
     """Turns a `default_run_config()` into a fine-tuning one (call before the config is locked)."""
-    config.init_from = (
-        ""  # "" (random) | bertjax pretraining workdir/checkpoints dir | HF model dir
-    )
+    # "" (random) | bertjax pretraining workdir/checkpoints dir | HF model dir
+    config.init_from = ""
     config.task = default_task_config()
     config.loss.objective = objective
     config.loss.num_labels = num_labels  # classes (1 = regression; token tasks: BIO tags)
@@ -63,29 +61,49 @@ def add_finetune_config(config: ml_collections.ConfigDict, objective: str, num_l
 
 
 class _Finetuning(Objective):
-    """Shared pieces of the fine-tuning objectives: inputs, weighted normalizer, data, init."""
+    """Shared pieces of the fine-tuning objectives: inputs, weighted normalizer, data, init,
+    FGM."""
 
     loads_init_from = True  # the encoder of config.init_from, in prepare_state
-
-    extra_config_keys = ("num_labels", "fgm_epsilon")
+    input_names = ("input_ids", "token_type_ids", "attention_mask")
+    fgm_parameter = ("bert", "embeddings", "word_embeddings")  # what FGM perturbs
     tokens = False
 
-    @classmethod
-    def from_config(cls, config):
-        loss = config.loss
-        num_labels = int(loss.num_labels)
-        if num_labels < 1 or (cls.tokens and num_labels < 2):
-            raise ValueError(f"config.loss.num_labels={num_labels}: must be >= {1 + cls.tokens}")
-        if float(loss.fgm_epsilon) < 0:
-            raise ValueError(f"config.loss.fgm_epsilon={loss.fgm_epsilon}: must be >= 0")
-        return cls(num_labels, float(loss.fgm_epsilon))
+    num_labels: int = 2  # classes (1 = regression; token tasks: BIO tags)
+    fgm_epsilon: float = 0.0  # FGM adversarial step on the word embeddings (0 = off)
+
+    def __post_init__(self):
+        if self.num_labels < 1 or (self.tokens and self.num_labels < 2):
+            raise ValueError(
+                f"config.loss.num_labels={self.num_labels}: must be >= {1 + self.tokens}"
+            )
+        if self.fgm_epsilon < 0:
+            raise ValueError(f"config.loss.fgm_epsilon={self.fgm_epsilon}: must be >= 0")
+
+    def gradients(self, grad_fn):
+        """With ``fgm_epsilon`` > 0, clean plus FGM-adversarial gradients (`fgm.with_fgm`)."""
+        if self.fgm_epsilon <= 0:
+            return grad_fn
+        return with_fgm(grad_fn, self.fgm_epsilon, self.fgm_parameter)
 
     def init_batch(self, cfg):
         ids = jnp.zeros((1, min(8, cfg.max_position_embeddings - cfg.position_offset)), jnp.int32)
         return {"input_ids": ids, "token_type_ids": ids, "attention_mask": ids + 1}
 
-    def model_inputs(self, batch):
-        return batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+    def example_batch(self, cfg, rows, length, seed):
+        """Labels per row (per token for token tasks), weight 0 on a few (padding tokens)."""
+        batch = example_rows(cfg, rows, length, seed)
+        rs = np.random.RandomState(seed + 1)
+        shape = (rows, length) if self.tokens else (rows,)
+        weights = np.ones(shape, np.float32)
+        weights[::4] = 0.0
+        if self.tokens:
+            weights = weights * batch["attention_mask"]
+        if self.num_labels == 1:
+            labels = rs.randn(*shape).astype(np.float32)
+        else:
+            labels = rs.randint(0, self.num_labels, shape).astype(np.int32)
+        return dict(batch, labels=labels, label_weights=weights)
 
     def normalizers(self, batch):
         weight = jnp.sum(batch["label_weights"].astype(jnp.float32))
@@ -112,12 +130,10 @@ class _Finetuning(Objective):
         return state.replace(params=params)
 
 
-@dataclasses.dataclass(frozen=True)
 class Classification(_Finetuning):
     """Pooled [CLS] classifier: cross-entropy over ``num_labels``; MSE when ``num_labels == 1``."""
 
-    num_labels: int = 2
-    fgm_epsilon: float = 0.0
+    headline_metrics = ("accuracy",)
 
     def model(self, cfg):
         return BertForSequenceClassification(cfg, num_labels=self.num_labels)
@@ -138,11 +154,11 @@ class Classification(_Finetuning):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
-@dataclasses.dataclass(frozen=True)
 class TokenClassification(Classification):
     """Per-token classifier (NER): cross-entropy on each word's first piece."""
 
     tokens = True
+    headline_metrics = ("token_accuracy",)
 
     def model(self, cfg):
         return BertForTokenClassification(cfg, num_labels=self.num_labels)

@@ -1,18 +1,48 @@
-"""BERT's pretraining objective: weighted MLM at the masked positions (+ NSP/SOP on [CLS])."""
+"""BERT's pretraining objective: weighted MLM at the masked positions (+ NSP/SOP on [CLS]); and
+`MaskedLM`, what every objective with an MLM head shares (its corruptions, the unigram MLM bias of
+a fresh model, perplexity and the majority baseline of held-out metrics)."""
 
 from __future__ import annotations
 
-import dataclasses
+import collections
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.modeling.encoder import last_layer_at_rows
 from bertjax.modeling.heads import BertForPreTraining
-from bertjax.objectives.base import Objective, next_sentence
+from bertjax.objectives.base import (
+    Objective,
+    derived,
+    example_rows,
+    next_sentence,
+    run_setting,
+)
 from bertjax.ops.loss import cross_entropy
 
 Array = jax.Array
+
+MLM_CORRUPTIONS = ("token", "whole_word", "ngram")  # config.data.masking of an MLM
+
+
+def init_mlm_bias(state, log_prior: np.ndarray):
+    """Sets the MLM decoder bias of a new model to the corpus' log unigram frequencies (a model
+    then starts at the unigram loss; a zero bias spends hundreds of Adam steps of ~lr each getting
+    there). Works on any mesh and process count; a state without an MLM head is returned as is."""
+    head = state.params.get("mlm_head", {})
+    if "bias" not in head:
+        return state
+    bias = head["bias"]
+    if bias.shape != log_prior.shape:
+        raise ValueError(
+            f"unigram prior of shape {log_prior.shape} does not fit the MLM bias "
+            f"{bias.shape}: tokenizer and model disagree on the vocabulary size"
+        )
+    values = np.asarray(log_prior, bias.dtype)
+    new_bias = jax.make_array_from_callback(bias.shape, bias.sharding, lambda index: values[index])
+    return state.replace(params={**state.params, "mlm_head": {**head, "bias": new_bias}})
 
 
 def mlm_sums(logits_BPV: Array, batch: dict) -> dict:
@@ -34,32 +64,76 @@ def mlm_normalizers(batch: dict) -> dict:
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class Pretraining(Objective):
+class MaskedLM(Objective):
+    """What objectives with an MLM head share: they train on MLM corruptions, start their MLM
+    bias at the log unigram frequencies (``config.mlm_bias_init="unigram"``), and report
+    held-out perplexity and the majority baseline (always guessing the most frequent masked
+    token: the floor to beat)."""
+
+    corruptions = MLM_CORRUPTIONS
+    headline_metrics = ("mlm_accuracy", "majority_baseline", "perplexity")
+
+    mlm_bias_init: str = run_setting("zeros")  # "unigram" | "zeros" (config.mlm_bias_init)
+
+    def prepare_state(self, state, data):
+        if self.mlm_bias_init != "unigram":
+            return state
+        prior = data.unigram_log_prior()
+        return state if prior is None else init_mlm_bias(state, prior)
+
+    def example_batch(self, cfg, rows, length, seed):
+        """Real-token positions to predict (distinct per row, never [CLS]), their ids, weights
+        with empty slots, and a sentence label."""
+        batch = example_rows(cfg, rows, length, seed)
+        rs = np.random.RandomState(seed + 1)
+        slots = max(2, length // 8)
+        real = length - length // 4  # every row's real prefix
+        positions = np.stack([1 + rs.permutation(real - 1)[:slots] for _ in range(rows)])
+        weights = np.ones((rows, slots), np.float32)
+        weights[::2, -1] = 0.0
+        return dict(
+            batch,
+            masked_positions=positions.astype(np.int32),
+            masked_ids=rs.randint(5, cfg.vocab_size, (rows, slots)).astype(np.int32),
+            masked_weights=weights,
+            next_sentence_label=rs.randint(0, 2, (rows,)).astype(np.int32),
+        )
+
+    def held_out_counts(self, host_batch):
+        if "masked_ids" not in host_batch:
+            return collections.Counter()
+        ids = host_batch["masked_ids"][host_batch["masked_weights"] > 0]
+        return collections.Counter(
+            {int(t): int(c) for t, c in zip(*np.unique(ids, return_counts=True))}
+        )
+
+    def held_out_metrics(self, metrics, counts):
+        metrics = dict(metrics)
+        if "mlm_loss" in metrics:
+            metrics["perplexity"] = math.exp(min(metrics["mlm_loss"], 50.0))
+        if counts:
+            metrics["majority_baseline"] = max(counts.values()) / sum(counts.values())
+        return metrics
+
+
+class Pretraining(MaskedLM):
     """BERT's objective: weighted MLM at masked positions (+ NSP/SOP on [CLS])."""
 
-    next_sentence: bool = True
+    headline_metrics = (*MaskedLM.headline_metrics, "nsp_accuracy")
+
+    next_sentence: bool = derived(True)  # config.loss.next_sentence, or from the sample plan
     mlm_weight: float = 1.0
     nsp_weight: float = 1.0
     sparse_last_layer: bool = True
 
+    def __post_init__(self):
+        for key in ("mlm_weight", "nsp_weight"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"config.loss.{key}={getattr(self, key)!r}: must be >= 0")
+
     @classmethod
     def from_config(cls, config):
-        loss = config.loss
-        if "data" in config and config.data.masking == "pert":
-            raise ValueError(
-                "config.data.masking='pert' makes PERT's shuffled rows: set "
-                "config.loss.objective='pert'"
-            )
-        for key in ("mlm_weight", "nsp_weight"):
-            if loss[key] < 0:
-                raise ValueError(f"config.loss.{key}={loss[key]!r}: must be >= 0")
-        return cls(
-            next_sentence(config),
-            float(loss.mlm_weight),
-            float(loss.nsp_weight),
-            bool(loss.sparse_last_layer),
-        )
+        return cls(**cls.settings(config), next_sentence=next_sentence(config))
 
     def model(self, cfg):
         return BertForPreTraining(

@@ -23,6 +23,11 @@ OBJECTIVES: dict[str, type[Objective]] = {
 }
 
 
+def name_of(cls: type[Objective]) -> str:
+    """The ``config.loss.objective`` name of an objective class."""
+    return next(name for name, registered in OBJECTIVES.items() if registered is cls)
+
+
 def validate_loss_config(loss_config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming an unknown objective or an unknown ``config.loss`` key."""
     name = loss_config.get("objective", "pretraining")
@@ -34,7 +39,30 @@ def validate_loss_config(loss_config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"unknown config.loss key(s) {unknown}; known keys: {sorted(known)}")
 
 
+def check_corruption(config: ml_collections.ConfigDict) -> None:
+    """The objective trains on the run's ``config.data.masking`` (its `corruptions`)."""
+    name = config.loss.get("objective", "pretraining")
+    wanted = OBJECTIVES[name].corruptions
+    if "data" not in config or wanted is None or config.data.masking in wanted:
+        return
+    masking = config.data.masking
+    needs = f"{wanted[0]!r}" if len(wanted) == 1 else f"one of {wanted}"
+    users = [n for n, c in OBJECTIVES.items() if c.corruptions and masking in c.corruptions]
+    hint = f"; config.data.masking={masking!r} goes with config.loss.objective={users[0]!r}"
+    raise ValueError(
+        f"config.loss.objective={name!r} needs config.data.masking={needs}, not {masking!r}"
+        + (hint if users else "")
+    )
+
+
 def make_objective(config: ml_collections.ConfigDict) -> Objective:
-    """The Objective a run config names (``config.loss.objective``, default pretraining)."""
+    """The Objective a run config names (``config.loss.objective``, default pretraining), its
+    keys and its data corruption checked."""
     validate_loss_config(config.loss)
+    check_corruption(config)
     return OBJECTIVES[config.loss.get("objective", "pretraining")].from_config(config)
+
+
+def headline_metrics(config: ml_collections.ConfigDict) -> tuple:
+    """The held-out metrics a run of ``config`` prints at its end (the objective's)."""
+    return OBJECTIVES[config.loss.get("objective", "pretraining")].headline_metrics

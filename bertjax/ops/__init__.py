@@ -9,5 +9,5 @@ blocked_attention  banded local and blocked (flash-style) global attention, no T
 splash       the TPU path: Pallas splash attention with segment ids and local masks
 elementwise  exact GELU with a saved Phi(x), dropout masks from 16-bit halves of one hash
 loss         cross-entropy whose backward is softmax minus one-hot in one pass
-platform     `on_cpu()`, the switch between these paths and autodiff's
+platform     `on_cpu()` and `current()`, the switches between these paths and autodiff's
 """

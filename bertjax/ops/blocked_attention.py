@@ -4,8 +4,9 @@ global attention, both with hand-written backward passes.
 Who may attend whom is given by segment ids and positions instead of a mask: query t sees key s
 when ``key_segments[s] > 0``, ``query_segments[t] == key_segments[s]`` and, with a half-window
 h > 0, ``|query_positions[t] - key_positions[s]| <= h`` (transformers' ModernBERT sliding window:
-``local_attention // 2`` either side, inclusive). Unpacked rows pass query segments of 1 and the
-attention mask as key segments.
+``local_attention // 2`` either side, inclusive) and, when causal, ``key_positions[s] <=
+query_positions[t]``. Unpacked rows pass query segments of 1 and the attention mask as key
+segments.
 
 `local_attention` (queries aligned with keys, T == S): the rows are cut into blocks of ``block``
 (>= h) positions; block i attends to blocks i-1, i, i+1 only, through `ops.attention.attention`
@@ -40,12 +41,14 @@ def _pad_rows(a: Array, length: int) -> Array:
     return jnp.pad(a, pad)
 
 
-def _visible(q_seg, q_pos, k_seg, k_pos, half_window: int) -> Array:
+def _visible(q_seg, q_pos, k_seg, k_pos, half_window: int, causal: bool = False) -> Array:
     """[B, 1, T, S] boolean: which keys each query sees (module docstring)."""
     ok = (q_seg[:, None, :, None] == k_seg[:, None, None, :]) & (k_seg[:, None, None, :] > 0)
+    offset = q_pos[:, None, :, None] - k_pos[:, None, None, :]
     if half_window:
-        distance = jnp.abs(q_pos[:, None, :, None] - k_pos[:, None, None, :])
-        ok = ok & (distance <= half_window)
+        ok = ok & (jnp.abs(offset) <= half_window)
+    if causal:
+        ok = ok & (offset >= 0)
     return ok
 
 
@@ -59,6 +62,7 @@ def local_attention(
     half_window: int,
     block: int,
     chains: int = 1,
+    causal: bool = False,
 ) -> Array:
     """Banded attention of aligned queries and keys (module docstring); ``positions`` [B, T]
     serve both; ``block`` >= ``half_window``."""
@@ -86,6 +90,7 @@ def local_attention(
         windows(key_segments),
         windows(positions),
         half_window,
+        causal,
     )
     ctx = attention_ops.attention(
         by_block(q_BTNH), windows(k_BTNH), windows(v_BTNH), mask, chains=chains
@@ -103,6 +108,7 @@ def flash_attention(
     key_positions: Array,
     half_window: int = 0,
     block: int = 512,
+    causal: bool = False,
 ) -> Array:
     """Softmax attention over keys in blocks, online softmax, hand-written backward (module
     docstring); ``half_window`` 0 attends globally."""
@@ -115,6 +121,7 @@ def flash_attention(
     return _flash(
         half_window,
         block,
+        causal,
         q_BTNH,
         k_BSNH,
         v_BSNH,
@@ -140,12 +147,12 @@ def _scores(q_BNTH, k_BNKH, visible):
     return jnp.where(visible, s, _NEG)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash(half_window, block, q, k, v, q_seg, k_seg, q_pos, k_pos):
-    return _flash_fwd(half_window, block, q, k, v, q_seg, k_seg, q_pos, k_pos)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _flash(half_window, block, causal, q, k, v, q_seg, k_seg, q_pos, k_pos):
+    return _flash_fwd(half_window, block, causal, q, k, v, q_seg, k_seg, q_pos, k_pos)[0]
 
 
-def _flash_fwd(half_window, block, q, k, v, q_seg, k_seg, q_pos, k_pos):
+def _flash_fwd(half_window, block, causal, q, k, v, q_seg, k_seg, q_pos, k_pos):
     scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
     q_BNTH = _heads_major(q * scale)
     k_blocks, v_blocks = _key_blocks(k, block), _key_blocks(v, block)  # [J, B, K, N, H]
@@ -155,7 +162,7 @@ def _flash_fwd(half_window, block, q, k, v, q_seg, k_seg, q_pos, k_pos):
     def step(carry, xs):
         m, total, acc = carry
         k_BKNH, v_BKNH, seg_BK, pos_BK = xs
-        visible = _visible(q_seg, q_pos, seg_BK, pos_BK, half_window)
+        visible = _visible(q_seg, q_pos, seg_BK, pos_BK, half_window, causal)
         s = _scores(q_BNTH, _heads_major(k_BKNH), visible)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         correction = jnp.exp(m - m_new)
@@ -180,7 +187,7 @@ def _flash_fwd(half_window, block, q, k, v, q_seg, k_seg, q_pos, k_pos):
     return out, (q, k, v, q_seg, k_seg, q_pos, k_pos, out, lse)
 
 
-def _flash_bwd(half_window, block, residuals, g):
+def _flash_bwd(half_window, block, causal, residuals, g):
     q, k, v, q_seg, k_seg, q_pos, k_pos, out, lse = residuals
     scale = q.shape[-1] ** -0.5
     q_BNTH = _heads_major(q * jnp.asarray(scale, q.dtype))
@@ -191,7 +198,7 @@ def _flash_bwd(half_window, block, residuals, g):
 
     def step(d_q, xs):
         k_BKNH, v_BKNH, seg_BK, pos_BK = xs
-        visible = _visible(q_seg, q_pos, seg_BK, pos_BK, half_window)
+        visible = _visible(q_seg, q_pos, seg_BK, pos_BK, half_window, causal)
         k_BNKH, v_BNKH = _heads_major(k_BKNH), _heads_major(v_BKNH)
         s = _scores(q_BNTH, k_BNKH, visible)
         p = jnp.where(visible, jnp.exp(s - lse[..., None]), 0.0)

@@ -13,3 +13,11 @@ def on_cpu() -> bool:
 def on_tpu() -> bool:
     """Whether JAX computes on a TPU (the Pallas splash-attention kernel's platform)."""
     return jax.default_backend() == "tpu"
+
+
+def current() -> str:
+    """The platform, "cpu", "tpu" or "gpu" (any other accelerator), that the attention kernels'
+    automatic choice reads (tests simulate platforms by patching this or `on_cpu`)."""
+    if on_cpu():
+        return "cpu"
+    return "tpu" if on_tpu() else "gpu"

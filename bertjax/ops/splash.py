@@ -1,15 +1,15 @@
 """Attention on a TPU through the Pallas splash-attention kernel
-(`jax.experimental.pallas.ops.tpu.splash_attention`): the path `bertjax.modeling.attention.attend`
-takes on a TPU (no attention_implementation, queries aligned with keys). Splash brings its own
+(`jax.experimental.pallas.ops.tpu.splash_attention`): the `splash` kernel of
+`bertjax.modeling.attention_kernels`, chosen on a TPU for aligned queries. Splash brings its own
 forward and backward kernels (a custom VJP) and skips the key blocks a local layer never sees.
 
 Who may attend whom is `bertjax.modeling.attention.AttentionMask`'s rule, with queries aligned
 with keys (T == S): query t sees key s when ``key_segments[s] > 0``, ``query_segments[t] ==
-key_segments[s]`` and, with a half-window h > 0, ``|t - s| <= h`` (within a segment the index
-difference is the position difference). Splash gets it as a static per-head mask (`FullMask`,
-or `LocalMask` with window (h, h)) and'ed with segment ids: the queries' segments, and the
-keys' with padding (0) remapped to -1, which no query has. Splash does not scale the logits:
-q is scaled by 1/sqrt(H) first.
+key_segments[s]``, with a half-window h > 0, ``|t - s| <= h``, and when causal ``s <= t`` (within
+a segment the index difference is the position difference). Splash gets it as a static per-head
+mask (`FullMask`, `CausalMask`, or `LocalMask` with window (h, h), causal (h, 0)) and'ed with
+segment ids: the queries' segments, and the keys' with padding (0) remapped to -1, which no query
+has. Splash does not scale the logits: q is scaled by 1/sqrt(H) first.
 
 Rows are padded up to a multiple of 128 (the kernel's lane width; the blocks are 512, 256 or 128
 rows, whichever divides the padded length, no larger than it) with invisible keys, then cut back.
@@ -45,13 +45,18 @@ def block_size(length: int) -> int:
 
 
 def kernel(
-    heads: int, length: int, half_window: int, interpret: bool = False
+    heads: int, length: int, half_window: int, interpret: bool = False, causal: bool = False
 ) -> splash.splash_attention_kernel.SplashAttentionKernel:
     """The splash kernel of ``heads`` heads over ``length`` (a multiple of 128) aligned rows:
-    ``kernel(q_NTH, k_NTH, v_NTH, segment_ids=SegmentIds(q=[T], kv=[T]))`` -> [N, T, H]."""
+    ``kernel(q_NTH, k_NTH, v_NTH, segment_ids=SegmentIds(q=[T], kv=[T]))`` -> [N, T, H].
+    ``causal``: no key after its query (a local causal layer sees the ``half_window`` keys
+    before it and itself)."""
     shape = (length, length)
     if half_window:
-        head_mask = splash.LocalMask(shape, window_size=(half_window, half_window), offset=0)
+        window = (half_window, 0 if causal else half_window)
+        head_mask = splash.LocalMask(shape, window_size=window, offset=0)
+    elif causal:
+        head_mask = splash.CausalMask(shape)
     else:
         head_mask = splash.FullMask(shape)
     block = block_size(length)
@@ -81,9 +86,10 @@ def attention(
     key_segments: Array,
     half_window: int,
     interpret: bool = False,
+    causal: bool = False,
 ) -> Array:
     """Softmax attention [B, T, N, H] of aligned rows under the segments ([B, T] each, an
-    `AttentionMask`'s) and a local half-window (0: global) by the splash kernel;
+    `AttentionMask`'s), a local half-window (0: global) and ``causal`` by the splash kernel;
     ``interpret``: Pallas interpret mode (any backend, slow; the tests' CPU check)."""
     batch, length, heads, head_dim = q_BTNH.shape
     if k_BTNH.shape[1] != length or v_BTNH.shape[1] != length:
@@ -100,7 +106,7 @@ def attention(
     keys_BT = key_segments.astype(jnp.int32)
     keys_BT = jnp.pad(jnp.where(keys_BT > 0, keys_BT, -1), ((0, 0), (0, pad)), constant_values=-1)
     queries_BT = jnp.pad(query_segments.astype(jnp.int32), ((0, 0), (0, pad)))
-    run = kernel(heads, padded, half_window, interpret)
+    run = kernel(heads, padded, half_window, interpret, causal)
     out_BNTH = jax.vmap(
         lambda q, k, v, sq, sk: run(q, k, v, segment_ids=splash.SegmentIds(sq, sk))
     )(q_BNTH, k_BNTH, v_BNTH, queries_BT, keys_BT)

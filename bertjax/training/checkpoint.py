@@ -1,12 +1,11 @@
 """Orbax checkpoints of the train state, with the run's config and tokenizer beside it.
 
-Each checkpoint step holds two items: ``state`` (step, params, opt_state; sharded
-arrays, restorable onto any mesh) and ``meta`` (JSON: the run config, the model
-config, the tokenizer file and fingerprint, the data's fingerprint). Reading one without
-the trainer is `bertjax.interop.checkpoints`. Orbax
-writes a step into a temporary directory and renames it when complete, so a save
-killed half-way is never listed, and restore falls back to the last complete step.
-"""
+Each checkpoint step holds two items: ``state`` (step, params, opt_state; sharded arrays,
+restorable onto any mesh; never a frozen teacher) and ``meta`` (JSON: the run config, the model
+config, the tokenizer file and fingerprint, the data's fingerprint). Reading one without the
+trainer is `bertjax.interop.checkpoints`. Orbax writes a step into a temporary directory and
+renames it when complete, so a save killed half-way is never listed, and restore falls back to
+the last complete step."""
 
 from __future__ import annotations
 
@@ -22,10 +21,10 @@ from bertjax.modeling.bert_config import BertConfig
 
 
 def _state_tree(state) -> dict:
-    tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
-    if getattr(state, "frozen", None) is not None:  # e.g. a distillation teacher
-        tree["frozen"] = state.frozen
-    return tree
+    """What a checkpoint holds: never ``state.frozen`` (a distillation teacher, ~440 MB for a
+    base model), which the objective reloads from its source on resume
+    (`Objective.resume_state`)."""
+    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
 
 
 class Checkpointer:
@@ -107,9 +106,7 @@ class Checkpointer:
         tree = restored["state"]
         state = abstract_state.replace(
             step=tree["step"], params=tree["params"], opt_state=tree["opt_state"]
-        )
-        if "frozen" in tree:
-            state = state.replace(frozen=tree["frozen"])
+        )  # ``frozen`` stays as shapes and shardings: the objective's resume_state fills it
         return state, restored["meta"]
 
     def close(self) -> None:

@@ -109,13 +109,6 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f"config.mlm_bias_init={config.mlm_bias_init!r}: must be 'unigram' or 'zeros'"
         )
-    diffusion = config.loss.objective == "diffusion"
-    if diffusion != (config.data.masking == "diffusion"):
-        raise ValueError(
-            f"config.loss.objective={config.loss.objective!r} with config.data.masking="
-            f"{config.data.masking!r}: the diffusion objective and diffusion masking go together "
-            "(bertjax.diffusion.add_diffusion_config sets both)"
-        )
     if config.get("phase_order"):
         for phase in plan_phases(config):
             validate_run_config(phase.config)

@@ -52,12 +52,15 @@ class StepSpec:
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, model_cfg: BertConfig) -> StepSpec:
         optim.validate_optim_config(config.optim)
-        return cls(
-            model_cfg,
-            objectives.make_objective(config),
-            int(config.optim.grad_accum_steps),
-            bool(config.skip_nonfinite_updates),
-        )
+        objective = objectives.make_objective(config)
+        accumulate = int(config.optim.grad_accum_steps)
+        if accumulate > 1 and not objective.microbatch_additive:
+            raise ValueError(
+                f"config.optim.grad_accum_steps={accumulate}: the {type(objective).__name__} "
+                "objective's loss is not a sum over rows (its rows interact), so microbatches "
+                "cannot add up to the batch; use 1"
+            )
+        return cls(model_cfg, objective, accumulate, bool(config.skip_nonfinite_updates))
 
     def model(self) -> nn.Module:
         return self.objective.model(self.model_cfg)
@@ -159,7 +162,18 @@ def _batch_schedule(config: ml_collections.ConfigDict) -> dict:
 def init_train_state(
     config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh, rng: Array
 ) -> TrainState:
-    """A fresh TrainState, created directly in its shardings on ``mesh``."""
+    """A fresh TrainState, created directly in its shardings on ``mesh``.
+
+    Args:
+      config: the run (or step) config: ``loss`` (the objective), ``optim``, ``batch_size``.
+      model_cfg: the encoder's BertConfig.
+      mesh: the device mesh (`bertjax.training.sharding.make_mesh`).
+      rng: the parameter-init key.
+
+    Returns:
+      A `TrainState` (step 0, params, optimizer state, a teacher in ``frozen`` if the objective
+      has one), every array already placed in its sharding.
+    """
     _, shardings, init_fn = abstract_train_state(config, model_cfg, mesh)
     return jax.jit(init_fn, out_shardings=shardings)(rng)
 
@@ -186,31 +200,6 @@ def _microbatches(batch: dict, k: int) -> dict:
     return {key: split(value) for key, value in batch.items()}
 
 
-def fgm_perturbation(grads, epsilon: float):
-    """FGM (Miyato et al. 2017): r = epsilon * g / ||g|| on the word embeddings, 0 elsewhere."""
-    g = grads["bert"]["embeddings"]["word_embeddings"]
-    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
-    perturbation = jax.tree.map(jnp.zeros_like, grads)
-    perturbation["bert"]["embeddings"]["word_embeddings"] = (epsilon * g / (norm + 1e-12)).astype(
-        g.dtype
-    )
-    return perturbation
-
-
-def with_fgm(grad_fn: Callable, epsilon: float) -> Callable:
-    """``grad_fn`` plus the gradient at embeddings moved by the FGM perturbation (clean +
-    adversarial,
-    as in the usual FGM recipe); the loss sums stay the clean pass's."""
-
-    def fgm_grad_fn(params, batch, rng):
-        grads, sums = grad_fn(params, batch, rng)
-        perturbed = jax.tree.map(jnp.add, params, fgm_perturbation(grads, epsilon))
-        adversarial, _ = grad_fn(perturbed, batch, rng)
-        return jax.tree.map(jnp.add, grads, adversarial), sums
-
-    return fgm_grad_fn
-
-
 def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     """Whole-batch gradients and loss sums, accumulated over microbatches with lax.scan."""
     spec = state.spec
@@ -224,9 +213,7 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
         sums = objective.sums(outputs, microbatch)
         return objective.loss(sums, norms), sums
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-    if objective.fgm_epsilon > 0:  # fine-tuning: adversarial second pass
-        grad_fn = with_fgm(grad_fn, objective.fgm_epsilon)
+    grad_fn = objective.gradients(jax.grad(loss_fn, has_aux=True))  # e.g. FGM's second pass
     k = spec.grad_accum_steps
     if k == 1:
         grads, sums = grad_fn(state.params, batch, rng)
@@ -249,7 +236,18 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
 
 
 def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, dict]:
-    """One optimizer step on the global batch; pure, no host sync."""
+    """One optimizer step on the global batch; pure, no host sync.
+
+    Args:
+      state: the `TrainState` (its static fields say what the step computes).
+      batch: the global batch, a dict of arrays (the objective's keys: ``input_ids``,
+        ``attention_mask``, ``masked_positions``, ...).
+      rng: the run's dropout key; folded with ``state.step`` here.
+
+    Returns:
+      ``(state, metrics)``: the next state and device scalars (``loss``, the objective's
+      metrics, ``grad_norm``, ``param_norm``, ``learning_rate``, ``nonfinite``).
+    """
     rng = jax.random.fold_in(rng, state.step)
     grads, sums, norms = _gradients(state, batch, rng)
     metrics = state.spec.objective.report(sums, norms)
@@ -288,7 +286,16 @@ def schedule_count(opt_state, default: Array) -> Array:
 def eval_step(state: TrainState, batch: dict) -> dict:
     """Deterministic metrics of one batch, plus its loss ``sums`` and ``norms``: adding those
     over many batches and calling ``objective.report`` gives exact held-out averages; with
-    ``predictions`` when the objective scores them (fine-tuning)."""
+    ``predictions`` when the objective scores them (fine-tuning).
+
+    Args:
+      state: the `TrainState`.
+      batch: a global batch, as for `train_step`.
+
+    Returns:
+      A dict of device arrays: the objective's report (``loss``, ...), ``sums``, ``norms`` and,
+      for fine-tuning, ``predictions``.
+    """
     objective = state.spec.objective
     outputs = _forward(
         state.spec, state.params, batch, None, deterministic=True, frozen=state.frozen

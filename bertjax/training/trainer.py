@@ -10,6 +10,7 @@ checkpoint by a dev metric to be kept (WORKDIR/best).
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -31,24 +32,6 @@ from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
 from bertjax.training.checkpoint import Checkpointer, check_compatible
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
-
-
-def init_mlm_bias(state, log_prior: np.ndarray):
-    """Sets the MLM decoder bias of a new model to the corpus' log unigram frequencies (a model
-    then starts at the unigram loss; a zero bias spends hundreds of Adam steps of ~lr each getting
-    there). Works on any mesh and process count; a state without an MLM head is returned as is."""
-    head = state.params.get("mlm_head", {})
-    if "bias" not in head:
-        return state
-    bias = head["bias"]
-    if bias.shape != log_prior.shape:
-        raise ValueError(
-            f"unigram prior of shape {log_prior.shape} does not fit the MLM bias "
-            f"{bias.shape}: tokenizer and model disagree on the vocabulary size"
-        )
-    values = np.asarray(log_prior, bias.dtype)
-    new_bias = jax.make_array_from_callback(bias.shape, bias.sharding, lambda index: values[index])
-    return state.replace(params={**state.params, "mlm_head": {**head, "bias": new_bias}})
 
 
 def _prepare_workdir(workdir: str) -> str:
@@ -88,15 +71,14 @@ class _StopSignal:
 
 def evaluate(steps, state, data, mesh, config) -> dict:
     """Held-out metrics over fixed eval batches: the objective's metrics of the summed loss
-    sums and normalizers (exact averages), MLM perplexity, and the majority baseline."""
+    sums and normalizers (exact averages), what the objective adds from host-side counts
+    (e.g. perplexity, a majority baseline), and task scores of the predictions."""
+    objective = state.spec.objective
     totals = None
-    counts: dict[int, int] = {}
+    counts = collections.Counter()
     predictions = []
     for batch in data.eval_batches(int(config.eval_batches)):
-        if "masked_ids" in batch:
-            ids = batch["masked_ids"][batch["masked_weights"] > 0]
-            for token, count in zip(*np.unique(ids, return_counts=True)):
-                counts[int(token)] = counts.get(int(token), 0) + int(count)
+        counts.update(objective.held_out_counts(batch))
         out = steps.eval(state, sharding.global_batch(batch, mesh, config.batch_size))
         parts = jax.device_get({"sums": out["sums"], "norms": out["norms"]})
         if "predictions" in out:  # fine-tuning: task metrics need every dev prediction on host
@@ -104,13 +86,8 @@ def evaluate(steps, state, data, mesh, config) -> dict:
         totals = parts if totals is None else jax.tree.map(np.add, totals, parts)
     if totals is None:
         return {}
-    result = {
-        k: float(v) for k, v in state.spec.objective.report(totals["sums"], totals["norms"]).items()
-    }
-    if "mlm_loss" in result:
-        result["perplexity"] = math.exp(min(result["mlm_loss"], 50.0))
-    if counts:  # guessing the single most frequent masked token: the floor to beat
-        result["majority_baseline"] = max(counts.values()) / sum(counts.values())
+    report = objective.report(totals["sums"], totals["norms"])
+    result = objective.held_out_metrics({k: float(v) for k, v in report.items()}, counts)
     if predictions:
         result.update(data.score(np.concatenate(predictions)))
     return result
@@ -126,15 +103,20 @@ def _meta(config, model_cfg, data) -> dict:
 
 
 def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer, phase=None):
-    """The train state: the latest checkpoint in ``ckpt`` if there is one, else a fresh state
-    (MLM bias from unigram frequencies if configured, then the objective's preparation:
+    """The train state: the latest checkpoint in ``ckpt`` if there is one (made whole by the
+    objective: a teacher reloaded), else a fresh state prepared by the objective (the MLM bias,
     a pretrained encoder, a distillation teacher). A later ``phase`` (bertjax/training/
     phases.py) starts from the previous phase's last checkpoint; with reset_time its schedule
     counts restart at the phase's first step."""
     abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
+
+    def fresh():
+        return jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
+
     if ckpt.latest_step() is not None:
         check_compatible(ckpt.read_meta(), model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
         state, _ = ckpt.restore(abstract)
+        state = objective.resume_state(state, data, fresh)
         logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
         if phase is not None and phase.index and phase.reset_time and state.step == phase.start:
             logging.info(
@@ -147,11 +129,7 @@ def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer
             f"phase {phase.name!r} starts from the previous phase's last checkpoint, but "
             f"{ckpt.directory} has none"
         )
-    state = jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
-    prior = data.unigram_log_prior() if config.get("mlm_bias_init") == "unigram" else None
-    if prior is not None:
-        state = init_mlm_bias(state, prior)
-    state = objective.prepare_state(state, data)
+    state = objective.prepare_state(fresh(), data)
     if config.get("init_from") and not objective.loads_init_from:  # pretraining from a model
         state = warm_start(state, config.init_from, model_cfg, bool(config.get("init_tiling")))
     return state
@@ -170,19 +148,9 @@ class _LogWindow:
         self.start = time.perf_counter()
 
     def add(self, host_batch: dict, batch_size: int) -> None:
-        processes = jax.process_count()
-        self.tokens += float(np.sum(host_batch["attention_mask"])) * processes
-        masked = float(np.sum(host_batch.get("masked_weights", 0) > 0)) * processes
-        width = None  # masked slots per row (a sparse last layer computes those rows)
-        if "masked_positions" in host_batch:
-            width = host_batch["masked_positions"].shape[1]
-        length = host_batch["input_ids"].shape[1]
-        self.flops += batch_size * self.objective.train_flops_per_sequence(
-            self.model_cfg,
-            length,
-            masked / batch_size,
-            width,
-            metrics_lib.train_flops_per_sequence,
+        self.tokens += float(np.sum(host_batch["attention_mask"])) * jax.process_count()
+        self.flops += self.objective.batch_flops(
+            self.model_cfg, host_batch, batch_size, metrics_lib.train_flops_per_sequence
         )
 
     def scalars(self, steps: int) -> dict:
@@ -367,8 +335,17 @@ class _Run:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Trains as configured, resuming from ``workdir`` if it holds checkpoints; returns the
-    last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...)."""
+    """Trains as configured, resuming from ``workdir`` if it holds checkpoints.
+
+    Args:
+      config: a run config (`bertjax.training.run_config.default_run_config`, or a recipe's
+        ``get_config()`` from configs/).
+      workdir: a directory or URL (gs://...) for the tokenizer, checkpoints and metrics.
+
+    Returns:
+      The last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...,
+      ``phase``, ``stopped_by_signal``).
+    """
     validate_run_config(config)
     config = resolve_paths(config)
     workdir = _prepare_workdir(workdir)

@@ -1,0 +1,187 @@
+"""Helpers shared by several test modules (one place, instead of test modules importing each
+other's private helpers): train.py subprocess runs on a shrunken recipe, the Hugging Face parity
+helpers, and a small Chinese corpus. The step tests' tiny setup lives in two_process_worker.py,
+which is also the two-process worker script."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# ---- train.py runs (trainer, electra, remote workdir tests) ----
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHRINK = [
+    "--config.batch_size=8",
+    "--config.data.max_seq_length=32",
+    "--config.data.max_predictions=5",
+    "--config.model.hidden_size=32",
+    "--config.model.num_attention_heads=2",
+    "--config.model.intermediate_size=64",
+    "--config.optim.warmup_steps=5",
+    "--config.log_every=5",
+    "--config.eval_every=0",
+    "--config.progress_bar=False",
+    "--config.data.prefetch=1",
+]
+
+
+def env(devices=1):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def command(workdir, steps=30, every=10, extra=(), config=None):
+    """train.py on ``config`` (default: configs/bert_tiny.py), shrunk; --config comes first."""
+    return [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        *([f"--config={config}"] if config else []),
+        f"--workdir={workdir}",
+        f"--config.num_train_steps={steps}",
+        f"--config.checkpoint_every={every}",
+        *SHRINK,
+        *extra,
+    ]
+
+
+def run(workdir, devices=1, **kwargs):
+    result = subprocess.run(
+        command(workdir, **kwargs),
+        env=env(devices),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout[result.stdout.index("{") :])
+
+
+def checkpoint_steps(workdir):
+    path = os.path.join(workdir, "checkpoints")
+    return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
+
+
+def final_params(workdir, step):
+    """The saved params of a step, read back with orbax as plain numpy."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
+    tree = ocp.StandardCheckpointer().restore(path)
+    return tree["params"]
+
+
+def wait_for(predicate, process, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"trainer exited early: {process.stderr.read()[-3000:]}")
+        time.sleep(0.2)
+    process.kill()
+    raise AssertionError("timed out waiting for the trainer")
+
+
+# ---- Hugging Face parity (convert, electra_convert, hf_saves tests) ----
+
+TOL = 1e-5
+COMMON = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=40,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
+
+def randomize(model, seed):
+    """Random values for every parameter, biases and LayerNorms included (stronger than HF init)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.2 if "LayerNorm" in name or "layer_norm" in name else 0.05
+            base = 1.0 if name.endswith(("LayerNorm.weight", "layer_norm.weight")) else 0.0
+            p.copy_(base + scale * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+def hf_batch(pad_id, vocab, seed=0, batch=3, length=12):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, vocab, size=(batch, length)).astype(np.int64)
+    lengths = np.array([length, length - 4, 5])[:batch]
+    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, ids, pad_id)
+    types = (np.arange(length)[None] >= (lengths[:, None] // 2)).astype(np.int64) * mask
+    return ids, types, mask
+
+
+def hf_dir(tmp_path_factory, name, model):
+    path = str(tmp_path_factory.mktemp(name))
+    model.save_pretrained(path)
+    return path
+
+
+def assert_close(ours, theirs, mask=None, what=""):
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
+    if mask is not None:
+        ours, theirs = ours[mask.astype(bool)], theirs[mask.astype(bool)]
+    err = np.max(np.abs(ours - theirs))
+    assert err < TOL, f"{what}: max-abs difference {err:.2e} > {TOL}"
+
+
+# ---- Chinese text (data_chinese, configs tests) ----
+
+# A small Chinese corpus written for the tests: documents, each a list of sentences.
+DOCS = [
+    [
+        "今天早上我们去公园散步。",
+        "天气非常好，阳光照在湖面上。",
+        "很多老人在树下打太极拳。",
+        "孩子们在草地上放风筝。",
+    ],
+    [
+        "我的朋友在北京大学学习计算机科学。",
+        "他每天晚上都在图书馆看书。",
+        "周末他喜欢和同学一起踢足球。",
+    ],
+    [
+        "自然语言处理是人工智能的重要方向。",
+        "机器翻译可以帮助人们理解外国文字。",
+        "语音识别技术已经进入普通家庭。",
+        "研究人员正在训练更大的语言模型。",
+    ],
+    ["这家餐厅的饺子非常好吃。", "服务员热情地介绍今天的特色菜。", "我们点了红烧肉和青菜豆腐汤。"],
+    ["春天来了，山上的花都开了。", "农民开始在田里种水稻。", "小鸟在屋檐下建造新的鸟窝。"],
+    ["火车站里人来人往，非常热闹。", "乘客们拿着行李排队上车。", "列车准时离开了城市。"],
+    [
+        "老师在黑板上写下今天的作业。",
+        "学生们认真地记在笔记本上。",
+        "下课以后大家一起讨论数学问题。",
+    ],
+    ["妈妈在厨房里准备晚饭。", "爸爸下班回家以后帮忙洗碗。", "全家人坐在一起看电视新闻。"],
+    [
+        "这座城市的博物馆收藏了很多古代文物。",
+        "游客可以看到精美的瓷器和书法作品。",
+        "讲解员详细介绍了历史背景。",
+    ],
+    ["冬天的北方经常下雪。", "孩子们在院子里堆雪人。", "大家穿着厚厚的衣服去上班。"],
+    ["科学家发现了一种新的植物。", "这种植物可以在沙漠里生长。", "它的种子能够保存很多年。"],
+    [
+        "我们公司明年计划开发新的软件产品。",
+        "工程师们正在设计用户界面。",
+        "市场部门负责调查客户需求。",
+    ],
+]
