@@ -25,16 +25,20 @@ from bertjax.modeling.layers import (
 Array = jax.Array
 
 
-def transform(cfg: BertConfig, width: int, axes: tuple, x: Array) -> Array:
+def transform(cfg: BertConfig, width: int, axes: tuple, x: Array, output: bool = True) -> Array:
     """The heads' transform (inside a compact module): dense, activation, LayerNorm (BERT's MLM
-    transform; ModernBERT's prediction head, with its own bias and activation choices)."""
-    h = dense(cfg, width, axes, "transform", cfg.head_bias, output=True)(x)
+    transform; ModernBERT's prediction head, with its own bias and activation choices).
+    ``output``: the dense takes `output_init` (ModernBERT's classifier head) instead of
+    `normal_init` (its MLM head under init_scheme "modernbert")."""
+    h = dense(cfg, width, axes, "transform", cfg.head_bias, output=output)(x)
     return layer_norm(cfg, axes[-1], "layer_norm")(activation(cfg.head_activation)(h))
 
 
 class MaskedLMHead(nn.Module):
     """Transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings,
-    with a bias unless ``decoder_bias`` is False."""
+    with a bias unless ``decoder_bias`` is False. The transform's dense starts at
+    initializer_range (ModernBERT's training code, FlexBertPredictionHead: an "in" module), or at
+    initializer_range / sqrt(2 L) under init_scheme "modernbert_hf" (HF's _init_weights)."""
 
     cfg: BertConfig
 
@@ -42,7 +46,8 @@ class MaskedLMHead(nn.Module):
     def __call__(self, x_BPD: Array, bert: BertModel) -> Array:
         cfg = self.cfg
         width_axis = "embed_out" if cfg.embedding_dim == cfg.hidden_size else "factor"
-        h_BPW = transform(cfg, cfg.embedding_dim, ("embed", width_axis), x_BPD)
+        hf_init = cfg.init_scheme == "modernbert_hf"
+        h_BPW = transform(cfg, cfg.embedding_dim, ("embed", width_axis), x_BPD, output=hf_init)
         bias_V = None
         if cfg.decoder_bias:
             shape = (cfg.vocab_size,)
