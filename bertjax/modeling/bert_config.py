@@ -181,7 +181,9 @@ class BertConfig:
     head_act: str | None = None  # activation of the heads' transform (None: hidden_act)
     first_attention_norm: bool = True  # pre-LN only; False: layer 0's attention norm is identity
     # Sequence classification: "pooler" (BERT: tanh dense on [CLS]) | "cls" | "mean" (ModernBERT:
-    # the [CLS] row or the mean of real tokens, then the head's dense, activation, norm).
+    # the [CLS] row or the mean of real tokens, then the head's dense, activation, norm) |
+    # "first" (ELECTRA's code: the first token's output straight into the classifier) |
+    # "electra_hf" (HF's ElectraClassificationHead: first token, dense, GELU, then classifier).
     classifier_pooling: str = "pooler"
     embedding_dropout_prob: float | None = None  # after the embedding norm (None: hidden_dropout)
     # Feed-forward dropout (None: hidden_dropout_prob): on its output ("mlp"), or on the gated

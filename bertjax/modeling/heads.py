@@ -146,7 +146,12 @@ class _Classifier(nn.Module):
     """Encoder -> dropout -> linear over ``num_labels``, on the pooled [CLS] or on every token.
     With ``classifier_pooling`` "cls"/"mean" (ModernBERT) the pooled row (or every token) goes
     through the head's transform (``head``: dense, activation, LayerNorm) instead of BERT's
-    tanh pooler."""
+    tanh pooler. ELECTRA's heads have no pooler: "first" is google-research/electra's
+    (classification_tasks.py: the first token's output, dropout, linear; no layer a pretrained
+    discriminator lacks), "electra_hf" HF's ElectraClassificationHead (first token, dropout,
+    ``electra_head`` dense, GELU, dropout, linear), which converts to and from
+    ElectraForSequenceClassification. Per token both are dropout and linear, as HF's
+    ElectraForTokenClassification."""
 
     cfg: BertConfig
     num_labels: int = 2
@@ -162,16 +167,24 @@ class _Classifier(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         cfg = self.cfg
-        modern = cfg.classifier_pooling != "pooler"
-        sequence, pooled = BertModel(cfg, add_pooler=not (self.per_token or modern), name="bert")(
+        pooling = cfg.classifier_pooling
+        modern = pooling in ("cls", "mean")
+        add_pooler = pooling == "pooler" and not self.per_token
+        sequence, pooled = BertModel(cfg, add_pooler=add_pooler, name="bert")(
             input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
         )
         x = sequence if self.per_token else pooled
+        rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
         if modern:
             if not self.per_token:
                 x = pool(cfg, sequence, attention_mask)
             x = PredictionHead(cfg, name="head")(x)
-        rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
+        elif pooling in ("first", "electra_hf") and not self.per_token:
+            x = sequence[:, 0]
+            if pooling == "electra_hf":
+                x = Dropout(rate)(x, deterministic=deterministic)
+                h = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "electra_head")(x)
+                x = activation("gelu")(h)
         x = Dropout(rate)(x, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(x)
 

@@ -41,7 +41,8 @@ _EVAL_SAMPLE_KEY = 0  # the fixed sampling key of eval steps (no rng there)
 def add_electra_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Turns a `default_run_config()` into an ELECTRA one (call before the config is locked):
     the objective and its keys with the paper's values, model_type "electra" (exports as
-    Hugging Face ELECTRA), and ELECTRA's masking (85% [MASK], 15% kept, no random tokens)."""
+    Hugging Face ELECTRA), ELECTRA's classifier head for fine-tuning (classifier_pooling
+    "first") and ELECTRA's masking (85% [MASK], 15% kept, no random tokens)."""
     config.loss.objective = "electra"
     config.loss.mlm_weight = 1.0  # generator MLM loss weight (ELECTRA's gen_weight)
     config.loss.discriminator_weight = 50.0  # replaced-token BCE weight (ELECTRA's lambda)
@@ -49,6 +50,9 @@ def add_electra_config(config: ml_collections.ConfigDict) -> ml_collections.Conf
     config.loss.generator_hidden_size = 0.25
     config.loss.generator_layers = 1.0  # generator layers as a fraction of the discriminator's
     config.model.model_type = "electra"
+    # fine-tuning's head: ELECTRA's (first token -> classifier), not BERT's pooler, which a
+    # discriminator never trains; "electra_hf" (HF's head) is the one that exports
+    config.model.classifier_pooling = "first"
     config.data.mask_token_prob = 0.85
     config.data.random_token_prob = 0.0
     return config
