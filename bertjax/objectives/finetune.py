@@ -48,6 +48,8 @@ def default_task_config() -> ml_collections.ConfigDict:
     # the classifier head over an init_from model ("": the model's own, e.g. ELECTRA "first"; or
     # "pooler" | "cls" | "mean" | "first" | "electra_hf": HF's ELECTRA head, which exports)
     c.classifier_pooling = ""
+    # MRPC/STS-B training pairs also in the other order (ELECTRA's double_unordered; its recipe)
+    c.double_unordered = False
     return c
 
 
