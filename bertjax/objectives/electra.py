@@ -15,7 +15,10 @@ metrics are reproducible.
 
 Deviations from the reference: the denominators are the weight sums (ELECTRA adds 1e-6); the
 held-out AUC is computed from 256 logit bins (ELECTRA's ``tf.metrics.auc`` from 200 probability
-thresholds) so it adds up exactly over eval batches.
+thresholds) so it adds up exactly over eval batches, and over real tokens only: ELECTRA's logged
+``disc_auc`` (run_pretraining.py: labels x input_mask against probs x input_mask) counts every
+padding position as an original token scored 0, below any real one, which raises it on padded
+rows. Compare bertjax's ``rtd_auc`` with ELECTRA's logs only on unpadded rows.
 """
 
 from __future__ import annotations
