@@ -1,22 +1,23 @@
-"""ELECTRA-tiny vs the MLM default (configs/bert_tiny.py) at equal wall time: step cost, held-out
-replaced-token detection, and fine-tuning dev accuracy on the built-in classification task.
+"""ELECTRA-tiny vs the MLM default (configs/bert_tiny.py): step cost, a fair pretraining and
+fine-tuning comparison (benchmarks/electra_fair.py), and a probe of the discriminator alone.
 
-  flock /tmp/bertjax-heavy.lock python benchmarks/electra_compare.py     # ~40 min on 2 cores
+  flock /tmp/bertjax-heavy.lock python benchmarks/electra_compare.py     # the full comparison
   python benchmarks/electra_compare.py --only steps --no-record          # the step table alone
-  python benchmarks/electra_compare.py --mlm-steps 60 --seeds 0 --finetune-steps 20 --no-record
+  python benchmarks/electra_compare.py --only fair --lrs 1e-3 --sweep-steps 30 --steps 0 \
+      --short-steps 30 --seeds 0 --finetune-seeds 0 --finetune-steps 10 --no-record  # smoke
 
 1. Step cost, one process, interleaved rounds on one device: the MLM step of bert_tiny (MLM at
    40 of 128 positions + NSP), the ELECTRA step of electra_tiny (generator MLM at 20 positions,
    discriminator at every token), the generator's MLM step alone, and beside them HF
    transformers' PyTorch ELECTRA pair (ElectraForMaskedLM + ElectraForPreTraining sharing the
    embeddings, the same sizes; its MLM head at every position), B=16, T=128, vocab 8000.
-2. Pretraining: bert_tiny for --mlm-steps (its recipe: 3000), then electra_tiny for as many
-   steps as take the same time at the step costs of 1 (same tokenizer and token store), each
-   evaluated 6 times on the same held-out rows at 15% masking. FLOPs are the trainer's count.
-3. Fine-tuning: configs/finetune_glue.py (stdlib_families, 4 classes) from each encoder, one run
-   per --seeds; best dev accuracy, median and range.
-4. Probe: the discriminator alone on fakes drawn from unigram frequencies, from a random init and
-   from the MLM run's encoder (does replaced-token detection get off the ground at this scale?).
+2. The fair comparison (benchmarks/electra_fair.py): equal tokens per step and rows made the same
+   way, each objective's LR from a small sweep, ELECTRA's fine-tuning head for both encoders and
+   end-of-training dev accuracy; one long run per arm (--steps) and --seeds at --short-steps;
+   diagnostics --generator-warmup, --width-ratio, --neighbour-init.
+3. Probe: the discriminator alone on fakes drawn from unigram frequencies, from a random init and
+   from the MLM arm's seed-0 short run's encoder (does replaced-token detection get off the
+   ground at this scale?).
 
 Appends the tables to benchmarks/results.md unless --no-record.
 """
@@ -25,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ import types
 
 import jax
 import numpy as np
+from electra_fair import add_arguments, fair_comparison
 from step_throughput import single_device_state
 
 from bertjax import step, trainer
@@ -217,146 +217,10 @@ def _loss_config():
     return config
 
 
-def _train_seconds(workdir: str) -> list[tuple[int, float]]:
-    """(step, cumulative seconds of the training loop) at each log line (compilation included,
-    evaluation excluded: the trainer's log windows)."""
-    out, last, total = [], 0, 0.0
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for row in map(json.loads, f):
-            if "perf/steps_per_second" in row:
-                total += (row["step"] - last) / row["perf/steps_per_second"]
-                last = row["step"]
-                out.append((row["step"], total))
-    return out
-
-
-def _evals(workdir: str) -> dict[int, dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return {
-            row["step"]: row
-            for row in map(json.loads, f)
-            if any(k.startswith("eval/") for k in row)
-        }
-
-
-def pretrain(name: str, steps: int, workdir: str, prepared: str) -> None:
-    config = recipe(name)
-    config.num_train_steps = config.optim.total_steps = steps
-    config.optim.warmup_steps = min(config.optim.warmup_steps, steps // 10)  # short looks
-    # 6 evals, each at a log step (a log window then holds only training steps)
-    config.log_every = min(config.log_every, max(1, steps // 6))
-    every = max(1, steps // 6 // config.log_every) * config.log_every
-    config.eval_every = config.checkpoint_every = every
-    config.progress_bar = False
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
-    for part in ("tokenizer", "store"):
-        if prepared and os.path.isdir(os.path.join(prepared, part)):
-            shutil.copytree(os.path.join(prepared, part), os.path.join(workdir, part))
-    start = time.perf_counter()
-    trainer.train_and_evaluate(config, workdir)
-    with open(os.path.join(workdir, "wall_seconds.json"), "w") as f:
-        json.dump(time.perf_counter() - start, f)
-
-
-def finetune(init_from: str, seed: int, steps: int, workdir: str) -> float:
-    config = recipe("finetune_glue")
-    config.init_from, config.seed = init_from, seed
-    if steps:
-        config.num_train_steps = config.optim.total_steps = steps
-        config.eval_every = max(1, min(config.eval_every, steps))
-    config.progress_bar = False
-    shutil.rmtree(workdir, ignore_errors=True)
-    trainer.train_and_evaluate(config, workdir)
-    with open(os.path.join(workdir, "best", "best.json")) as f:
-        return json.load(f)["metrics"]["eval/accuracy"]
-
-
-def _flops_per_step(name: str, loss: dict, predictions: int) -> float:
-    cfg = model_config(recipe(name), TOKENIZER)
-    config = step.default_step_config()
-    config.loss.update(loss)
-    objective = step.StepSpec.from_config(config, cfg).objective
-    return BATCH * objective.train_flops_per_sequence(
-        cfg, LENGTH, predictions, predictions, metrics_lib.train_flops_per_sequence
-    )
-
-
-def comparison(args, medians: dict | None) -> list[str]:
-    mlm_dir, electra_dir = (os.path.join(args.root, n) for n in ("mlm", "electra"))
-    pretrain("bert_tiny", args.mlm_steps, mlm_dir, args.prepared)
-    ratio = medians["mlm"] / medians["electra"] if medians else args.step_ratio
-    electra_steps = max(6, round(args.mlm_steps * ratio))
-    pretrain("electra_tiny", electra_steps, electra_dir, mlm_dir)
-    runs = {"MLM (bert_tiny)": mlm_dir, "ELECTRA (electra_tiny)": electra_dir}
-    flops = {  # masked slots at the recipes' widths (upper bound: rows full)
-        "MLM (bert_tiny)": _flops_per_step("bert_tiny", {}, 40) * args.mlm_steps,
-        "ELECTRA (electra_tiny)": _flops_per_step("electra_tiny", ELECTRA_LOSS, 20) * electra_steps,
-    }
-    lines = [
-        f"Pretraining on the built-in corpus (B=16, T=128), same tokenizer and token store; "
-        f"ELECTRA's steps = {args.mlm_steps} x the MLM/ELECTRA step-time ratio {ratio:.2f}. "
-        "Held-out rows masked at 15% (BERT's 80/10/10 for the MLM run, ELECTRA's 85/15 for "
-        "ELECTRA), 20 predictions per row (each recipe's own rows: sentence pairs for bert_tiny, "
-        "contiguous text for electra_tiny).",
-        "",
-        "| recipe | steps | training loop s (whole run) | TFLOP | MLM acc | RTD acc "
-        "(all-original) | RTD AUC |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, workdir in runs.items():
-        final = _evals(workdir)[max(_evals(workdir))]
-        seconds = _train_seconds(workdir)[-1]
-        with open(os.path.join(workdir, "wall_seconds.json")) as f:
-            wall = json.load(f)
-        rtd = (
-            f"{final['eval/rtd_accuracy']:.3f} ({1 - final['eval/replaced_fraction']:.3f})"
-            if "eval/rtd_accuracy" in final
-            else "-"
-        )
-        auc = f"{final['eval/rtd_auc']:.3f}" if "eval/rtd_auc" in final else "-"
-        lines.append(
-            f"| {name} | {seconds[0]} | {seconds[1]:.0f} ({wall:.0f}) | {flops[name] / 1e12:.1f} | "
-            f"{final['eval/mlm_accuracy']:.3f} | {rtd} | {auc} |"
-        )
-    lines += ["", "Curve (held-out, at each eval; ELECTRA's MLM accuracy is its generator's):", ""]
-    lines += [
-        "| recipe | step | loop s | MLM acc | RTD acc | RTD AUC |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, workdir in runs.items():
-        clock = dict(_train_seconds(workdir))
-        for at, row in sorted(_evals(workdir).items()):
-            rtd = [row.get(f"eval/rtd_{k}") for k in ("accuracy", "auc")]
-            rtd = " | ".join("-" if v is None else f"{v:.3f}" for v in rtd)
-            lines.append(
-                f"| {name} | {at} | {clock.get(at, float('nan')):.0f} | "
-                f"{row['eval/mlm_accuracy']:.3f} | {rtd} |"
-            )
-    lines += [
-        "",
-        f"Fine-tuning (configs/finetune_glue.py: stdlib_families, 4 classes, majority 0.384; "
-        f"{args.finetune_steps or 600} steps), best dev accuracy per seed {args.seeds}:",
-        "",
-        "| encoder | median | range | per seed |",
-        "|---|---|---|---|",
-    ]
-    for name, workdir in runs.items():
-        accuracy = [
-            finetune(workdir, seed, args.finetune_steps, os.path.join(workdir + "_ft", str(seed)))
-            for seed in args.seeds
-        ]
-        lines.append(
-            f"| {name} | {statistics.median(accuracy):.3f} | {min(accuracy):.3f}-"
-            f"{max(accuracy):.3f} | {', '.join(f'{a:.3f}' for a in accuracy)} |"
-        )
-    return lines
-
-
 def probe(args) -> list[str]:
     """The discriminator alone (ElectraDiscriminator, AdamW 1e-3, the recipe's batches) on fakes
     drawn from the corpus' unigram frequencies at the masked positions, from a random init and
-    from the MLM run's encoder: held-out AUC every 100 steps. Needs the comparison's workdirs."""
+    from the MLM arm's encoder: held-out AUC every 100 steps. Needs the comparison's workdirs."""
     import flax.linen as nn
     import jax.numpy as jnp
     import optax
@@ -366,7 +230,9 @@ def probe(args) -> list[str]:
     from bertjax.interop.pretrained import PretrainedSource
     from bertjax.objectives.electra import auc_from_histograms, auc_histograms
 
-    mlm_dir, electra_dir = (os.path.join(args.root, n) for n in ("mlm", "electra"))
+    mlm_dir, electra_dir = (
+        os.path.join(args.root, f"{arm}_{args.short_steps}_seed0") for arm in ("mlm", "electra")
+    )
     config = recipe("electra_tiny")
     data = make_pipeline(config, electra_dir)
     cfg = model_config(config, data.tokenizer)
@@ -433,27 +299,26 @@ def probe(args) -> list[str]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("steps", "comparison", "probe"), default=None)
+    parser.add_argument("--only", choices=("steps", "fair", "probe"), default=None)
     parser.add_argument("--probe-steps", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps-per-round", type=int, default=6)
     parser.add_argument("--no-hf", action="store_true")
-    parser.add_argument("--mlm-steps", type=int, default=3000)
-    parser.add_argument("--step-ratio", type=float, default=1.0, help="with --only comparison")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--finetune-steps", type=int, default=0, help="0: the config's 600")
+    add_arguments(parser)
     parser.add_argument("--root", default="/tmp/electra_compare")
     parser.add_argument("--prepared", default="", help="a bert_tiny workdir's tokenizer/, store/")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     start = time.time()
-    lines, medians = [], None
+    lines = []
     if args.only in (None, "steps"):
-        step_lines, medians = step_costs(args)
+        step_lines, _ = step_costs(args)
         lines += step_lines
         print("\n".join(step_lines), flush=True)
-    if args.only in (None, "comparison"):
-        more = comparison(args, medians)
+    if args.only in (None, "fair"):
+        more = fair_comparison(args)
         lines += [""] + more
         print("\n".join(more), flush=True)
     if args.only in (None, "probe"):
@@ -465,7 +330,7 @@ def main():
         command = "python benchmarks/electra_compare.py " + " ".join(sys.argv[1:])
         with open(os.path.join(ROOT, "benchmarks", "results.md"), "a") as f:
             f.write(
-                f"\n### {datetime.date.today()} — ELECTRA-tiny vs the MLM default "
+                f"\n### {datetime.date.today()} — ELECTRA-tiny vs MLM, fair comparison "
                 f"(`{command.strip()}`)\n\n" + "\n".join(lines) + "\n"
             )
 

@@ -1,6 +1,7 @@
 """GLUE in one command: fine-tune one encoder on CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI and
 RTE (WNLI optional), choose each task's learning rate by the median over seeds and write
-OUT/glue_results.json; the public face of bertjax/evaluation/glue.py.
+OUT/glue_results.json; the public face of bertjax/evaluation/glue.py. Each run reports its dev
+scores at the end of training (``--config.glue.report=best_on_dev``: the best evaluation).
 
 Run: python -m bertjax.glue --glue_dir=DIR --workdir=OUT [--config=configs/glue.py]
          [--config.init_from=WORKDIR_OR_HF_DIR] [--config.KEY=VALUE ...]

@@ -8,7 +8,9 @@ eps 1e-12, no biases in the dense layers, Q/K/V or the decoder, tied decoder, no
 pretraining, MLM only at 25% masking over 128-token rows (WordPiece vocab 32768). Its recipe:
 AdamW lr 1e-3, betas (0.9, 0.98), eps 1e-12, weight decay 0.01, gradient clipping 0.5, batch
 8192 reached by a ramp at 60% of the budget, and the "budget-triangle2" schedule
-lr = peak x min(0.25 + x, 4 (1 - x)) over the budget fraction x.
+lr = peak x min(0.25 + x, 4 (1 - x)) over the budget fraction x; the ramp and the triangle share
+that clock (here the fraction of the budget's tokens, optim.schedule_clock "tokens"), so the LR
+peaks at 75% of the tokens while the small early batches are most of the steps.
 
 Deviations, each deliberate: the budget is counted in training FLOPs (config.budget_flops, the
 trainer's count) instead of 24 hours of wall time, and the batch ramp in tokens
@@ -67,6 +69,7 @@ def get_config():
     config.optim.weight_decay = 0.01
     config.optim.clip_norm = 0.5
     config.optim.schedule = "triangle"
+    config.optim.schedule_clock = "tokens"  # x = elapsed budget (tokens), the batch ramp's clock
     config.optim.warmup_steps, config.optim.warmup_fraction = 0, 0.0
     config.log_every = 100
     config.eval_every = 5_000

@@ -9,7 +9,10 @@ steps, sequences of 128 (google-research/electra configure_pretraining.py). Devi
 has bias correction (ELECTRA's AdamWeightDecayOptimizer has none) and the linear decay runs from
 the end of warmup (ELECTRA's polynomial decay spans every step).
 Fine-tuning (ELECTRA's GLUE recipe, Table 7): lr 3e-4, layer-wise LR decay 0.8, batch 32,
-10% warmup, weight decay 0 (the code's default is 0.01), 3 epochs (10 for RTE/STS-B).
+10% warmup, weight decay 0 (the code's default is 0.01), 3 epochs (10 for RTE/STS-B), ELECTRA's
+head (first token -> classifier: the default classifier_pooling "first" of an ELECTRA model), and
+MRPC/STS-B on both orders of each pair (--config.task.double_unordered=True); GLUE dev results
+are medians over seeds of the score at the end of training (python -m bertjax.glue's default).
 
 Run:     python train.py --config=configs/electra_small.py --workdir=gs://BUCKET/electra_small \
              --config.data.corpus='/data/owt/*.txt'

@@ -1,6 +1,8 @@
 """GLUE: CoLA, SST-2, MRPC, STS-B, QQP, MNLI (m/mm), QNLI, RTE from one encoder, BERT's recipe
 (batch 32, 3 epochs, warmup 10%, peak LR in {2,3,4,5}e-5, no LLRD), 3 seeds per LR, the best
-LR per task by the median dev score over seeds (bertjax/evaluation/glue.py).
+LR per task by the median dev score over seeds (bertjax/evaluation/glue.py); each run reports its
+dev scores at the end of training (config.glue.report "last"; "best_on_dev": early stopping on
+dev, not comparable with the published numbers below).
 
 Run:     python -m bertjax.glue --glue_dir=glue_data --workdir=workdir/glue \
              --config.init_from=workdir/bert_base     # a bertjax workdir or a Hugging Face dir

@@ -13,9 +13,11 @@ From the paper (§3) and the ymcui/PERT README:
 Not verified in this session (the paper's §4 table could not be read here): optimizer, batch
 size, steps and learning rate; the keys below repeat configs/macbert_zh.py's (LAMB 1e-4, batch
 256, 10k warmup, 1M steps); check them against §4 before a full run.
-Choices of this project: rows are contiguous sentences of one document (doc_sentences: PERT has
-no sentence-pair task); the position head is BERT's MLM transform scored against every position's
-final hidden state (bertjax/objectives/pert.py).
+- rows are `[CLS] A [SEP] B [SEP]` with segment embeddings (the README's figure, pics/pert.png),
+  so token type B trains for pair tasks; PERT has no sentence-pair task, so B is always the
+  continuation of A in one document (sample_plan "pairs": SOP's pairs, never swapped).
+Choice of this project: the position head is BERT's MLM transform scored against every
+position's final hidden state (bertjax/objectives/pert.py).
 
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/pert_zh.py --workdir=DIR \\
@@ -24,7 +26,8 @@ Run:     pip install 'bertjax[zh]'
              --config.init_from=DIR --workdir=FT
 Expect:  eval/pert_loss below the best text-blind guess (own position with the share of
          targets that point at themselves, else uniform). Measured only at toy scale: the tiny
-         English run of tests/pert_test.py (2 layers, width 32, T=64, 150 steps, 3 seeds) goes
+         English run of tests/pert_test.py (2 layers, width 32, T=64, 150 steps, 3 seeds; measured
+         with single-segment rows, before rows became A/B pairs) goes
          from pert_loss 8.4-9.2 (first 10 steps) to held-out 3.23 (median; 3.11-3.31) against
          the guess's 3.46; its held-out pert_accuracy 0.22 (0.22-0.27) is about the 0.25 of
          targets that point at themselves: it learns which tokens moved, not yet where to.
@@ -45,7 +48,7 @@ def get_config():
     config.data.vocab_size = 21128
     config.data.max_seq_length = 512
     config.data.max_predictions = 80  # 15% of 512
-    config.data.sample_plan = "doc_sentences"  # no NSP/SOP in PERT
+    config.data.sample_plan = "pairs"  # [CLS] A [SEP] B [SEP], B consecutive; no NSP/SOP
     config.data.masking = "pert"
     config.data.mask_rate = 0.15
     config.data.ngram_max = 4

@@ -181,3 +181,35 @@ def test_a_lone_sentence_reaching_the_target_gets_a_random_next_segment(tmp_path
     assert from_long.sum() == 1 and (plan.lengths() <= 64).all()
     # As BERT: A is the long sentence (cut to fit), B a random segment of the other document.
     assert plan.label[from_long][0] == 1 and plan.b_start[from_long][0] >= s.sentences[2, 0]
+
+
+def _pert_figure_row(tokens, a, b, width, cls_id, sep_id, pad_id):
+    """The input of PERT's README figure (ymcui/PERT pics/pert.png), built as BERT's
+    create_instances_from_document writes a pair: [CLS] A [SEP] B [SEP], segment ids 0 up to the
+    first [SEP] and 1 over B and its [SEP], padded."""
+    ids = [cls_id, *tokens[a[0] : a[1]], sep_id, *tokens[b[0] : b[1]], sep_id]
+    types = [0] * (a[1] - a[0] + 2) + [1] * (b[1] - b[0] + 1)
+    pad = width - len(ids)
+    return ids + [pad_id] * pad, types + [0] * pad
+
+
+def test_pairs_are_sop_pairs_in_order_as_pert_s_rows(store, tok):
+    """sample_plan "pairs" (PERT): SOP's pairs with every swap undone, label 0; its rows are the
+    figure's [CLS] A [SEP] B [SEP] with B's segment embedding."""
+    from bertjax.data import rows
+
+    sop, pairs = _plans(store, "sop", epochs=1)[0], _plans(store, "pairs", epochs=1)[0]
+    swapped = sop.label == 1
+    np.testing.assert_array_equal(pairs.a_start, np.where(swapped, sop.b_start, sop.a_start))
+    np.testing.assert_array_equal(pairs.b_end, np.where(swapped, sop.a_end, sop.b_end))
+    assert (pairs.label == 0).all() and (pairs.a_end <= pairs.b_start).all()
+    assert (pairs.b_end > pairs.b_start).all()  # every row has a B
+    chosen = np.arange(0, len(pairs), max(1, len(pairs) // 20))
+    cols = tuple(c[chosen] for c in (pairs.a_start, pairs.a_end, pairs.b_start, pairs.b_end))
+    special = (tok.cls_id, tok.sep_id, tok.pad_id)
+    out = rows.pair_rows(store.tokens, store.word_starts, tok.special, cols, 128, special)
+    tokens = np.asarray(store.tokens)
+    for i, k in enumerate(chosen):
+        a, b = (pairs.a_start[k], pairs.a_end[k]), (pairs.b_start[k], pairs.b_end[k])
+        ids, types = _pert_figure_row(tokens.tolist(), a, b, 128, *special)
+        assert out["input_ids"][i].tolist() == ids and out["token_type_ids"][i].tolist() == types

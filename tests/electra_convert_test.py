@@ -158,17 +158,99 @@ def test_bad_electra_input_is_named(hf_models, tmp_path):
     del params["mlm_head"]
     with pytest.raises(ValueError, match="rtd_head"):
         convert.to_hf(cfg, params, str(tmp_path / "headless"))
-    with pytest.raises(ValueError, match="no Hugging Face ELECTRA equivalent"):
+    with pytest.raises(ValueError, match="classifier_pooling='first' has no Hugging Face"):
         convert.to_hf(cfg, {**params, "classifier": {}}, str(tmp_path / "classifier"))
     with pytest.raises(ValueError, match="shared layers"):
         convert.to_hf(cfg.replace(num_hidden_groups=1), params, str(tmp_path / "shared"))
-    # An ElectraModel save (no head) is refused with the two kinds it could be.
+    # An ElectraModel save (no head) is refused with the kinds it could be.
     bare = transformers.ElectraModel(transformers.ElectraConfig(**GENERATOR))
     path = _hf_dir_plain(bare, tmp_path / "bare")
-    with pytest.raises(ValueError, match="neither head"):
+    with pytest.raises(ValueError, match="none of those heads"):
         convert.from_hf(path)
 
 
 def _hf_dir_plain(model, path):
     model.save_pretrained(str(path))
     return str(path)
+
+
+def _electra_classification_head(features, dense_w, dense_b, out_w, out_b):
+    """Port of HF ElectraClassificationHead.forward in float64 (eval: dropout off): the first
+    token, dense, exact GELU, out_proj."""
+    from math import erf
+
+    x = features[:, 0, :] @ dense_w.T + dense_b
+    x = x * 0.5 * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
+    return x @ out_w.T + out_b
+
+
+def test_sequence_classifier_converts_both_ways(tmp_path_factory):
+    """An HF ElectraForSequenceClassification reads as classifier_pooling "electra_hf" with
+    transformers' logits (1e-5; the head also against a float64 port of ElectraClassificationHead
+    on HF's own encoder output), and writes back loading with no missing or unexpected keys."""
+    config = transformers.ElectraConfig(**DISCRIMINATOR, num_labels=3)
+    hf_model = _randomize(transformers.ElectraForSequenceClassification(config), seed=21)
+    path = _hf_dir(tmp_path_factory, "classifier", hf_model)
+    cfg, params = convert.from_hf(path)
+    assert cfg.classifier_pooling == "electra_hf" and set(params) == {
+        "bert",
+        "electra_head",
+        "classifier",
+    }
+    ids, types, mask = _batch(0, 97)
+    want = _hf_logits(hf_model, ids, types, mask)
+    model = bertjax.BertForSequenceClassification(cfg, num_labels=3)
+    apply = lambda p: model.apply(  # noqa: E731
+        {"params": p}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask)
+    )
+    _assert_close(apply(params), want, what="classifier logits")
+    with torch.no_grad():
+        features = hf_model.electra(
+            input_ids=torch.tensor(ids),
+            token_type_ids=torch.tensor(types),
+            attention_mask=torch.tensor(mask),
+        ).last_hidden_state.double()
+    head = {k: v.double().numpy() for k, v in hf_model.classifier.state_dict().items()}
+    ported = _electra_classification_head(
+        features.numpy(),
+        head["dense.weight"],
+        head["dense.bias"],
+        head["out_proj.weight"],
+        head["out_proj.bias"],
+    )
+    _assert_close(want, ported, what="HF head vs its port")
+    out = str(tmp_path_factory.mktemp("classifier_out"))
+    convert.to_hf(cfg, params, out)
+    back, info = transformers.ElectraForSequenceClassification.from_pretrained(
+        out, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    _assert_close(_hf_logits(back.eval(), ids, types, mask), want, what="exported logits")
+    first = cfg.replace(classifier_pooling="first")  # ELECTRA's own head: no HF equivalent
+    with pytest.raises(ValueError, match="classifier_pooling='first'.*electra_hf"):
+        convert.to_hf(first, {"bert": params["bert"], "classifier": params["classifier"]}, out)
+
+
+def test_a_pretrained_discriminator_fine_tunes_with_electra_s_head(hf_models):
+    """ELECTRA's fine-tuning head (google-research/electra classification_tasks.py: the first
+    token's output, dropout, one dense to the labels): no pooler or extra layer that the
+    pretrained discriminator lacks; the logits are that dense of the encoder's first token."""
+    _, path = hf_models["discriminator"]
+    cfg, params = convert.from_hf(path)
+    assert cfg.classifier_pooling == "first"
+    model = bertjax.BertForSequenceClassification(cfg, num_labels=2)
+    ids, types, mask = _batch(0, 97)
+    fresh = model.init(jax.random.key(0), jnp.asarray(ids))["params"]
+    assert set(fresh) == {"bert", "classifier"} and "pooler" not in fresh["bert"]
+    logits = model.apply(
+        {"params": {**fresh, "bert": params["bert"]}},
+        jnp.asarray(ids),
+        jnp.asarray(types),
+        jnp.asarray(mask),
+    )
+    sequence, _ = bertjax.BertModel(cfg, add_pooler=False).apply(
+        {"params": params["bert"]}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask)
+    )
+    kernel = np.asarray(nn.unbox(fresh["classifier"]["kernel"]), np.float64)
+    want = np.asarray(sequence, np.float64)[:, 0] @ kernel
+    _assert_close(logits, want + np.asarray(nn.unbox(fresh["classifier"]["bias"])))

@@ -2,6 +2,7 @@
 `python -m bertjax.glue` end to end on a fixture directory (all eight tasks, MNLI start for RTE,
 resume); the built-in word-order task."""
 
+import csv
 import json
 import os
 import subprocess
@@ -68,6 +69,39 @@ def test_official_metrics_and_score():
     assert glue_tasks.task_of_source("builtin:stdlib_families") is None
 
 
+def _electra_double_unordered(path, a_loc, b_loc, label_loc):
+    """Port of google-research/electra classification_tasks.py MRPC/STS _create_examples with
+    double_unordered on the train split: _load_glue's (text_a, text_b, label) rows after the
+    header, then the same rows with text_a and text_b swapped."""
+    with open(path, encoding="utf-8") as f:
+        lines = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    rows = [(line[a_loc], line[b_loc], line[label_loc]) for line in lines]
+    return rows + [(b, a, label) for a, b, label in rows]
+
+
+def test_double_unordered_adds_the_swapped_mrpc_and_stsb_pairs(glue_dir):
+    """ELECTRA's double_unordered: MRPC and STS-B train on each pair in both orders (as the
+    port), dev and the other tasks are unchanged, and the option is off by default."""
+    from bertjax.objectives.finetune import default_task_config
+
+    for name, folder, locs in (("mrpc", "MRPC", (3, 4, 0)), ("stsb", "STS-B", (-3, -2, -1))):
+        task = default_task_config()
+        task.update(source=f"glue:{name}", glue_dir=glue_dir)
+        plain = tasks.load_examples(task, "train", tokens=False)
+        task.double_unordered = True
+        doubled = tasks.load_examples(task, "train", tokens=False)
+        want = _electra_double_unordered(os.path.join(glue_dir, folder, "train.tsv"), *locs)
+        got = [(e["text"], e["text_pair"], str(e["label"])) for e in doubled]
+        if name == "stsb":  # labels are floats here, strings there
+            want = [(a, b, float(label)) for a, b, label in want]
+            got = [(a, b, float(label)) for a, b, label in got]
+        assert got == want and len(doubled) == 2 * len(plain)
+        assert len(tasks.load_examples(task, "dev", tokens=False)) == SIZES["dev"]
+    task = default_task_config()
+    task.update(source="glue:rte", glue_dir=glue_dir, double_unordered=True)
+    assert len(tasks.load_examples(task, "train", tokens=False)) == SIZES["train"]
+
+
 # ---- selection and reports ----
 
 
@@ -119,6 +153,57 @@ def test_results_average_the_eight_tasks_not_wnli(tmp_path):
     assert json.load(open(tmp_path / "glue_results.json")) == results
     table = (tmp_path / "glue_results.md").read_text().splitlines()
     assert len(table) == 2 + 9 + 1 and table[-1].startswith("| **average** (8 tasks)")
+
+
+def _electra_trials(train_and_evaluate_dev, num_trials):
+    """Port of google-research/electra run_finetuning.py run_finetuning (lines 262-276): each
+    trial trains, then evaluates dev once, at the end; the paper reports the median over
+    trials."""
+    scores = [train_and_evaluate_dev(trial) for trial in range(1, num_trials + 1)]
+    return float(np.median(scores))
+
+
+def test_runs_report_the_end_of_training_by_default_best_on_dev_by_name(glue_dir, monkeypatch):
+    """By default each run evaluates dev once, after its last step, and the task reports the
+    median of those end-of-training scores (ELECTRA's protocol); "best_on_dev" reports the best
+    of the per-epoch evaluations instead."""
+    from bertjax.evaluation import glue as glue_harness
+    from bertjax.trainer import load_config_file
+
+    def curve(seed, step):  # dev accuracy peaks mid-run, then falls: best != last
+        return 0.9 - 0.01 * seed - 0.02 * abs(step - 4)
+
+    evaluated = []
+
+    def fake_train(run, directory):  # the trainer's evaluation cadence and best.json, no model
+        total = run.num_train_steps
+        steps = sorted({*range(run.eval_every, total + 1, run.eval_every), total})
+        evaluated.append(steps)
+        scores = {step: curve(run.seed, step) for step in steps}
+        best = max(steps, key=lambda step: (scores[step], -step))
+        os.makedirs(os.path.join(directory, "best"), exist_ok=True)
+        record = {"step": best, "metrics": {"eval/accuracy": scores[best]}}
+        with open(os.path.join(directory, "best", "best.json"), "w") as f:
+            json.dump(record, f)
+        return {"step": total, "eval/accuracy": scores[total]}
+
+    monkeypatch.setattr(glue_harness, "train_and_evaluate", fake_train)
+    results = {}
+    for report in ("last", "best_on_dev"):
+        config = load_config_file(os.path.join(ROOT, "configs", "glue.py"))
+        assert config.glue.report == "last"  # the default
+        config.glue.update(tasks=("sst2",), learning_rates=(1e-4,), seeds=(0, 1, 2))
+        config.glue.update(epochs=8.0, batch_size=SIZES["train"], report=report)  # 8 steps
+        evaluated.clear()
+        workdir = os.path.join(os.path.dirname(glue_dir), f"out_{report}")
+        results[report] = glue_harness.run_glue(config, glue_dir, workdir)["sst2"]["accuracy"]
+        if report == "last":
+            assert evaluated == [[8]] * 3  # one evaluation, after the last of the 8 steps
+    want = _electra_trials(lambda trial: curve(trial - 1, 8), 3)
+    assert results["last"] == pytest.approx(want, abs=1e-12)
+    assert results["best_on_dev"] == pytest.approx(
+        float(np.median([curve(s, 4) for s in range(3)]))
+    )
 
 
 # ---- the command ----

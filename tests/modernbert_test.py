@@ -5,6 +5,7 @@ with no missing or unexpected keys; packed rows equal separate sequences; the sp
 equals the full model; a ModernBERT directory fine-tunes with its own BPE tokenizer."""
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -296,3 +297,38 @@ def test_a_modernbert_directory_fine_tunes_with_its_own_tokenizer(bpe_directory,
     text = "Return the value of the socket."
     tokenizer = Tokenizer(str(directory / "tokenizer.json"))
     assert list(tokenizer.encode([text])[0]) == fast(text, add_special_tokens=False)["input_ids"]
+
+
+def _full_megatron_std(module_type, init_std, num_layers):
+    """Port of ModernBERT src/bert_layers/initialization.py init_weights, full_megatron branch:
+    the std of an "in" module (FlexBertPredictionHead.dense, model.py:739) and of an "out" module
+    (attention/MLP outputs, FlexBertPoolingHead.dense)."""
+    return init_std if module_type == "in" else init_std / math.sqrt(2.0 * num_layers)
+
+
+def test_prediction_head_init_is_the_training_code_s_and_hf_s_is_an_option():
+    """init_scheme "modernbert": the MLM head's dense at std 0.02 (ModernBERT's training code),
+    "modernbert_hf": at 0.02 / sqrt(2 L) (HF's _init_weights); the classifier head's transform
+    and the residual outputs are "out" modules under both. Samples are truncated at +-2 std."""
+    cut = 2.0  # init_cutoff_factor of the ModernBERT yamls
+    pdf = math.exp(-cut * cut / 2) / math.sqrt(2 * math.pi)
+    truncated = math.sqrt(1 - 2 * cut * pdf / math.erf(cut / math.sqrt(2)))  # std of N(0,1)|<2
+    ids = jnp.ones((1, 8), jnp.int32)
+    for scheme, head_type in (("modernbert", "in"), ("modernbert_hf", "out")):
+        specials = dict(pad_token_id=0, unk_token_id=1, cls_token_id=2, sep_token_id=3)
+        cfg = bertjax.BertConfig.preset(
+            "modernbert-tiny", vocab_size=128, mask_token_id=4, init_scheme=scheme, **specials
+        )
+        layers = cfg.num_hidden_layers
+        mlm = bertjax.BertForPreTraining(cfg, next_sentence=False).init(jax.random.key(0), ids)
+        classifier = bertjax.BertForSequenceClassification(cfg, num_labels=2)
+        head = classifier.init(jax.random.key(1), ids)
+        kernels = {
+            head_type: mlm["params"]["mlm_head"]["transform"]["kernel"],
+            "out": head["params"]["head"]["transform"]["kernel"],
+        }
+        for module_type, kernel in kernels.items():
+            values = np.asarray(jax.tree.leaves(kernel)[0], np.float64)
+            want = _full_megatron_std(module_type, 0.02, layers)
+            np.testing.assert_allclose(values.std(), want * truncated, rtol=0.04)
+            assert np.abs(values).max() <= cut * want * (1 + 1e-6)

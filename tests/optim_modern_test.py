@@ -415,3 +415,50 @@ def test_sqrt_adam_cannot_follow_a_varying_batch():
     with pytest.raises(ValueError, match="config.optim.lr_scaling='sqrt_adam'.*b1, b2 and eps"):
         optim.make_schedule(config, 1024, batch_at=lambda n: jnp.int32(1024))
     optim.make_schedule(config, 1024)  # a fixed batch keeps Malladi et al.'s rule
+
+
+def _cramming_budget_triangle(fake_step, num_training_steps, base=0.25, falloff=0.25):
+    """Port of JonasGeiping/cramming schedulers.py get_budget_triangle's lr_lambda
+    ("budget-triangle2": base_percentage 0.25, falloff 0.25); fake_step is the elapsed budget
+    fraction times num_training_steps (`_get_fake_step`)."""
+    return min(
+        base + fake_step * (1 - base) / (1 - falloff) / num_training_steps,
+        1 / falloff - fake_step / (num_training_steps * falloff),
+    )
+
+
+def test_cramming_triangle_runs_on_the_budget_clock_of_the_batch_ramp():
+    """cramming's triangle and its batch ramp share one clock, the elapsed budget; with
+    schedule_clock "tokens" the LR of every step is the port's at the tokens consumed, so it peaks
+    at 75% of the tokens although the small early batches are most of the steps."""
+    from bertjax.data.batch_plan import BatchPlan, default_batch_warmup_config
+
+    length, total_rows = 16, 64 * 120
+    run = optim.default_optim_config()
+    run.update(schedule="triangle", schedule_clock="tokens", warmup_fraction=0.0)
+    config = type(run)(dict(batch_size=64, batch_warmup=default_batch_warmup_config()))
+    config.batch_warmup.update(
+        quantum=8, shape="equal_tokens", tokens=int(0.6 * total_rows * length)
+    )
+    plan = BatchPlan.from_config(config, length)
+    steps = plan.steps_for_samples(total_rows)
+    run.total_steps = steps
+    lr = optim.make_schedule(
+        run,
+        64,
+        tokens_before=lambda s: plan.samples_before(s) * length,
+        tokens_at=lambda s: plan.samples_at(s) * length,
+    )
+    got = np.asarray(jax.jit(jax.vmap(lr))(jnp.arange(steps)), np.float64)
+    tokens = np.asarray([plan.samples_before(s) * length for s in range(steps)], np.float64)
+    fraction = tokens / (plan.samples_before(steps) * length)
+    nominal = 10**9  # cramming's cfg_train.steps; large, so int() in fake_step is negligible
+    want = [1e-4 * _cramming_budget_triangle(int(f * nominal), nominal) for f in fraction]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-10)
+    assert plan.warmup_steps > 0.5 * steps  # the ramp's small batches are most of the steps
+    assert 0.73 < fraction[int(np.argmax(got))] < 0.77
+    run.schedule_clock = "steps"  # the step clock peaks far earlier in the tokens
+    by_steps = np.asarray(jax.vmap(optim.make_schedule(run, 64))(jnp.arange(steps)))
+    assert fraction[int(np.argmax(by_steps))] < 0.6
+    with pytest.raises(ValueError, match="schedule_clock.*tokens_at"):
+        optim.make_schedule(_config(schedule_clock="tokens"), 64)

@@ -138,8 +138,10 @@ def test_tiled_values_follow_modernbert(tiled):
     np.testing.assert_array_equal(head["bias"], small["mlm_head"]["bias"])
     want = _modernbert_tile_2d(small["mlm_head"]["transform"]["kernel"], (192, 192))
     np.testing.assert_array_equal(head["transform"]["kernel"], want)
-    want = _modernbert_tile_1d(small["bert"]["encoder"]["final_norm"]["scale"], 192)
-    np.testing.assert_array_equal(params["bert"]["encoder"]["final_norm"]["scale"], want)
+    # ModernBERT's init_model_from_pretrained never tiles final_norm: it keeps the fresh init
+    fresh_norm = tiled["fresh"]["bert"]["encoder"]["final_norm"]["scale"]
+    np.testing.assert_array_equal(params["bert"]["encoder"]["final_norm"]["scale"], fresh_norm)
+    np.testing.assert_array_equal(fresh_norm, np.ones(192))
     # layer 0 has no attention norm (first_attention_norm=False) in either model
     assert "attention_norm" not in large_layers["layer_0"]
 
@@ -148,6 +150,12 @@ def test_equal_sizes_come_back_unchanged(tiled):
     cfg, small = _config(), tiled["small"]
     other = jax.tree_util.tree_map(np.zeros_like, small)
     same = tile_params(cfg, small, cfg, other)
+    final_norm = same["bert"]["encoder"].pop("final_norm")  # never tiled: the large init stays
+    jax.tree_util.tree_map(
+        np.testing.assert_array_equal, final_norm, other["bert"]["encoder"]["final_norm"]
+    )
+    small = {**small, "bert": {**small["bert"], "encoder": dict(small["bert"]["encoder"])}}
+    small["bert"]["encoder"].pop("final_norm")
     jax.tree_util.tree_map(np.testing.assert_array_equal, same, small)
 
 

@@ -119,3 +119,18 @@ class BatchPlan:
         ends = jnp.asarray(np.cumsum(self.stage_steps), jnp.int32)
         stage = jnp.searchsorted(ends, jnp.asarray(step, jnp.int32), side="right")
         return table[stage]
+
+    def samples_at(self, step):
+        """`samples_before` of a traced step (jnp float32), the clock of a token-timed schedule."""
+        import jax.numpy as jnp
+
+        step = jnp.asarray(step, jnp.float32)
+        if not self.sizes:
+            return step * self.final
+        ends = np.cumsum(self.stage_steps)
+        starts = np.concatenate([[0], ends])  # first step of each stage, and of the final batch
+        before = np.concatenate([[0], np.cumsum(np.multiply(self.sizes, self.stage_steps))])
+        stage = jnp.searchsorted(jnp.asarray(ends, jnp.float32), step, side="right")
+        sizes = jnp.asarray([*self.sizes, self.final], jnp.float32)
+        start = jnp.asarray(starts, jnp.float32)[stage]
+        return jnp.asarray(before, jnp.float32)[stage] + (step - start) * sizes[stage]

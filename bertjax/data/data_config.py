@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-SAMPLE_PLANS = ("nsp", "sop", "full_sentences", "doc_sentences", "mlm")
+SAMPLE_PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm")
 MASKINGS = ("token", "whole_word", "ngram", "diffusion", "pert")
 PAIR_PLANS = ("nsp", "sop")  # plans whose rows are sentence pairs with a label
 MASK_TOKEN_WEIGHTINGS = ("uniform", "smoothed_unigram")
@@ -28,7 +28,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.tokenizer_type = "unigram"  # "unigram" | "bpe" for the trained SentencePiece model
     c.max_seq_length = 128  # longest row length T, [CLS] and [SEP]s included
     # How rows are formed (bertjax/data/samples.py): "nsp" | "sop" (sentence pairs with a label),
-    # "full_sentences" | "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise)
+    # "pairs" (consecutive A, B of one document, no label: PERT), "full_sentences" |
+    # "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise)
     c.sample_plan = "nsp"
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
@@ -185,11 +186,11 @@ def validate(config) -> None:
             c.pack_rows,
             "pert masking shuffles tokens within a row: packed samples would trade tokens",
         )
-    if c.pack_rows and c.sample_plan in PAIR_PLANS:
+    if c.pack_rows and c.sample_plan in (*PAIR_PLANS, "pairs"):
         _fail(
             "pack_rows",
             c.pack_rows,
-            f"sample_plan={c.sample_plan!r} has one sentence label per row; packing needs "
+            f"sample_plan={c.sample_plan!r} makes [CLS] A [SEP] B [SEP] rows; packing needs "
             "single-segment rows",
         )
     schedule = tuple(tuple(p) for p in c.length_schedule)

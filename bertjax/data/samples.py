@@ -23,6 +23,9 @@ A plan lists, per sample, segment A = tokens[a_start:a_end), segment B = tokens[
   random B too.
 - sop: ALBERT's sentence order: A, B consecutive segments of one document; swapped with probability
   1/2. A chunk needs two sentences; a trailing one-sentence chunk is dropped (counted).
+- pairs: sop's consecutive A, B, never swapped and without a label: `[CLS] A [SEP] B [SEP]` rows
+  with B's segment embedding for an objective with no sentence task (PERT, whose README figure
+  shows this input).
 - full_sentences / doc_sentences (RoBERTa): contiguous sentences packed up to max_len - 2 tokens,
   crossing documents with the stored [SEP] between them, or not crossing them; a sentence longer
   than the budget is cut into consecutive full rows and its rest starts the next row.
@@ -103,7 +106,7 @@ class _PairSampler:
         self.end = store.sentences[:, 1].tolist()
         self.docs = store.documents.tolist()
         self.max_tokens, self.short_seq_prob = max_tokens, short_seq_prob
-        self.nsp, self.sop = objective == "nsp", objective == "sop"
+        self.nsp, self.sop = objective == "nsp", objective in ("sop", "pairs")
         self.u = _Uniforms(rng)
         self.rows: list[tuple] = []  # (a_start, a_end, b_start, b_end, label)
         self.single = self.dropped = 0
@@ -182,8 +185,9 @@ def pair_plan(
     rng: np.random.Generator,
     objective: str,
 ) -> Plan:
-    """NSP (BERT) or SOP (ALBERT) sentence pairs of every document, in document order."""
-    if objective not in ("nsp", "sop"):
+    """NSP (BERT), SOP (ALBERT) or unlabelled consecutive ("pairs") sentence pairs of every
+    document, in document order."""
+    if objective not in ("nsp", "sop", "pairs"):
         raise ValueError(f"objective={objective!r} is not a sentence-pair objective")
     num_docs = store.num_documents
     if objective == "nsp" and num_docs < 2:
@@ -265,7 +269,7 @@ def make_plan(
     rng: np.random.Generator,
 ) -> Plan:
     """The plan of one epoch for a sample plan (config.data.sample_plan)."""
-    if objective in ("nsp", "sop"):
+    if objective in ("nsp", "sop", "pairs"):
         return pair_plan(store, max_seq_length, short_seq_prob, rng, objective)
     if objective == "full_sentences":
         return packed_plan(store, max_seq_length, cross_documents=True)

@@ -1,9 +1,12 @@
 """Hugging Face ELECTRA directories both ways (``model_type: electra``).
 
 ``from_hf(path)`` reads an ``ElectraForPreTraining`` directory (the discriminator) into the
-params of `bertjax.ElectraDiscriminator` (``bert`` + ``rtd_head``), or an ``ElectraForMaskedLM``
-directory (the generator) into those of `bertjax.ElectraGenerator` (``bert`` + ``mlm_head``),
-each with its own BertConfig (``embedding_size`` set when the embeddings are projected).
+params of `bertjax.ElectraDiscriminator` (``bert`` + ``rtd_head``), an ``ElectraForMaskedLM``
+directory (the generator) into those of `bertjax.ElectraGenerator` (``bert`` + ``mlm_head``), or
+an ``ElectraForSequenceClassification`` directory into those of
+`bertjax.BertForSequenceClassification` with classifier_pooling "electra_hf" (``bert`` +
+``electra_head`` + ``classifier``: HF's ElectraClassificationHead), each with its own BertConfig
+(``embedding_size`` set when the embeddings are projected).
 ``to_hf(cfg, params, path)`` writes one of those, or, for the params of a pretraining state
 (`bertjax.modeling.electra.ElectraForPreTraining`: discriminator, generator and their shared
 embeddings), both: ``path/discriminator`` and ``path/generator``, the generator's config read
@@ -27,10 +30,15 @@ from bertjax.interop.hf_files import read_config, read_weights
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.electra import generator_config
 
-KINDS = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}
+KINDS = {
+    "discriminator": "ElectraForPreTraining",
+    "generator": "ElectraForMaskedLM",
+    "classifier": "ElectraForSequenceClassification",
+}
 _HEAD_KEYS = {
     "discriminator": "discriminator_predictions.dense.weight",
     "generator": "generator_predictions.dense.weight",
+    "classifier": "classifier.out_proj.weight",
 }
 # Buffers and the generator's decoder weight (tied to the word embeddings): not parameters here.
 _IGNORED = ("position_ids", "token_type_ids", "generator_lm_head.weight")
@@ -49,7 +57,10 @@ def _mapping(cfg: BertConfig, kind: str) -> dict:
     rules = {"electra." + key[len("bert.") :]: rule for key, rule in bert_rules.items()}
     if cfg.embedding_dim != cfg.hidden_size:
         rules.update(_linear("electra.embeddings_project", ("bert", "embeddings", "projection")))
-    if kind == "discriminator":
+    if kind == "classifier":  # HF's ElectraClassificationHead: dense, GELU, out_proj
+        rules.update(_linear("classifier.dense", ("electra_head",)))
+        rules.update(_linear("classifier.out_proj", ("classifier",)))
+    elif kind == "discriminator":
         rules.update(_linear("discriminator_predictions.dense", ("rtd_head", "dense")))
         rules.update(
             _linear("discriminator_predictions.dense_prediction", ("rtd_head", "prediction"))
@@ -89,8 +100,9 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
     if len(kinds) != 1:
         raise ValueError(
             f"{path}: bertjax reads ELECTRA discriminators (ElectraForPreTraining, with "
-            "discriminator_predictions.*) and generators (ElectraForMaskedLM, with "
-            "generator_predictions.*); this directory has neither head"
+            "discriminator_predictions.*), generators (ElectraForMaskedLM, with "
+            "generator_predictions.*) and sequence classifiers (ElectraForSequenceClassification, "
+            "with classifier.out_proj.*); this directory has none of those heads"
         )
     kind = kinds[0]
     if kind == "generator":
@@ -181,11 +193,14 @@ def to_hf(cfg: BertConfig, params: dict, path: str) -> None:
         _write(cfg, params, path, "discriminator")
     elif "mlm_head" in params:
         _write(cfg, params, path, "generator")
+    elif "classifier" in params and "electra_head" in params:
+        _write(cfg, params, path, "classifier")
     elif "classifier" in params:
         raise ValueError(
-            "to_hf: a classifier fine-tuned from ELECTRA (bertjax's pooler + classifier) has no "
-            "Hugging Face ELECTRA equivalent (ElectraClassificationHead is dense + GELU + "
-            "out_proj on [CLS]); export the pretraining state's discriminator instead"
+            f"to_hf: an ELECTRA classifier with classifier_pooling={cfg.classifier_pooling!r} has "
+            "no Hugging Face equivalent (ElectraForSequenceClassification is HF's "
+            "ElectraClassificationHead: first token, dense, GELU, out_proj); fine-tune with "
+            "config.task.classifier_pooling='electra_hf' to export one"
         )
     else:
         raise ValueError(
@@ -228,6 +243,12 @@ def _write(cfg: BertConfig, params: dict, path: str, kind: str) -> None:
         position_embedding_type="absolute",
         tie_word_embeddings=True,
     )
+    if kind == "classifier":
+        num_labels = int(np.asarray(params["classifier"]["bias"]).shape[0])
+        config.update(
+            id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
+            label2id={f"LABEL_{i}": i for i in range(num_labels)},
+        )
     os.makedirs(path, exist_ok=True)
     tmp = os.path.join(path, "model.safetensors.tmp")
     save_file(tensors, tmp, metadata={"format": "pt"})

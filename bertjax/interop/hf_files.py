@@ -189,6 +189,11 @@ def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
         raise ValueError(f"{path}/config.json does not describe a valid model: {error}") from error
 
 
+def _electra_classifier(hf: dict) -> bool:
+    """Whether an ELECTRA config.json is a sequence classifier (HF ElectraClassificationHead)."""
+    return "ElectraForSequenceClassification" in (hf.get("architectures") or ())
+
+
 def _electra_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
     """An ELECTRA discriminator's or generator's config.json (BERT's vocabulary and encoder;
     embeddings of width ``embedding_size``, projected when it differs from the hidden size)."""
@@ -215,6 +220,9 @@ def _electra_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
         initializer_range=hf.get("initializer_range", 0.02),
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         classifier_dropout=hf.get("classifier_dropout"),
+        # a fine-tuned ElectraForSequenceClassification has HF's head; a pretrained model
+        # fine-tunes with ELECTRA's own (google-research/electra: first token -> classifier)
+        classifier_pooling="electra_hf" if _electra_classifier(hf) else "first",
         **special_token_ids(path, "bert", hf),
     )
     fields.update(overrides)

@@ -12,7 +12,10 @@ the docstring there calls it "Gopher layer scaling and Phi-style weight tiling")
 - pieces ModernBERT fuses are tiled one by one: its Wqkv as Q, K and V (ours are separate), the
   GLU ``Wi`` as its input half and its gate half;
 - the vocabulary stays: word embeddings grow along their width only and the MLM decoder bias is
-  copied.
+  copied;
+- the encoder's final norm is not tiled: it keeps the large model's fresh init (ones), as
+  ``init_model_from_pretrained`` tiles the embeddings' norm and every layer's but never
+  ``final_norm``.
 
 Example::
 
@@ -32,6 +35,8 @@ import numpy as np
 from bertjax.modeling.bert_config import BertConfig
 
 _LAYER_KEY = re.compile(r"layer_(\d+)$")
+# Parameters ModernBERT's init_model_from_pretrained leaves at the large model's init.
+_NOT_TILED = ("encoder/final_norm",)
 # Tables whose rows are ids (tokens, positions, types): only their width may grow.
 _EMBEDDING_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 
@@ -141,9 +146,9 @@ def tile_params(
 ) -> dict:
     """``large_params``' tree (plain nested dicts of numpy or jax arrays) with every parameter
     the small model has tiled from ``small_params`` (ModernBERT's center tiling; module
-    docstring). Leaves the small model lacks (a fresh head, layer 0's attention norm) keep
-    ``large_params``' values and are logged; the result is numpy, in ``large_params``' dtypes.
-    Loop or scanned (``layers``) stacks on either side.
+    docstring). Leaves the small model lacks (a fresh head, layer 0's attention norm) and the
+    encoder's final norm keep ``large_params``' values and are logged; the result is numpy, in
+    ``large_params``' dtypes. Loop or scanned (``layers``) stacks on either side.
 
     Raises ValueError naming the parameter when its shapes cannot be tiled: a different
     vocabulary, position table or label count, a smaller width, or a different mlp_type."""
@@ -164,6 +169,8 @@ def tile_params(
     unused: list[str] = []  # in the small tree only
 
     def tile_tree(small, large, prefix: str):
+        if prefix.endswith(_NOT_TILED):
+            small = None
         if small is None:
             kept.extend(f"{prefix}/{p}" if p else prefix for p, _ in _leaves(large))
             return _map(np.asarray, large)

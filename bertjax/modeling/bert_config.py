@@ -184,14 +184,19 @@ class BertConfig:
     head_act: str | None = None  # activation of the heads' transform (None: hidden_act)
     first_attention_norm: bool = True  # pre-LN only; False: layer 0's attention norm is identity
     # Sequence classification: "pooler" (BERT: tanh dense on [CLS]) | "cls" | "mean" (ModernBERT:
-    # the [CLS] row or the mean of real tokens, then the head's dense, activation, norm).
+    # the [CLS] row or the mean of real tokens, then the head's dense, activation, norm) |
+    # "first" (ELECTRA's code: the first token's output straight into the classifier) |
+    # "electra_hf" (HF's ElectraClassificationHead: first token, dense, GELU, then classifier).
     classifier_pooling: str = "pooler"
     embedding_dropout_prob: float | None = None  # after the embedding norm (None: hidden_dropout)
     # Feed-forward dropout (None: hidden_dropout_prob): on its output ("mlp"), or on the gated
     # F-wide activation before the output product ("glu", as ModernBERT).
     mlp_dropout_prob: float | None = None
-    # "bert": normal(initializer_range); "modernbert": truncated at +-2 std, and the attention
-    # and feed-forward output products and the heads' transform at std / sqrt(2 L) (HF's init).
+    # "bert": normal(initializer_range); "modernbert" (ModernBERT's training code, full_megatron):
+    # truncated at +-2 std, the attention and feed-forward output products and the classifier
+    # head's transform at std / sqrt(2 L), the MLM head's transform at std (an "in" module);
+    # "modernbert_hf": the same but the MLM head's transform at std / sqrt(2 L) (HF's
+    # _init_weights, what transformers users get).
     init_scheme: str = "bert"
 
     def __post_init__(self):

@@ -17,8 +17,8 @@ ACTIVATIONS = (
 MODEL_TYPES = ("bert", "roberta", "albert", "electra", "modernbert")
 POSITION_TYPES = ("absolute", "rope")
 MLP_TYPES = ("mlp", "glu")
-POOLINGS = ("pooler", "cls", "mean")
-INIT_SCHEMES = ("bert", "modernbert")
+POOLINGS = ("pooler", "cls", "mean", "first", "electra_hf")
+INIT_SCHEMES = ("bert", "modernbert", "modernbert_hf")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 

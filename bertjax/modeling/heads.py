@@ -25,16 +25,20 @@ from bertjax.modeling.layers import (
 Array = jax.Array
 
 
-def transform(cfg: BertConfig, width: int, axes: tuple, x: Array) -> Array:
+def transform(cfg: BertConfig, width: int, axes: tuple, x: Array, output: bool = True) -> Array:
     """The heads' transform (inside a compact module): dense, activation, LayerNorm (BERT's MLM
-    transform; ModernBERT's prediction head, with its own bias and activation choices)."""
-    h = dense(cfg, width, axes, "transform", cfg.head_bias, output=True)(x)
+    transform; ModernBERT's prediction head, with its own bias and activation choices).
+    ``output``: the dense takes `output_init` (ModernBERT's classifier head) instead of
+    `normal_init` (its MLM head under init_scheme "modernbert")."""
+    h = dense(cfg, width, axes, "transform", cfg.head_bias, output=output)(x)
     return layer_norm(cfg, axes[-1], "layer_norm")(activation(cfg.head_activation)(h))
 
 
 class MaskedLMHead(nn.Module):
     """Transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings,
-    with a bias unless ``decoder_bias`` is False."""
+    with a bias unless ``decoder_bias`` is False. The transform's dense starts at
+    initializer_range (ModernBERT's training code, FlexBertPredictionHead: an "in" module), or at
+    initializer_range / sqrt(2 L) under init_scheme "modernbert_hf" (HF's _init_weights)."""
 
     cfg: BertConfig
 
@@ -42,7 +46,8 @@ class MaskedLMHead(nn.Module):
     def __call__(self, x_BPD: Array, bert: BertModel) -> Array:
         cfg = self.cfg
         width_axis = "embed_out" if cfg.embedding_dim == cfg.hidden_size else "factor"
-        h_BPW = transform(cfg, cfg.embedding_dim, ("embed", width_axis), x_BPD)
+        hf_init = cfg.init_scheme == "modernbert_hf"
+        h_BPW = transform(cfg, cfg.embedding_dim, ("embed", width_axis), x_BPD, output=hf_init)
         bias_V = None
         if cfg.decoder_bias:
             shape = (cfg.vocab_size,)
@@ -153,7 +158,12 @@ class _Classifier(nn.Module):
     """Encoder -> dropout -> linear over ``num_labels``, on the pooled [CLS] or on every token.
     With ``classifier_pooling`` "cls"/"mean" (ModernBERT) the pooled row (or every token) goes
     through the head's transform (``head``: dense, activation, LayerNorm) instead of BERT's
-    tanh pooler."""
+    tanh pooler. ELECTRA's heads have no pooler: "first" is google-research/electra's
+    (classification_tasks.py: the first token's output, dropout, linear; no layer a pretrained
+    discriminator lacks), "electra_hf" HF's ElectraClassificationHead (first token, dropout,
+    ``electra_head`` dense, GELU, dropout, linear), which converts to and from
+    ElectraForSequenceClassification. Per token both are dropout and linear, as HF's
+    ElectraForTokenClassification."""
 
     cfg: BertConfig
     num_labels: int = 2
@@ -169,16 +179,24 @@ class _Classifier(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         cfg = self.cfg
-        modern = cfg.classifier_pooling != "pooler"
-        sequence, pooled = BertModel(cfg, add_pooler=not (self.per_token or modern), name="bert")(
+        pooling = cfg.classifier_pooling
+        modern = pooling in ("cls", "mean")
+        add_pooler = pooling == "pooler" and not self.per_token
+        sequence, pooled = BertModel(cfg, add_pooler=add_pooler, name="bert")(
             input_ids, token_type_ids, attention_mask, segment_ids, deterministic=deterministic
         )
         x = sequence if self.per_token else pooled
+        rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
         if modern:
             if not self.per_token:
                 x = pool(cfg, sequence, attention_mask)
             x = PredictionHead(cfg, name="head")(x)
-        rate = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
+        elif pooling in ("first", "electra_hf") and not self.per_token:
+            x = sequence[:, 0]
+            if pooling == "electra_hf":
+                x = Dropout(rate)(x, deterministic=deterministic)
+                h = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "electra_head")(x)
+                x = activation("gelu")(h)
         x = Dropout(rate)(x, deterministic=deterministic)
         return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(x)
 

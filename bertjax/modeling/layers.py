@@ -30,8 +30,8 @@ def activation(name: str):
 
 
 def _std_init(cfg: BertConfig, std: float):
-    """normal(std) (BERT), or truncated at +-2 std (init_scheme "modernbert", as HF's)."""
-    if cfg.init_scheme == "modernbert":
+    """normal(std) (BERT), or truncated at +-2 std (init_scheme "modernbert"/"modernbert_hf")."""
+    if cfg.init_scheme != "bert":
         return nn.initializers.truncated_normal(std, lower=-2.0, upper=2.0)
     return nn.initializers.normal(std)
 
@@ -43,10 +43,10 @@ def normal_init(cfg: BertConfig, axes: tuple):
 
 def output_init(cfg: BertConfig, axes: tuple):
     """The init of the products that write into the residual stream (attention and feed-forward
-    outputs) and of the heads' transform: `normal_init`, or with init_scheme "modernbert"
-    initializer_range / sqrt(2 L) (HF ModernBERT's "out" std)."""
+    outputs) and of the classifier head's transform: `normal_init`, or with init_scheme
+    "modernbert"/"modernbert_hf" initializer_range / sqrt(2 L) (ModernBERT's "out" std)."""
     std = cfg.initializer_range
-    if cfg.init_scheme == "modernbert":
+    if cfg.init_scheme != "bert":
         std = std / (2.0 * cfg.num_hidden_layers) ** 0.5
     return nn.with_logical_partitioning(_std_init(cfg, std), axes)
 

@@ -15,7 +15,10 @@ metrics are reproducible.
 
 Deviations from the reference: the denominators are the weight sums (ELECTRA adds 1e-6); the
 held-out AUC is computed from 256 logit bins (ELECTRA's ``tf.metrics.auc`` from 200 probability
-thresholds) so it adds up exactly over eval batches.
+thresholds) so it adds up exactly over eval batches, and over real tokens only: ELECTRA's logged
+``disc_auc`` (run_pretraining.py: labels x input_mask against probs x input_mask) counts every
+padding position as an original token scored 0, below any real one, which raises it on padded
+rows. Compare bertjax's ``rtd_auc`` with ELECTRA's logs only on unpadded rows.
 """
 
 from __future__ import annotations
@@ -39,10 +42,14 @@ _EVAL_SAMPLE_KEY = 0  # the fixed sampling key of eval steps (no rng there)
 def add_electra_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Turns a `default_run_config()` into an ELECTRA one (call before the config is locked):
     the objective and its keys at `Electra`'s defaults (the paper's values), model_type
-    "electra" (exports as Hugging Face ELECTRA), and ELECTRA's masking (85% [MASK], 15% kept, no
-    random tokens)."""
+    "electra" (exports as Hugging Face ELECTRA), ELECTRA's classifier head for fine-tuning
+    (classifier_pooling "first") and ELECTRA's masking (85% [MASK], 15% kept, no random
+    tokens)."""
     Electra.add_config(config)
     config.model.model_type = "electra"
+    # fine-tuning's head: ELECTRA's (first token -> classifier), not BERT's pooler, which a
+    # discriminator never trains; "electra_hf" (HF's head) is the one that exports
+    config.model.classifier_pooling = "first"
     config.data.mask_token_prob = 0.85
     config.data.random_token_prob = 0.0
     return config

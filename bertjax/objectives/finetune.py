@@ -44,6 +44,11 @@ def default_task_config() -> ml_collections.ConfigDict:
     c.train_examples = 0  # > 0: train on a seeded random subset of this many (low-resource runs)
     c.tfds_data_dir = ""  # tfds: data_dir ("" = tfds default); nothing is downloaded
     c.glue_dir = ""  # source="glue:NAME": the GLUE download script's folder (CoLA/, SST-2/, ...)
+    # the classifier head over an init_from model ("": the model's own, e.g. ELECTRA "first"; or
+    # "pooler" | "cls" | "mean" | "first" | "electra_hf": HF's ELECTRA head, which exports)
+    c.classifier_pooling = ""
+    # MRPC/STS-B training pairs also in the other order (ELECTRA's double_unordered; its recipe)
+    c.double_unordered = False
     return c
 
 

@@ -41,6 +41,8 @@ class TaskData(DataSource):
         if config.init_from:
             self.pretrained = PretrainedSource(config.init_from, "config.init_from")
             overrides = {"dtype": config.model.dtype}
+            if task.get("classifier_pooling"):
+                overrides["classifier_pooling"] = task.classifier_pooling
             if self.pretrained.is_hf:  # HF layers are stacked on load when the run scans them
                 overrides["scan_layers"] = config.model.scan_layers
             self._model_cfg = self.pretrained.model_config(**overrides)

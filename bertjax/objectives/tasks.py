@@ -136,8 +136,23 @@ def tfds_examples(name: str, split: str, data_dir: str) -> list[dict]:
     return examples
 
 
+# ELECTRA's double_unordered (configure_finetuning.py; classification_tasks.py MRPC and STS):
+# the symmetric pair tasks whose training split it doubles with each pair in both orders.
+UNORDERED_TASKS = ("mrpc", "stsb")
+
+
 def load_examples(task, split: str, tokens: bool) -> list[dict]:
-    """Examples of ``config.task`` for split 'train' or 'dev'."""
+    """Examples of ``config.task`` for split 'train' or 'dev'; with ``task.double_unordered``
+    the MRPC/STS-B training split is followed by each pair in the other order (ELECTRA's
+    double_unordered: twice the examples, so twice the steps an epoch)."""
+    examples = _load_examples(task, split, tokens)
+    if split == "train" and task.get("double_unordered"):
+        if glue_tasks.task_of_source(task.source) in UNORDERED_TASKS:
+            examples += [dict(e, text=e["text_pair"], text_pair=e["text"]) for e in examples]
+    return examples
+
+
+def _load_examples(task, split: str, tokens: bool) -> list[dict]:
     source = task.source
     if source.startswith("glue:"):
         return glue_tasks.glue_examples(task.glue_dir, source[len("glue:") :], split)

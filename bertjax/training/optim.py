@@ -15,6 +15,10 @@ Schedules: linear warmup from 0, then a decay to end_lr_fraction over the rest o
 (linear, cosine, or 1-sqrt: ModernBERT's ``OneMinusSqrtScheduler``, Hägele et al. 2024), constant,
 or wsd (stable, then a linear or 1-sqrt tail: ``decay_shape``). Warmup and the wsd tail can be set
 in tokens; they become steps when the schedule is built, from the run's ``tokens_before(step)``.
+``schedule_clock`` "tokens" runs the shape (the decay's progress, the triangle's x) on the fraction
+of the run's tokens consumed instead of the fraction of its steps: under batch-size warmup the two
+differ, and cramming's budget-triangle2 and its batch ramp share one clock (the elapsed budget),
+so the LR peaks at 75% of the tokens, not at 75% of the steps.
 
 Batch-size scaling: "linear" and "sqrt" change only the learning rate; "sqrt_adam" is Malladi et
 al. 2022's square-root rule for Adam ("On the SDEs and Scaling Rules for Adaptive Gradient
@@ -51,6 +55,7 @@ from bertjax.training.stable_adamw import kahan_summation, scale_by_stable_adam
 OPTIMIZERS = ("adamw", "lamb", "adafactor", "stableadamw")
 SCHEDULES = ("linear", "cosine", "1-sqrt", "constant", "wsd", "triangle")
 DECAY_SHAPES = ("linear", "1-sqrt")
+SCHEDULE_CLOCKS = ("steps", "tokens")
 LR_SCALINGS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5, "sqrt_adam": 0.5}
 
 
@@ -69,6 +74,9 @@ def default_optim_config() -> ml_collections.ConfigDict:
     # "constant" | "wsd" (warmup-stable-decay) | "triangle" (cramming: min(0.25 + x, 4 (1 - x)),
     # x = step / total_steps; its warmup and decay are the triangle's)
     c.schedule = "linear"
+    # what the schedule's shape runs on: "steps" (step / total_steps) | "tokens" (the fraction of
+    # the run's tokens consumed; differs under batch-size warmup; cramming's clock)
+    c.schedule_clock = "steps"
     c.total_steps = 10_000  # steps the schedule spans (decay ends here)
     c.warmup_steps = 0  # warmup length in steps; when > 0 it overrides warmup_fraction
     c.warmup_fraction = 0.01  # warmup length as a fraction of total_steps (used if warmup_steps=0)
@@ -115,6 +123,7 @@ def validate_optim_config(config: ml_collections.ConfigDict) -> None:
         "name": OPTIMIZERS,
         "schedule": SCHEDULES,
         "decay_shape": DECAY_SHAPES,
+        "schedule_clock": SCHEDULE_CLOCKS,
         "lr_scaling": tuple(LR_SCALINGS),
         "layerwise_lr_convention": tuple(LAYERWISE_CONVENTIONS),
     }
@@ -236,6 +245,7 @@ def make_schedule(
     *,
     tokens_before: Callable[[int], int] | None = None,
     batch_at: Callable[[Any], jax.Array] | None = None,
+    tokens_at: Callable[[Any], jax.Array] | None = None,
 ) -> Callable:
     """Effective LR as a function of the step: scaled peak x warmup x schedule shape.
 
@@ -243,6 +253,8 @@ def make_schedule(
     for warmup_tokens / decay_tokens, which become steps here. ``batch_at(step)``: the global batch
     of each step under batch-size warmup, jnp-traceable; the LR of step n is then learning_rate x
     (batch_at(n) / base_batch_size)^p x shape(n) instead of using the fixed global_batch_size.
+    ``tokens_at(step)``: ``tokens_before`` as a jnp-traceable float, the clock of
+    schedule_clock="tokens" (needed by it).
     """
     validate_optim_config(config)
     scale = learning_rate_scale(config, global_batch_size)
@@ -257,19 +269,31 @@ def make_schedule(
     power, end, total = LR_SCALINGS[config.lr_scaling], config.end_lr_fraction, config.total_steps
     warmup, decay_start = schedule_phases(config, tokens_before)
     shape_name = config.decay_shape if config.schedule == "wsd" else config.schedule
+    _require(
+        config.schedule_clock == "steps" or tokens_at is not None,
+        "schedule_clock",
+        config.schedule_clock,
+        "needs make_schedule(..., tokens_at=f): the tokens consumed before a step (the trainer "
+        "passes it)",
+    )
+    if config.schedule_clock == "tokens":
+        clock = lambda s: jnp.asarray(tokens_at(s), jnp.float32)  # noqa: E731
+    else:
+        clock = lambda s: jnp.asarray(s, jnp.float32)  # noqa: E731
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32)
         warm = jnp.minimum(1.0, step / warmup) if warmup else jnp.float32(1.0)
-        progress = jnp.clip((step - decay_start) / max(1, total - decay_start), 0.0, 1.0)
+        now, start, end_clock = clock(count), clock(decay_start), clock(total)
+        progress = jnp.clip((now - start) / jnp.maximum(end_clock - start, 1.0), 0.0, 1.0)
         if shape_name == "constant":
             shape = jnp.float32(1.0)
         elif shape_name == "cosine":
             shape = end + (1.0 - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
         elif shape_name == "1-sqrt":  # ModernBERT's OneMinusSqrtScheduler, alpha_f = end
             shape = end + (1.0 - end) * (1.0 - jnp.sqrt(progress))
-        elif shape_name == "triangle":  # cramming's budget-triangle2 over x = step / total
-            x = jnp.clip(step / total, 0.0, 1.0)
+        elif shape_name == "triangle":  # cramming's budget-triangle2, x = the elapsed fraction
+            x = jnp.clip(now / jnp.maximum(end_clock, 1.0), 0.0, 1.0)
             shape = jnp.minimum(0.25 + x, 4.0 * (1.0 - x))
         else:  # linear, and wsd's linear decay: from 1 to end over the decay phase
             shape = 1.0 + (end - 1.0) * progress
@@ -296,11 +320,16 @@ def make_optimizer(
     *,
     tokens_before: Callable[[int], int] | None = None,
     batch_at: Callable[[Any], jax.Array] | None = None,
+    tokens_at: Callable[[Any], jax.Array] | None = None,
 ) -> Optimizer:
     """Builds the update chain described in the module docstring from ``config.optim``;
-    ``tokens_before`` and ``batch_at`` as in `make_schedule`."""
+    ``tokens_before``, ``batch_at`` and ``tokens_at`` as in `make_schedule`."""
     schedule = make_schedule(
-        config, global_batch_size, tokens_before=tokens_before, batch_at=batch_at
+        config,
+        global_batch_size,
+        tokens_before=tokens_before,
+        batch_at=batch_at,
+        tokens_at=tokens_at,
     )
     stacked = lambda path, leaf: stacked_axes(path, leaf, model_cfg)  # noqa: E731
     parts = []

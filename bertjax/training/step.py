@@ -147,13 +147,17 @@ def abstract_train_state(
 
 
 def _batch_schedule(config: ml_collections.ConfigDict) -> dict:
-    """make_optimizer's ``tokens_before`` (tokens are rows x row length of the run's batch plan)
-    and, under batch-size warmup, ``batch_at`` (the LR follows each step's batch)."""
+    """make_optimizer's ``tokens_before`` and ``tokens_at`` (tokens are rows x row length of the
+    run's batch plan) and, under batch-size warmup, ``batch_at`` (the LR follows each step's
+    batch)."""
     if "data" not in config:
         return {}
     length = int(config.data.max_seq_length)
     plan = BatchPlan.from_config(config, length)
-    schedule = {"tokens_before": lambda step: plan.samples_before(step) * length}
+    schedule = {
+        "tokens_before": lambda step: plan.samples_before(step) * length,
+        "tokens_at": lambda step: plan.samples_at(step) * length,
+    }
     if plan.sizes:
         schedule["batch_at"] = plan.batch_at
     return schedule
