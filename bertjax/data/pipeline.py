@@ -155,18 +155,15 @@ class Pipeline(DataSource):
         return self.store.fingerprint
 
     def unigram_log_prior(self, max_tokens: int = 50_000_000) -> np.ndarray:
-        """[V] float32 log frequency of each token in the training split (add-one smoothed; special
-        tokens get the floor), from an evenly strided sample of at most `max_tokens` tokens.
+        """[V] float32 log frequency of each token in the training split (add-one smoothed;
+        special tokens get the floor), from an evenly strided sample of at most `max_tokens`
+        tokens (a sharded store: exact counts from its shard indexes).
 
         The MLM output bias starts here, so a new model predicts the unigram distribution from step
         0
         instead of spending its first steps (and the tied embeddings) learning token frequencies."""
-        tokens = self.store.tokens
-        stride = max(1, -(-len(tokens) // max_tokens))
         vocab = self.tokenizer.vocab_size
-        counts = np.bincount(np.asarray(tokens[::stride], np.int64), minlength=vocab)[
-            :vocab
-        ].astype(np.float64)
+        counts = self.store.token_counts(max_tokens)[:vocab].astype(np.float64)
         never_predicted = (
             self.tokenizer.special.copy()
         )  # [CLS], [SEP], [PAD], [MASK]; [UNK] is a real token
@@ -175,13 +172,9 @@ class Pipeline(DataSource):
         counts[never_predicted] = 0.0
         return np.log((counts + 1.0) / (counts.sum() + vocab)).astype(np.float32)
 
-    def token_counts(self, chunk: int = 1 << 24) -> np.ndarray:
-        """[V] int64 occurrences of each token in the training split (every token, in chunks)."""
-        tokens, vocab = self.store.tokens, self.tokenizer.vocab_size
-        counts = np.zeros(vocab, np.int64)
-        for lo in range(0, len(tokens), chunk):
-            counts += np.bincount(np.asarray(tokens[lo : lo + chunk]), minlength=vocab)[:vocab]
-        return counts
+    def token_counts(self) -> np.ndarray:
+        """[V] int64 occurrences of each token in the training split (every token)."""
+        return self.store.token_counts()
 
     def seq_len(self, step: int) -> int:
         """Row length T of the batch of `step` (known ahead of time)."""
@@ -361,8 +354,16 @@ def make_pipeline(
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
-    tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
-    store, eval_store = prepare.load_store(config, tokenizer, split)
+    if c.store:  # a sharded store: nothing is tokenized, each host reads its rows' bytes
+        from bertjax.data.shard_reader import ShardedStore
+
+        tokenizer = prepare.store_tokenizer(config)
+        store, eval_store = (
+            ShardedStore(c.store, s, tokenizer, c.store_cache_bytes) for s in (split, "eval")
+        )
+    else:
+        tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
+        store, eval_store = prepare.load_store(config, tokenizer, split)
     if store.num_documents == 0:
         raise ValueError(
             f"store {store.directory!r} has no {split!r} documents "
