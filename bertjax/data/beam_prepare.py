@@ -56,7 +56,7 @@ def make_spec(config, output: str, items: list[dict]) -> dict:
         "language": c.language,
         "lowercase": c.lowercase,
         "shard_bytes": c.shard_bytes,
-        "block_bytes": c.block_bytes,
+        "block_tokens": c.block_tokens,
     }
     given = c.hf_vocab or c.tokenizer_model
     local = paths.local_copy(paths.resolve(given, "config.data.tokenizer_model", must_exist=True),

@@ -24,7 +24,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.store = ""
     c.store_cache_bytes = 256 << 20  # store: bound of the in-memory cache of blocks, per split
     c.shard_bytes = 512 << 20  # prepare: token data per shard (0.5 GiB)
-    c.block_bytes = 64 << 10  # prepare: read and checksum unit of a shard; a multiple of 4
+    c.block_tokens = 16 << 10  # prepare: tokens per read and checksum unit of a shard
     c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
     c.language = "en"  # "en" | "zh" (zh: word boundaries from jieba, `pip install bertjax[zh]`)
     c.tokenizer_model = (
@@ -221,11 +221,9 @@ def validate(config) -> None:
                     schedule,
                     f"every length must be in [8, max_seq_length={c.max_seq_length}]",
                 )
-    for key in ("store_cache_bytes", "shard_bytes", "block_bytes"):
+    for key in ("store_cache_bytes", "shard_bytes", "block_tokens"):
         if c[key] <= 0:
             _fail(key, c[key], "must be > 0")
-    if c.block_bytes % 4:
-        _fail("block_bytes", c.block_bytes, "must be a multiple of 4")
     if c.num_workers < 0:
         _fail("num_workers", c.num_workers, "must be >= 0")
     if c.prefetch < 0:

@@ -14,11 +14,12 @@ One shard holds whole documents, in this byte order (all little-endian):
   documents    int64  [D + 1]  sentence offsets of each document, from 0
   sentences    int64  [S, 2]   token range [start, end) of each sentence, from 0
   token_counts int64  [V]      occurrences of each token id
-  block_crc32  uint32 [NB]     CRC-32 of each `block_bytes` block of the data region
-  tokens       uint16|uint32 [T]  (the data region starts here) each document's tokens, then [SEP]
-  word_starts  uint8  [T]
-The index region (everything before tokens) is what a reader loads at startup; the data region is
-read by byte ranges, one block at a time, each block checked against its CRC. Global indices are
+  block_crc32  uint32 [NB]     CRC-32 of each block of the data region
+  data region  NB blocks of `block_tokens` tokens (the last one shorter): the block's tokens
+               (uint16 | uint32; each document's tokens, then [SEP]), then their word starts
+               (uint8), so one range read gives both columns of a row
+The index region (everything before the data) is what a reader loads at startup; the data region
+is read by byte ranges, whole blocks, each checked against its CRC. Global indices are
 int64: shard k's tokens follow shard k-1's, so the concatenated columns equal the local store's
 (bertjax/data/store.py) for the same corpus and tokenizer.
 """
@@ -35,7 +36,7 @@ import numpy as np
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARD_BYTES = 512 << 20  # default shard size (data region); 0.5 GB
-BLOCK_BYTES = 64 << 10  # default read/checksum block of the data region
+BLOCK_TOKENS = 16 << 10  # default tokens per read/checksum block (48 KiB with uint16 tokens)
 
 
 class StoreError(ValueError):
@@ -59,11 +60,11 @@ def token_dtype(vocab_size: int):
     return np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
 
 
-def index_layout(entry: dict, vocab_size: int, block_bytes: int, itemsize: int) -> dict:
+def index_layout(entry: dict, vocab_size: int, block_tokens: int, itemsize: int) -> dict:
     """Byte offsets of each section of a shard from its counts (see the module docstring)."""
     d, s, t = entry["documents"], entry["sentences"], entry["tokens"]
     data_bytes = t * itemsize + t
-    blocks = -(-data_bytes // block_bytes)
+    blocks = -(-t // block_tokens)
     out, offset = {}, 0
     for name, size in (
         ("documents", 8 * (d + 1)),
@@ -74,22 +75,22 @@ def index_layout(entry: dict, vocab_size: int, block_bytes: int, itemsize: int) 
         out[name] = (offset, offset + size)
         offset += size
     out["index_bytes"], out["data_bytes"], out["blocks"] = offset, data_bytes, blocks
-    out["word_starts"] = offset + t * itemsize  # byte where the word-start flags begin
+    out["block_bytes"] = block_tokens * (itemsize + 1)  # of every block but the last
     out["file_bytes"] = offset + data_bytes
     return out
 
 
-def encode_shard(columns: dict, vocab_size: int, block_bytes: int, dtype) -> tuple[bytes, dict]:
+def encode_shard(columns: dict, vocab_size: int, block_tokens: int, dtype) -> tuple[bytes, dict]:
     """A shard's bytes and its manifest entry (without path) from its columns: tokens,
     word_starts, sentences [S, 2] and documents [D + 1] (offsets from 0)."""
-    if block_bytes % 4:
-        raise ValueError(f"block_bytes={block_bytes}: must be a multiple of 4")
     tokens = np.asarray(columns["tokens"]).astype(dtype)
-    data = tokens.tobytes() + np.asarray(columns["word_starts"], np.uint8).tobytes()
-    crcs = np.fromiter(
-        (zlib.crc32(data[i : i + block_bytes]) for i in range(0, len(data), block_bytes)),
-        np.uint32,
-    )
+    starts = np.asarray(columns["word_starts"], np.uint8)
+    blocks = [
+        tokens[i : i + block_tokens].tobytes() + starts[i : i + block_tokens].tobytes()
+        for i in range(0, len(tokens), block_tokens)
+    ]
+    crcs = np.fromiter((zlib.crc32(b) for b in blocks), np.uint32, len(blocks))
+    data = b"".join(blocks)
     counts = np.bincount(tokens, minlength=vocab_size)[:vocab_size].astype(np.int64)
     index = b"".join(
         [

@@ -2,7 +2,7 @@
 
 Opening reads the manifest and each shard's index region (document and sentence offsets, token
 counts, block checksums), never the tokens. `tokens` and `word_starts` are column views that
-fetch, per gather, only the `block_bytes` blocks holding the asked-for positions: adjacent
+fetch, per gather, only the blocks holding the asked-for positions: adjacent
 blocks go in one range request, all of a gather's requests at once (fsspec `cat_ranges`), each
 block is checked against its CRC, and blocks stay in an LRU cache of bounded size. A host thus
 reads about the bytes of its own rows; the batch prefetch thread (config.data.prefetch) is the
@@ -28,9 +28,10 @@ CACHE_BYTES = 256 << 20  # default bound of the block cache per split
 class _Blocks:
     """Data-region blocks of every shard of a split, fetched by range and cached (LRU)."""
 
-    def __init__(self, url, fs, shards, layouts, crcs, block_bytes, cache_bytes):
+    def __init__(self, url, fs, shards, layouts, crcs, block_tokens, cache_bytes):
         self.url, self.fs, self.shards, self.layouts = url, fs, shards, layouts
-        self.crcs, self.block_bytes, self.cache_bytes = crcs, block_bytes, cache_bytes
+        self.crcs, self.block_tokens, self.cache_bytes = crcs, block_tokens, cache_bytes
+        self.block_bytes = layouts[0]["block_bytes"] if layouts else 1
         self.paths = [fmt.filesystem(fmt.join(url, s["path"]))[1] for s in shards]
         self.cache: collections.OrderedDict = collections.OrderedDict()
         self.cached = 0
@@ -113,20 +114,20 @@ class Column:
         shard = np.searchsorted(self.offsets, flat, side="right") - 1
         local = flat - self.offsets[shard]
         itemsize = np.dtype(self.blocks.shards[0]["token_dtype"]).itemsize
-        if self.word_starts:
+        n = self.blocks.block_tokens
+        block, within = np.divmod(local, n)
+        if self.word_starts:  # after the block's tokens; the last block of a shard is shorter
             counts = np.asarray([s["tokens"] for s in self.blocks.shards], np.int64)
-            byte = counts[shard] * itemsize + local
+            byte = np.minimum(n, counts[shard] - block * n) * itemsize + within
         else:
-            byte = local * itemsize
-        block_bytes = self.blocks.block_bytes
-        keys, inverse = np.unique(np.stack([shard, byte // block_bytes], 1), axis=0,
-                                  return_inverse=True)  # fmt: skip
+            byte = within * itemsize
+        keys, inverse = np.unique(np.stack([shard, block], 1), axis=0, return_inverse=True)
         if not len(keys):
             return np.zeros(index.shape, self.dtype)
         data = self.blocks.fetch(keys)
         starts = np.cumsum([0] + [len(d) for d in data])[:-1]
         buffer = np.frombuffer(b"".join(data), np.uint8)
-        position = starts[inverse.reshape(-1)] + byte % block_bytes
+        position = starts[inverse.reshape(-1)] + byte
         if self.dtype.itemsize == 1:
             return buffer[position].reshape(index.shape)
         width = self.dtype.itemsize
@@ -144,11 +145,11 @@ class ShardedStore:
         self.split = split
         self.meta = manifest = fmt.read_manifest(self.url)
         fmt.check_tokenizer(self.url, manifest, tokenizer)
-        vocab, block_bytes = manifest["vocab_size"], manifest["block_bytes"]
+        vocab, block_tokens = manifest["vocab_size"], manifest["block_tokens"]
         dtype = np.dtype(manifest["token_dtype"])
         shards = [dict(s, token_dtype=dtype.name) for s in manifest["splits"][split]["shards"]]
         fs, _ = fmt.filesystem(self.url)
-        layouts = [fmt.index_layout(s, vocab, block_bytes, dtype.itemsize) for s in shards]
+        layouts = [fmt.index_layout(s, vocab, block_tokens, dtype.itemsize) for s in shards]
         indexes = self._read_indexes(fs, shards, layouts)
         documents, sentences, crcs = [np.zeros(1, np.int64)], [], []
         self._token_counts = np.zeros(vocab, np.int64)
@@ -172,7 +173,7 @@ class ShardedStore:
         self.documents = np.concatenate(documents)
         self.sentences = np.concatenate(sentences) if sentences else np.zeros((0, 2), np.int64)
         offsets = np.concatenate([[0], np.cumsum([s["tokens"] for s in shards])]).astype(np.int64)
-        blocks = _Blocks(self.url, fs, shards, layouts, crcs, block_bytes, cache_bytes)
+        blocks = _Blocks(self.url, fs, shards, layouts, crcs, block_tokens, cache_bytes)
         self.blocks = blocks
         self.tokens = Column(blocks, offsets, dtype, word_starts=False)
         self.word_starts = Column(blocks, offsets, np.uint8, word_starts=True)

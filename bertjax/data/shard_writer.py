@@ -120,7 +120,7 @@ class _ShardBuilder:
         }
         spec = self.spec
         body, entry = fmt.encode_shard(
-            columns, spec["vocab_size"], spec["block_bytes"], spec["token_dtype"]
+            columns, spec["vocab_size"], spec["block_tokens"], spec["token_dtype"]
         )
         entry["path"] = f"{self.split}/{self.item:06d}-{len(self.entries):05d}.shard"
         url = fmt.join(spec["output"], entry["path"])
@@ -205,7 +205,7 @@ def write_manifest(records: list[dict], spec: dict) -> dict:
     manifest.update(
         sep_id=spec["sep_id"],
         token_dtype=spec["token_dtype"],
-        block_bytes=spec["block_bytes"],
+        block_tokens=spec["block_tokens"],
         corpus=spec["corpus"],
         heldout_fraction=spec["heldout_fraction"],
         items=len(records),
