@@ -4,14 +4,21 @@ naming the file; a rerun prepare job keeps finished shards; 64-bit token address
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 import zlib
 
 import fsspec
 import numpy as np
 import pytest
+import store_worker
+from multiprocess_test import _child_env, _free_port
+from trainer_test import _final_params
 
-from bertjax import trainer
-from bertjax.data import beam_prepare, corpus, make_pipeline, shard_reader
+from bertjax import paths, trainer
+from bertjax.data import beam_prepare, corpus, make_pipeline, mds_import, mixture, shard_reader
 from bertjax.data import shard_format as fmt
 from bertjax.data.shard_reader import ShardedStore
 from bertjax.data.tokenizer import Tokenizer
@@ -52,6 +59,78 @@ def prepared(tmp_path_factory, gcs_bucket, small_spm):
     fs, path = fmt.filesystem(url)
     fs.get(path, local, recursive=True)
     return config, url, local
+
+
+TRAIN_STEPS = 30  # a checkpoint at 15; the kill lands before 30 (a tiny step is ~0.05 s)
+
+
+def _worker(process_id, processes, devices, workdir, store, config, port=0):
+    """A store_worker.py command and its environment (its output goes to a file: a pipe that
+    nobody reads would block it)."""
+    env = dict(_child_env(), **{store_worker.CORPUS_ENV: config.data.corpus})
+    spm = config.data.tokenizer_model
+    args = [port, process_id, processes, devices, workdir, store, spm, TRAIN_STEPS]
+    return [sys.executable, store_worker.__file__, *map(str, args)], env
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(prepared, tmp_path_factory):
+    """Two processes (one device each) train from the gs:// store and are killed with SIGKILL
+    after their first checkpoint; one process with two devices resumes them. Beside it, one
+    uninterrupted process trains on today's local-cache store of the same files."""
+    config, url, _ = prepared
+    workdir = f"{url}-run"
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        command, env = _worker(i, 2, 1, workdir, url, config, port)
+        log = open(tmp_path_factory.getbasetemp() / f"store_worker_{i}.log", "w")
+        procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    half = TRAIN_STEPS // 2
+    done = [f"{workdir}/checkpoints/{half}/{item}/commit_success.txt" for item in ("state", "meta")]
+    deadline = time.time() + 400
+    try:
+        while not all(paths.exists(p) for p in done):
+            running = all(p.poll() is None for p in procs) and time.time() < deadline
+            assert running, (tmp_path_factory.getbasetemp() / "store_worker_0.log").read_text()
+            time.sleep(0.5)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    assert not paths.exists(f"{workdir}/checkpoints/{TRAIN_STEPS}/state/commit_success.txt")
+    reference = str(tmp_path_factory.mktemp("local_store_run"))
+    runs = []
+    for where, store in ((workdir, url), (reference, "")):
+        command, env = _worker(0, 1, 2, where, store, config)
+        log = tmp_path_factory.getbasetemp() / f"store_worker_{len(runs)}.log"
+        runs.append((subprocess.Popen(command, env=env, stdout=open(log, "w"),
+                                      stderr=subprocess.STDOUT), log))  # fmt: skip
+    for run, log in runs:
+        assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
+    return workdir, reference
+
+
+def test_a_killed_two_process_store_run_resumes_on_one_process(killed_and_resumed):
+    """The batches are the same whatever the process count (the test above), so the resumed run
+    ends where the uninterrupted local-store run does; only the reduction order of the two-process
+    steps (gloo) differs, hence a tolerance and not bitwise equality."""
+    workdir, reference = killed_and_resumed
+    import jax
+
+    metrics = [
+        json.loads(line) for line in paths.read_text(f"{workdir}/metrics.jsonl").splitlines()
+    ]
+    local = [json.loads(line) for line in open(os.path.join(reference, "metrics.jsonl"))]
+    loss = {r["step"]: r["train/loss"] for r in local if "train/loss" in r}
+    resumed = {r["step"]: r["train/loss"] for r in metrics if "train/loss" in r}
+    assert sorted(resumed) == sorted(loss) == list(range(1, TRAIN_STEPS + 1))
+    np.testing.assert_allclose([resumed[s] for s in loss], list(loss.values()), rtol=1e-4)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5),
+        _final_params(reference, TRAIN_STEPS),
+        _final_params(workdir, TRAIN_STEPS),
+    )
 
 
 def _batches(config, store, steps, index, count):
@@ -241,3 +320,95 @@ def test_tokens_beyond_2_to_the_32_are_addressed_with_int64(tmp_path):
     np.testing.assert_array_equal(store.tokens[far], [42, 0, 0, 41, 40])
     assert store.blocks.bytes_read <= 3 * 3 * block  # three blocks read, not 12 GiB
     np.testing.assert_array_equal(store.word_starts[far], 0)
+
+
+def test_rows_per_store_round_by_largest_remainder():
+    for weights, batch in (((0.7, 0.2, 0.1), 16), ((1, 1, 1), 8), ((5, 3), 7)):
+        counts = mixture.rows_per_store(weights, batch)
+        exact = batch * np.asarray(weights) / sum(weights)
+        assert counts.sum() == batch and np.all(np.abs(counts - exact) < 1)
+    np.testing.assert_array_equal(mixture.rows_per_store((1, 1, 1), 8), [3, 3, 2])
+
+
+def _mixture(config, stores, changes=(), index=0, count=1):
+    config = config.copy_and_resolve_references()
+    config.data.mixture, config.data.mixture_changes = stores, changes
+    return make_pipeline(config, "", process_index=index, process_count=count)
+
+
+def test_a_mixture_is_a_function_of_the_step_and_a_weight_change_loses_nothing(prepared):
+    """Store positions continue across a declared change (each store's samples over the steps
+    are 0, 1, 2, ... without a repeat or a gap); the steps before it are unchanged; a resume
+    that rewrites past weights is refused."""
+    config, url, local = prepared
+    stores = ((url, 3.0), (local, 1.0))
+    changed = _mixture(config, stores, ((2, (1.0, 3.0)),))
+    seen = {0: [], 1: []}
+    for step in range(4):
+        store, sample = changed.sources(step)
+        for k in (0, 1):
+            seen[k].extend(sample[store == k].tolist())
+    assert seen == {0: list(range(6 + 6 + 2 + 2)), 1: list(range(2 + 2 + 6 + 6))}
+    plain = _mixture(config, stores)
+    for step in (0, 1):
+        for key, value in plain.batch(step).items():
+            np.testing.assert_array_equal(changed.batch(step)[key], value)
+    hosts = [_mixture(config, stores, ((2, (1.0, 3.0)),), i, 2) for i in (0, 1)]
+    for key, value in changed.batch(3).items():
+        joined = np.concatenate([h.batch(3)[key] for h in hosts])
+        np.testing.assert_array_equal(joined, value, err_msg=key)
+    saved = {"data": {"mixture": [[url, 3.0], [local, 1.0]], "mixture_changes": []}}
+    changed.check_resume(saved, 2)  # the change starts at the resume step: allowed
+    with pytest.raises(ValueError, match="config.data.mixture / mixture_changes"):
+        changed.check_resume(saved, 3)
+
+
+def _write_mds(directory, samples):
+    """An MDS dataset as mosaicml-streaming's MDSWriter lays it out (columns sorted by name: a
+    fixed-size int64 "id", a shape-less "ndarray:uint16" "input_ids"), two shards."""
+    os.makedirs(directory)
+    shards = []
+    for k, part in enumerate((samples[:3], samples[3:])):
+        config = {
+            "column_encodings": ["int", "ndarray:uint16"],
+            "column_names": ["id", "input_ids"],
+            "column_sizes": [8, None],
+            "compression": None,
+            "format": "mds",
+            "hashes": [],
+            "size_limit": 1 << 26,
+            "version": 2,
+        }
+        encoded = []
+        for i, ids in enumerate(part):
+            array = np.asarray(ids, np.uint16)
+            value = bytes([(1 << 2) | 0]) + np.uint8(len(array)).tobytes() + array.tobytes()
+            encoded.append(np.uint32(len(value)).tobytes() + np.int64(i).tobytes() + value)
+        text = json.dumps(config, sort_keys=True).encode()
+        offsets = np.cumsum([0] + [len(e) for e in encoded]).astype(np.uint32)
+        offsets += 4 + 4 * len(offsets) + len(text)
+        name = f"shard.{k:05d}.mds"
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(np.uint32(len(part)).tobytes() + offsets.tobytes() + text + b"".join(encoded))
+        shards.append(dict(config, raw_data={"basename": name, "bytes": 0}, samples=len(part)))
+    with open(os.path.join(directory, "index.json"), "w") as f:
+        json.dump({"version": 2, "shards": shards}, f)
+
+
+def test_mds_shards_import_into_a_store_of_the_same_tokens(tmp_path, builtin_spm):
+    tok = Tokenizer(builtin_spm)
+    texts = [d[0] for _, d in zip(range(5), corpus.iter_documents("builtin"))]
+    samples = [tok.encode_flat([t])[0] for t in texts]
+    _write_mds(str(tmp_path / "mds"), samples)
+    manifest = mds_import.import_mds(str(tmp_path / "mds"), str(tmp_path / "store"), builtin_spm)
+    assert manifest["splits"]["train"]["documents"] == 5 and manifest["items"] == 2
+    store = ShardedStore(str(tmp_path / "store"), "train", tok)
+    for d, ids in enumerate(samples):
+        (first, last) = store.document_sentences(d)
+        begin, end = store.sentences[first]
+        np.testing.assert_array_equal(store.tokens[np.arange(begin, end)], ids)
+        assert store.tokens[np.array([end])][0] == tok.sep_id
+        flat, lengths = tok.encode_flat([texts[d]])
+        np.testing.assert_array_equal(
+            store.word_starts[np.arange(begin, end)], tok.word_starts(flat, lengths)
+        )

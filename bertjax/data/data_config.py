@@ -22,6 +22,10 @@ def default_data_config() -> ml_collections.ConfigDict:
     # A store prepared by `python -m bertjax.data.prepare` (path or gs://, s3:// URL): train from
     # it, reading only this host's rows; "" = tokenize the corpus into the local cache
     c.store = ""
+    # Several stores with sampling weights, ((URL, weight), ...), and weight changes,
+    # ((step, (weight, ...)), ...): bertjax/data/mixture.py (the rule for changes on resume)
+    c.mixture = ()
+    c.mixture_changes = ()
     c.store_cache_bytes = 256 << 20  # store: bound of the in-memory cache of blocks, per split
     c.shard_bytes = 512 << 20  # prepare: token data per shard (0.5 GiB)
     c.block_tokens = 16 << 10  # prepare: tokens per read and checksum unit of a shard
@@ -221,6 +225,14 @@ def validate(config) -> None:
                     schedule,
                     f"every length must be in [8, max_seq_length={c.max_seq_length}]",
                 )
+    if c.mixture and c.store:
+        _fail("store", c.store, "set config.data.store or config.data.mixture, not both")
+    for entry in tuple(c.mixture):
+        if len(entry) != 2 or not isinstance(entry[0], str) or not float(entry[1]) > 0:
+            _fail("mixture", tuple(c.mixture), "must be pairs (store URL, weight > 0)")
+    for entry in tuple(c.mixture_changes):
+        if len(entry) != 2 or min(entry[1], default=0) < 0 or sum(entry[1]) <= 0:
+            _fail("mixture_changes", tuple(c.mixture_changes), "must be pairs (step, weights)")
     for key in ("store_cache_bytes", "shard_bytes", "block_tokens"):
         if c[key] <= 0:
             _fail(key, c[key], "must be > 0")

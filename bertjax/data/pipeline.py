@@ -198,28 +198,39 @@ class Pipeline(DataSource):
         key_base: int,
         purpose: str,
     ) -> dict[str, np.ndarray]:
-        """Unmasked host rows of the global samples first .. first + count - 1 at ``length``
-        (sample s: epoch s // U, position s % U of that epoch's order, U the rows an epoch
-        gives in whole batches of config.batch_size), with word_starts/maskable and their
-        masking keys (global sample index key_base + row)."""
+        """Unmasked host rows of the global samples first .. first + count - 1 at ``length``,
+        masking keys from global sample index key_base + row (see `sample_rows`)."""
         hosts = host_rows(count, self.process_index, self.process_count)
         host = np.arange(hosts.start, hosts.stop)
+        return self.sample_rows(length, first + host, key_base + host, purpose, split)
+
+    def sample_rows(
+        self,
+        length: int,
+        samples: np.ndarray,
+        key_index: np.ndarray,
+        purpose: str,
+        split: _Split | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Unmasked rows of the given global samples at ``length`` (sample s: epoch s // U,
+        position s % U of that epoch's order, U the rows an epoch gives in whole batches of
+        config.batch_size), with word_starts/maskable and their masking keys (seed, epoch,
+        purpose, key_index); in the order of ``samples``."""
+        split = split or self._split
+        samples, key_index = np.asarray(samples, np.int64), np.asarray(key_index, np.int64)
         per_epoch = split.steps_per_epoch(length) * self.global_batch_size
-        epochs, within = np.divmod(first + host, per_epoch)
-        parts = [
-            self._epoch_rows(split, length, int(epoch), within[epochs == epoch])
-            for epoch in np.unique(epochs)  # a growing batch may straddle two epochs
-        ]
+        epochs, within = np.divmod(samples, per_epoch)
+        order = np.argsort(epochs, kind="stable")  # a batch may straddle two epochs
+        parts, row_keys = [], []
+        for epoch in np.unique(epochs):
+            chosen = epochs == epoch
+            parts.append(self._epoch_rows(split, length, int(epoch), within[chosen]))
+            row_keys.append(keys.row_keys(self.config.seed, int(epoch), purpose, key_index[chosen]))
         out = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-        out["row_keys"] = np.concatenate(
-            [
-                keys.row_keys(
-                    self.config.seed, int(epoch), purpose, key_base + host[epochs == epoch]
-                )
-                for epoch in np.unique(epochs)
-            ]
-        )
-        return out
+        out["row_keys"] = np.concatenate(row_keys)
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return {k: v[back] for k, v in out.items()}
 
     def _epoch_rows(self, split: _Split, length: int, epoch: int, within: np.ndarray) -> dict:
         """Rows at positions ``within`` of one epoch's order (wrapping around its units)."""
@@ -263,7 +274,7 @@ class Pipeline(DataSource):
             out["next_sentence_label"] = np.zeros(len(units), np.int32)
         return out
 
-    def _masked(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
+    def mask_rows(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
         """Masked batch of host rows; `spec` (held-out batches) masks tokens uniformly."""
         masked = masking.mask_batch(
             out["input_ids"],
@@ -299,7 +310,7 @@ class Pipeline(DataSource):
             first = key_base = self._batches.samples_before(step)
         else:
             first, key_base = ordinal * batch, step * batch
-        return self._masked(self._rows(self._split, length, first, batch, key_base, "mask"))
+        return self.mask_rows(self._rows(self._split, length, first, batch, key_base, "mask"))
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of global batch `step`; the next `prefetch` steps are computed in the
@@ -328,7 +339,7 @@ class Pipeline(DataSource):
                 self._eval_split, self.c.max_seq_length, first, self.global_batch_size, first,
                 "eval-mask",
             )  # fmt: skip
-            yield self._masked(rows_i, self._eval_mask_spec)
+            yield self.mask_rows(rows_i, self._eval_mask_spec)
 
     def close(self):
         """Stops background prefetching."""
@@ -348,6 +359,17 @@ def make_pipeline(
     this host's pipeline."""
     data_config.validate(config)
     c = config.data
+    if c.mixture:
+        from bertjax.data.mixture import Mixture
+
+        parts = []
+        for url, _ in c.mixture:
+            part = config.copy_and_resolve_references()
+            part.data.store, part.data.mixture, part.data.mixture_changes = url, (), ()
+            parts.append(make_pipeline(part, workdir, split=split, process_index=process_index,
+                                       process_count=process_count))  # fmt: skip
+        index, count = parts[0].process_index, parts[0].process_count
+        return Mixture(config, parts, process_index=index, process_count=count)
     if process_index is None or process_count is None:
         import jax
 

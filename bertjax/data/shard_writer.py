@@ -170,6 +170,11 @@ def prepare_item(spec: dict, item: dict, tokenizer) -> dict:
         if pending[split]:
             builders[split].add(encode_chunk(tokenizer, pending[split]))
         builders[split].flush()
+    return item_record(spec, item, builders, stats)
+
+
+def item_record(spec: dict, item: dict, builders: dict, stats: CorpusStats) -> dict:
+    """Writes the record of a finished item (its shards, skip counts, corpus stats)."""
     record = {
         "item": item,
         "tokenizer": spec["tokenizer_fingerprint"],

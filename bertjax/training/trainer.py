@@ -133,8 +133,10 @@ def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer
     counts restart at the phase's first step."""
     abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
     if ckpt.latest_step() is not None:
-        check_compatible(ckpt.read_meta(), model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
+        meta = ckpt.read_meta()
+        check_compatible(meta, model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
         state, _ = ckpt.restore(abstract)
+        data.check_resume(meta.get("config", {}), int(state.step))
         logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
         if phase is not None and phase.index and phase.reset_time and state.step == phase.start:
             logging.info(

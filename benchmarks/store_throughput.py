@@ -1,0 +1,157 @@
+"""Sharded-store throughput: preparation on Beam (1 vs 2 workers) beside today's local store and
+Hugging Face `datasets.map(batched=True, num_proc=N)` with the same tokenizer on the same files;
+the reader's tokens/s per host from the GCS emulator at T=128 and T=512; time to first batch.
+
+  python benchmarks/store_throughput.py               # ~8 MB corpus (4 files of the built-in one)
+  python benchmarks/store_throughput.py --mb 32 --steps 20
+
+All on this machine's CPU, which other jobs share: figures are rough, compare within one run.
+`datasets` is optional (its row is left out when it is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+from bertjax import trainer  # noqa: E402
+from bertjax.data import beam_prepare, corpus, make_pipeline, prepare  # noqa: E402
+from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
+
+
+def _corpus(directory: str, megabytes: float, files: int = 4) -> str:
+    docs = [d for _, d in corpus.iter_documents("builtin")]
+    text = "\n\n".join("\n".join(d) for d in docs) + "\n"
+    copies = max(1, round(megabytes * 1e6 / len(text.encode()) / files))
+    for i in range(files):
+        with open(os.path.join(directory, f"part{i}.txt"), "w") as f:
+            f.write(text * copies)
+    return os.path.join(directory, "part*.txt")
+
+
+def _emulator() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = os.path.join(ROOT, "tests", "gcs_emulator.py")
+    server = subprocess.Popen([sys.executable, script, str(port)], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    os.environ.update(
+        STORAGE_EMULATOR_HOST=url,
+        GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator",
+        GOOGLE_CLOUD_PROJECT="bench",
+    )
+    for _ in range(100):
+        try:
+            request = urllib.request.Request(
+                f"{url}/storage/v1/b?project=bench",
+                data=b'{"name": "bench"}',
+                headers={"Content-Type": "application/json"},
+            )
+            urllib.request.urlopen(request, timeout=5).read()
+            return server, "gs://bench"
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the GCS emulator did not start")
+
+
+def _hf_datasets(files: str, spm: str, workers: int) -> float | None:
+    """Tokens/s of datasets.map(batched=True, num_proc=workers) over the same lines."""
+    try:
+        import datasets
+    except ImportError:
+        return None
+    tok = Tokenizer(spm)
+    data = datasets.load_dataset("text", data_files=sorted(corpus.expand_paths(files)))["train"]
+    start = time.perf_counter()
+    out = data.map(
+        lambda b: {"ids": tok.encode_flat(b["text"])[0].tolist()},
+        batched=True,
+        num_proc=workers,
+        remove_columns=["text"],
+    )
+    return sum(len(r) for r in out["ids"]) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mb", type=float, default=8.0, help="corpus size in MB")
+    parser.add_argument("--steps", type=int, default=10, help="batches timed per reader row")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="bertjax-store-bench-")
+    os.environ["BERTJAX_CACHE_DIR"] = os.path.join(work, "cache")
+    files = _corpus(work, args.mb)
+    spm = train_sentencepiece(
+        (s for _, d in corpus.iter_documents("builtin") for s in d), os.path.join(work, "spm")
+    )
+    config = trainer.default_run_config()
+    config.data.corpus, config.data.tokenizer_model = files, spm
+    config.data.shard_bytes = 4 << 20
+    print(f"corpus {args.mb} MB in 4 files; CPU shared with other jobs: rough figures")
+    print("| preparation | workers | tokens | wall s | tokens/s | tokens/s per worker |")
+    print("|---|---|---|---|---|---|")
+    for workers in (1, 2):
+        out = os.path.join(work, f"beam{workers}")
+        options = [
+            f"--direct_num_workers={workers}",
+            "--direct_running_mode=multi_processing",
+        ]
+        start = time.perf_counter()
+        manifest = beam_prepare.run(config, out, options)
+        wall = time.perf_counter() - start
+        tokens = sum(s["tokens"] for s in manifest["splits"].values())
+        row = f"{tokens} | {wall:.1f} | {tokens / wall:,.0f} | {tokens / wall / workers:,.0f}"
+        print(f"| Beam DirectRunner, multi_processing | {workers} | {row} |")
+    start = time.perf_counter()
+    prepare.load_store(config, Tokenizer(spm), "train")
+    wall = time.perf_counter() - start
+    row = f"{tokens} | {wall:.1f} | {tokens / wall:,.0f} | {tokens / wall:,.0f}"
+    print(f"| local store (today's path, in-process) | 1 | {row} |")
+    for workers in (1, 2):
+        rate = _hf_datasets(files, spm, workers)
+        if rate is None:
+            print("| HF datasets.map(batched=True) | - | not installed | | | |")
+            break
+        print(f"| HF datasets.map(batched=True, num_proc={workers}) | {workers} | | | "
+              f"{rate:,.0f} | {rate / workers:,.0f} |")  # fmt: skip
+
+    server, bucket = _emulator()
+    try:
+        from bertjax.data import shard_format
+
+        fs, _ = shard_format.filesystem(bucket)
+        fs.put(os.path.join(work, "beam2"), f"{bucket}/store", recursive=True)
+        print("\n| reader | T | batch | tokens/s (one host) | first batch s |")
+        print("|---|---|---|---|---|")
+        for length in (128, 512):
+            for store in (f"{bucket}/store", ""):
+                c = config.copy_and_resolve_references()
+                c.batch_size, c.data.store, c.data.prefetch = 32, store, 0
+                c.data.max_seq_length, c.data.sample_plan = length, "full_sentences"
+                c.data.max_predictions = length * 15 // 100
+                start = time.perf_counter()
+                pipeline = make_pipeline(c, work, process_index=0, process_count=1)
+                pipeline.batch(0)
+                first = time.perf_counter() - start
+                start = time.perf_counter()
+                for step in range(1, args.steps + 1):
+                    pipeline.batch(step * 7919)  # spread over the corpus
+                rate = 32 * length * args.steps / (time.perf_counter() - start)
+                name = "store on the GCS emulator" if store else "local store (memmap)"
+                print(f"| {name} | {length} | 32 | {rate:,.0f} | {first:.1f} |")
+    finally:
+        server.terminate()
+
+
+if __name__ == "__main__":
+    main()
