@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import data_config, keys, masking, prepare, rows, samples, similarity
+from bertjax.data import data_config, keys, masking, rows, samples, similarity
 from bertjax.data.batch_plan import BatchPlan
 from bertjax.data.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
@@ -172,9 +172,10 @@ class Pipeline(DataSource):
         counts[never_predicted] = 0.0
         return np.log((counts + 1.0) / (counts.sum() + vocab)).astype(np.float32)
 
-    def token_counts(self) -> np.ndarray:
-        """[V] int64 occurrences of each token in the training split (every token)."""
-        return self.store.token_counts()
+    def token_counts(self, chunk: int = 1 << 24) -> np.ndarray:
+        """[V] int64 occurrences of each token in the training split (every token; a local store
+        is counted ``chunk`` tokens at a time)."""
+        return self.store.token_counts(chunk=chunk)
 
     def seq_len(self, step: int) -> int:
         """Row length T of the batch of `step` (known ahead of time)."""
@@ -357,6 +358,8 @@ def make_pipeline(
 ) -> Pipeline:
     """Prepares (or reuses) the tokenizer and the token store (bertjax/data/prepare.py); returns
     this host's pipeline."""
+    from bertjax.data import prepare  # not at import: `python -m bertjax.data.prepare` runs it
+
     data_config.validate(config)
     c = config.data
     if c.mixture:

@@ -222,7 +222,7 @@ class ShardedStore:
     def document_sentences(self, doc: int) -> tuple[int, int]:
         return int(self.documents[doc]), int(self.documents[doc + 1])
 
-    def token_counts(self, max_tokens: int | None = None) -> np.ndarray:
-        """[V] int64 occurrences of each token id, exact (``max_tokens`` is not needed: the counts
-        come from the shard indexes, and no token is read)."""
+    def token_counts(self, max_tokens: int | None = None, chunk: int = 0) -> np.ndarray:
+        """[V] int64 occurrences of each token id, exact (no sample of ``max_tokens``, no
+        ``chunk``: the counts come from the shard indexes, and no token is read)."""
         return self._token_counts.copy()
