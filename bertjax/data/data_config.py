@@ -28,7 +28,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.mixture_changes = ()
     c.store_cache_bytes = 256 << 20  # store: bound of the in-memory cache of blocks, per split
     c.shard_bytes = 512 << 20  # prepare: token data per shard (0.5 GiB)
-    c.block_tokens = 16 << 10  # prepare: tokens per read and checksum unit of a shard
+    c.block_tokens = 16 << 10  # prepare: tokens per read and checksum unit of a shard (48 KiB)
     c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
     c.language = "en"  # "en" | "zh" (zh: word boundaries from jieba, `pip install bertjax[zh]`)
     c.tokenizer_model = (

@@ -222,8 +222,9 @@ def write_manifest(records: list[dict], spec: dict) -> dict:
 
 
 def local_tokenizer(spec: dict, cache: str | None = None):
-    """The store's tokenizer (its file under the output URL), for a worker."""
+    """The store's tokenizer (its file under the output URL), for a worker: one thread, as the
+    engine runs one worker per core."""
     from bertjax.data.tokenizer import Tokenizer
 
     local = paths.local_copy(fmt.join(spec["output"], spec["tokenizer_file"]), cache)
-    return Tokenizer(local, language=spec["language"], lowercase=spec["lowercase"])
+    return Tokenizer(local, language=spec["language"], lowercase=spec["lowercase"], num_threads=1)
