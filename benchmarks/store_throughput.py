@@ -86,6 +86,7 @@ def _hf_datasets(files: str, spm: str, workers: int) -> float | None:
         batched=True,
         num_proc=workers,
         remove_columns=["text"],
+        load_from_cache_file=False,  # measure the work, not datasets' cache of the last call
     )
     wall = time.perf_counter() - start
     return sum(len(r) for r in out["ids"]) / wall
@@ -124,8 +125,18 @@ def main() -> None:
         print(f"| Beam DirectRunner, multi_processing | {workers} | {row} |")
     start = time.perf_counter()
     prepare.load_store(config, Tokenizer(spm), "train")
+    local_wall = time.perf_counter() - start
+    from bertjax.data import shard_writer
+
+    spec = beam_prepare.make_spec(config, os.path.join(work, "direct"), [])
+    tok = Tokenizer(spm, num_threads=1)
+    start = time.perf_counter()
+    for item in shard_writer.work_items(config.data):
+        shard_writer.prepare_item(spec, item, tok)
     wall = time.perf_counter() - start
-    threads = Tokenizer(spm).num_threads  # SentencePiece's threads in today's path
+    row = f"{tokens} | {wall:.1f} | {tokens / wall:,.0f} | {tokens / wall:,.0f}"
+    print(f"| the Beam job's units, in one process without Beam | 1 | {row} |")
+    threads, wall = Tokenizer(spm).num_threads, local_wall  # SentencePiece's threads
     row = f"{tokens} | {wall:.1f} | {tokens / wall:,.0f} | {tokens / wall / threads:,.0f}"
     print(f"| local store (today's path, one process) | {threads} | {row} |")
     for workers in (1, 2):
@@ -145,7 +156,7 @@ def main() -> None:
         print("\n| reader | T | batch | tokens/s (one host) | first batch s |")
         print("|---|---|---|---|---|")
         for length in (128, 512):
-            for store in (f"{bucket}/store", ""):
+            for store in (f"{bucket}/store", os.path.join(work, "beam2"), ""):
                 c = config.copy_and_resolve_references()
                 c.batch_size, c.data.store, c.data.prefetch = 32, store, 0
                 c.data.max_seq_length, c.data.sample_plan = length, "full_sentences"
@@ -156,9 +167,10 @@ def main() -> None:
                 first = time.perf_counter() - start
                 start = time.perf_counter()
                 for step in range(1, args.steps + 1):
-                    pipeline.batch(step * 7919)  # spread over the corpus
+                    pipeline.batch(step)  # rows of a shuffled epoch: random places
                 rate = 32 * length * args.steps / (time.perf_counter() - start)
-                name = "store on the GCS emulator" if store else "local store (memmap)"
+                name = {"": "local store (memmap)", f"{bucket}/store": "store on the GCS emulator"}
+                name = name.get(store, "store on local disk (range reads)")
                 print(f"| {name} | {length} | 32 | {rate:,.0f} | {first:.1f} |")
     finally:
         server.terminate()

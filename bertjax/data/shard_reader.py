@@ -121,9 +121,11 @@ class Column:
             byte = np.minimum(n, counts[shard] - block * n) * itemsize + within
         else:
             byte = within * itemsize
-        keys, inverse = np.unique(np.stack([shard, block], 1), axis=0, return_inverse=True)
-        if not len(keys):
+        if not flat.size:
             return np.zeros(index.shape, self.dtype)
+        stride = int(block.max()) + 1  # (shard, block) as one int64: a fast 1-D unique
+        combined, inverse = np.unique(shard * stride + block, return_inverse=True)
+        keys = np.stack(np.divmod(combined, stride), 1)
         data = self.blocks.fetch(keys)
         starts = np.cumsum([0] + [len(d) for d in data])[:-1]
         buffer = np.frombuffer(b"".join(data), np.uint8)
