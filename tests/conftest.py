@@ -10,6 +10,9 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# gcsfs's experimental bucket-type lookup (a gRPC call the GCS emulator does not serve) fails,
+# warns and is retried on every request, which slows the emulator tests and floods their logs.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Identical computations (the same tiny model in several train.py subprocesses, configs that
 # shrink to the same shapes) compile once per test run; the cache starts empty every run.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:

@@ -13,6 +13,7 @@ error;
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -48,9 +49,18 @@ def expand_paths(spec: str) -> list[str]:
     return paths
 
 
+def _open(path: str):
+    """A binary file object of a local path or a URL (gs://, s3://: through epath)."""
+    if "://" in path and not path.startswith("file://"):
+        from etils import epath
+
+        return epath.Path(path).open("rb")
+    return open(path.removeprefix("file://"), "rb")
+
+
 def _read_lines(path: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line of a UTF-8 file; invalid bytes raise naming file, line."""
-    with open(path, "rb") as f:
+    with _open(path) as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
@@ -65,13 +75,58 @@ def _read_lines(path: str) -> Iterator[tuple[int, str]]:
             yield lineno, line.rstrip("\r\n")
 
 
+def text_document(text: str, stats: CorpusStats) -> Document:
+    """A document's sentences from its text: lines, split into sentences, long ones cut."""
+    lines = text.split("\n")
+    return [p for line in lines for s in split_sentences(line) for p in cut_long(s, stats)]
+
+
+def _record_texts(path: str, corpus_format: str, text_feature: str):
+    """(record number, text) of a JSON Lines or Parquet file's `text_feature` field."""
+    if corpus_format == "jsonl":
+        for lineno, line in _read_lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON object ({e})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(text_feature), str):
+                raise ValueError(
+                    f"{path}:{lineno}: no string field {text_feature!r} (config.data.text_feature)"
+                )
+            yield lineno, record[text_feature]
+        return
+    import pyarrow.parquet as pq
+
+    with _open(path) as f:
+        table = pq.ParquetFile(f)
+        if text_feature not in table.schema_arrow.names:
+            raise ValueError(
+                f"{path}: no column {text_feature!r} (config.data.text_feature); "
+                f"columns: {table.schema_arrow.names}"
+            )
+        row = 0
+        for batch in table.iter_batches(columns=[text_feature]):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                yield row, text or ""
+
+
 def file_documents(
-    path: str, corpus_format: str, stats: CorpusStats
+    path: str, corpus_format: str, stats: CorpusStats, text_feature: str = "text"
 ) -> Iterator[tuple[str, Document]]:
-    """Documents of one file in "sentences" (BERT) or "documents" (one per line) format."""
+    """Documents of one file: "sentences" (BERT), "documents" (one per line), "jsonl" or
+    "parquet" (one per record, its `text_feature` field)."""
     stats.files += 1
     found = 0
-    if corpus_format == "documents":
+    if corpus_format in ("jsonl", "parquet"):
+        for number, text in _record_texts(path, corpus_format, text_feature):
+            doc = text_document(text, stats)
+            if doc:
+                found += 1
+                yield f"{path}#{number}", doc
+    elif corpus_format == "documents":
         for lineno, line in _read_lines(path):
             doc = [p for s in split_sentences(line) for p in cut_long(s, stats)]
             if doc:
@@ -128,12 +183,7 @@ def tfds_documents(
             )
         text = example[text_feature]
         text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-        doc = [
-            p
-            for line in text.split("\n")
-            for s in split_sentences(line)
-            for p in cut_long(s, stats)
-        ]
+        doc = text_document(text, stats)
         if doc:
             yield f"tfds:{name}:{split}#{i}", doc
 
@@ -155,7 +205,9 @@ def iter_documents(
         source = tfds_documents(spec, text_feature, tfds_data_dir, stats)
     else:
         source = (
-            d for path in expand_paths(spec) for d in file_documents(path, corpus_format, stats)
+            d
+            for path in expand_paths(spec)
+            for d in file_documents(path, corpus_format, stats, text_feature)
         )
     for doc_id, doc in source:
         stats.documents += 1

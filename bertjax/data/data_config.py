@@ -8,15 +8,27 @@ SAMPLE_PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm")
 MASKINGS = ("token", "whole_word", "ngram", "diffusion", "pert")
 PAIR_PLANS = ("nsp", "sop")  # plans whose rows are sentence pairs with a label
 MASK_TOKEN_WEIGHTINGS = ("uniform", "smoothed_unigram")
+CORPUS_FORMATS = ("sentences", "documents", "jsonl", "parquet")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
     """The data sub-config with defaults: `config.data`, beside `config.seed` and `batch_size`."""
     c = ml_collections.ConfigDict()
     c.corpus = "builtin"  # "builtin" | file path or glob (comma-separated ok) | "tfds:NAME[:SPLIT]"
-    # files: "sentences" (line = sentence, blank line = new doc) | "documents" (line = doc)
+    # files: "sentences" (line = sentence, blank line = new doc) | "documents" (line = doc) |
+    # "jsonl" | "parquet" (record = doc, its text_feature field)
     c.corpus_format = "sentences"
-    c.text_feature = "text"  # tfds: name of the string feature that holds a document
+    c.text_feature = "text"  # tfds, jsonl, parquet: the string field that holds a document
+    # A store prepared by `python -m bertjax.data.prepare` (path or gs://, s3:// URL): train from
+    # it, reading only this host's rows; "" = tokenize the corpus into the local cache
+    c.store = ""
+    # Several stores with sampling weights, ((URL, weight), ...), and weight changes,
+    # ((step, (weight, ...)), ...): bertjax/data/mixture.py (the rule for changes on resume)
+    c.mixture = ()
+    c.mixture_changes = ()
+    c.store_cache_bytes = 256 << 20  # store: bound of the in-memory cache of blocks, per split
+    c.shard_bytes = 512 << 20  # prepare: token data per shard (0.5 GiB)
+    c.block_tokens = 16 << 10  # prepare: tokens per read and checksum unit of a shard (48 KiB)
     c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
     c.language = "en"  # "en" | "zh" (zh: word boundaries from jieba, `pip install bertjax[zh]`)
     # path to a SentencePiece .model ("" = train one into WORKDIR/tokenizer/)
@@ -97,8 +109,8 @@ def validate(config) -> None:
     if config.batch_size < 1:
         raise ValueError(f"config.batch_size={config.batch_size!r}: must be >= 1")
     c = config.data
-    if c.corpus_format not in ("sentences", "documents"):
-        _fail("corpus_format", c.corpus_format, "must be 'sentences' or 'documents'")
+    if c.corpus_format not in CORPUS_FORMATS:
+        _fail("corpus_format", c.corpus_format, f"must be one of {CORPUS_FORMATS}")
     if c.language not in ("en", "zh"):
         _fail("language", c.language, "must be 'en' or 'zh'")
     if c.tokenizer_type not in ("unigram", "bpe"):
@@ -207,6 +219,17 @@ def validate(config) -> None:
                     schedule,
                     f"every length must be in [8, max_seq_length={c.max_seq_length}]",
                 )
+    if c.mixture and c.store:
+        _fail("store", c.store, "set config.data.store or config.data.mixture, not both")
+    for entry in tuple(c.mixture):
+        if len(entry) != 2 or not isinstance(entry[0], str) or not float(entry[1]) > 0:
+            _fail("mixture", tuple(c.mixture), "must be pairs (store URL, weight > 0)")
+    for entry in tuple(c.mixture_changes):
+        if len(entry) != 2 or min(entry[1], default=0) < 0 or sum(entry[1]) <= 0:
+            _fail("mixture_changes", tuple(c.mixture_changes), "must be pairs (step, weights)")
+    for key in ("store_cache_bytes", "shard_bytes", "block_tokens"):
+        if c[key] <= 0:
+            _fail(key, c[key], "must be > 0")
     if c.num_workers < 0:
         _fail("num_workers", c.num_workers, "must be >= 0")
     if c.prefetch < 0:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import data_config, keys, masking, prepare, rows, samples, similarity
+from bertjax.data import data_config, keys, masking, rows, samples, similarity
 from bertjax.data.batch_plan import BatchPlan
 from bertjax.data.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
@@ -155,18 +155,15 @@ class Pipeline(DataSource):
         return self.store.fingerprint
 
     def unigram_log_prior(self, max_tokens: int = 50_000_000) -> np.ndarray:
-        """[V] float32 log frequency of each token in the training split (add-one smoothed; special
-        tokens get the floor), from an evenly strided sample of at most `max_tokens` tokens.
+        """[V] float32 log frequency of each token in the training split (add-one smoothed;
+        special tokens get the floor), from an evenly strided sample of at most `max_tokens`
+        tokens (a sharded store: exact counts from its shard indexes).
 
         The MLM output bias starts here, so a new model predicts the unigram distribution from step
         0
         instead of spending its first steps (and the tied embeddings) learning token frequencies."""
-        tokens = self.store.tokens
-        stride = max(1, -(-len(tokens) // max_tokens))
         vocab = self.tokenizer.vocab_size
-        counts = np.bincount(np.asarray(tokens[::stride], np.int64), minlength=vocab)[
-            :vocab
-        ].astype(np.float64)
+        counts = self.store.token_counts(max_tokens)[:vocab].astype(np.float64)
         never_predicted = (
             self.tokenizer.special.copy()
         )  # [CLS], [SEP], [PAD], [MASK]; [UNK] is a real token
@@ -176,12 +173,9 @@ class Pipeline(DataSource):
         return np.log((counts + 1.0) / (counts.sum() + vocab)).astype(np.float32)
 
     def token_counts(self, chunk: int = 1 << 24) -> np.ndarray:
-        """[V] int64 occurrences of each token in the training split (every token, in chunks)."""
-        tokens, vocab = self.store.tokens, self.tokenizer.vocab_size
-        counts = np.zeros(vocab, np.int64)
-        for lo in range(0, len(tokens), chunk):
-            counts += np.bincount(np.asarray(tokens[lo : lo + chunk]), minlength=vocab)[:vocab]
-        return counts
+        """[V] int64 occurrences of each token in the training split (every token; a local store
+        is counted ``chunk`` tokens at a time)."""
+        return self.store.token_counts(chunk=chunk)
 
     def seq_len(self, step: int) -> int:
         """Row length T of the batch of `step` (known ahead of time)."""
@@ -205,28 +199,39 @@ class Pipeline(DataSource):
         key_base: int,
         purpose: str,
     ) -> dict[str, np.ndarray]:
-        """Unmasked host rows of the global samples first .. first + count - 1 at ``length``
-        (sample s: epoch s // U, position s % U of that epoch's order, U the rows an epoch
-        gives in whole batches of config.batch_size), with word_starts/maskable and their
-        masking keys (global sample index key_base + row)."""
+        """Unmasked host rows of the global samples first .. first + count - 1 at ``length``,
+        masking keys from global sample index key_base + row (see `sample_rows`)."""
         hosts = host_rows(count, self.process_index, self.process_count)
         host = np.arange(hosts.start, hosts.stop)
+        return self.sample_rows(length, first + host, key_base + host, purpose, split)
+
+    def sample_rows(
+        self,
+        length: int,
+        samples: np.ndarray,
+        key_index: np.ndarray,
+        purpose: str,
+        split: _Split | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Unmasked rows of the given global samples at ``length`` (sample s: epoch s // U,
+        position s % U of that epoch's order, U the rows an epoch gives in whole batches of
+        config.batch_size), with word_starts/maskable and their masking keys (seed, epoch,
+        purpose, key_index); in the order of ``samples``."""
+        split = split or self._split
+        samples, key_index = np.asarray(samples, np.int64), np.asarray(key_index, np.int64)
         per_epoch = split.steps_per_epoch(length) * self.global_batch_size
-        epochs, within = np.divmod(first + host, per_epoch)
-        parts = [
-            self._epoch_rows(split, length, int(epoch), within[epochs == epoch])
-            for epoch in np.unique(epochs)  # a growing batch may straddle two epochs
-        ]
+        epochs, within = np.divmod(samples, per_epoch)
+        order = np.argsort(epochs, kind="stable")  # a batch may straddle two epochs
+        parts, row_keys = [], []
+        for epoch in np.unique(epochs):
+            chosen = epochs == epoch
+            parts.append(self._epoch_rows(split, length, int(epoch), within[chosen]))
+            row_keys.append(keys.row_keys(self.config.seed, int(epoch), purpose, key_index[chosen]))
         out = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-        out["row_keys"] = np.concatenate(
-            [
-                keys.row_keys(
-                    self.config.seed, int(epoch), purpose, key_base + host[epochs == epoch]
-                )
-                for epoch in np.unique(epochs)
-            ]
-        )
-        return out
+        out["row_keys"] = np.concatenate(row_keys)
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return {k: v[back] for k, v in out.items()}
 
     def _epoch_rows(self, split: _Split, length: int, epoch: int, within: np.ndarray) -> dict:
         """Rows at positions ``within`` of one epoch's order (wrapping around its units)."""
@@ -270,7 +275,7 @@ class Pipeline(DataSource):
             out["next_sentence_label"] = np.zeros(len(units), np.int32)
         return out
 
-    def _masked(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
+    def mask_rows(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
         """Masked batch of host rows; `spec` (held-out batches) masks tokens uniformly."""
         masked = masking.mask_batch(
             out["input_ids"],
@@ -306,7 +311,7 @@ class Pipeline(DataSource):
             first = key_base = self._batches.samples_before(step)
         else:
             first, key_base = ordinal * batch, step * batch
-        return self._masked(self._rows(self._split, length, first, batch, key_base, "mask"))
+        return self.mask_rows(self._rows(self._split, length, first, batch, key_base, "mask"))
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of global batch `step`; the next `prefetch` steps are computed in the
@@ -335,7 +340,7 @@ class Pipeline(DataSource):
                 self._eval_split, self.c.max_seq_length, first, self.global_batch_size, first,
                 "eval-mask",
             )  # fmt: skip
-            yield self._masked(rows_i, self._eval_mask_spec)
+            yield self.mask_rows(rows_i, self._eval_mask_spec)
 
     def close(self):
         """Stops background prefetching."""
@@ -353,16 +358,37 @@ def make_pipeline(
 ) -> Pipeline:
     """Prepares (or reuses) the tokenizer and the token store (bertjax/data/prepare.py); returns
     this host's pipeline."""
+    from bertjax.data import prepare  # not at import: `python -m bertjax.data.prepare` runs it
+
     data_config.validate(config)
     c = config.data
+    if c.mixture:
+        from bertjax.data.mixture import Mixture
+
+        parts = []
+        for url, _ in c.mixture:
+            part = config.copy_and_resolve_references()
+            part.data.store, part.data.mixture, part.data.mixture_changes = url, (), ()
+            parts.append(make_pipeline(part, workdir, split=split, process_index=process_index,
+                                       process_count=process_count))  # fmt: skip
+        index, count = parts[0].process_index, parts[0].process_count
+        return Mixture(config, parts, process_index=index, process_count=count)
     if process_index is None or process_count is None:
         import jax
 
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
-    tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
-    store, eval_store = prepare.load_store(config, tokenizer, split)
+    if c.store:  # a sharded store: nothing is tokenized, each host reads its rows' bytes
+        from bertjax.data.shard_reader import ShardedStore
+
+        tokenizer = prepare.store_tokenizer(config)
+        store, eval_store = (
+            ShardedStore(c.store, s, tokenizer, c.store_cache_bytes) for s in (split, "eval")
+        )
+    else:
+        tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
+        store, eval_store = prepare.load_store(config, tokenizer, split)
     if store.num_documents == 0:
         raise ValueError(
             f"store {store.directory!r} has no {split!r} documents "

@@ -1,4 +1,8 @@
-"""What `make_pipeline` prepares once per corpus: the tokenizer and the token store.
+"""What `make_pipeline` prepares once per corpus: the tokenizer and the token store; as a
+command, a sharded store on Apache Beam for corpora too large for one host
+(bertjax/data/beam_prepare.py):
+
+    python -m bertjax.data.prepare --config=CONFIG --output=URL [Beam pipeline options]
 
 - Tokenizer: a given SentencePiece model or Hugging Face vocabulary (local or a URL), else a
   SentencePiece model trained on the training split and kept as WORKDIR/tokenizer/spm.model.
@@ -139,3 +143,28 @@ def load_store(config, tokenizer: Tokenizer, split: str) -> tuple[Store, Store]:
         Store(directory, split, tokenizer, description),
         Store(directory, "eval", tokenizer, description),
     )
+
+
+def store_tokenizer(config) -> Tokenizer:
+    """The tokenizer of the sharded store config.data.store: the configured one (which must be
+    the store's), else the store's own file."""
+    from bertjax.data import shard_format
+
+    c = config.data
+    manifest = shard_format.read_manifest(c.store)
+    cache = paths.cache_dir(c.cache_dir)
+    if c.hf_vocab or c.tokenizer_model:
+        tokenizer = load_tokenizer(config, "", 0, 1)
+    else:
+        kept = shard_format.join(c.store, manifest["tokenizer_file"])
+        tokenizer = Tokenizer(
+            paths.local_copy(kept, cache), language=c.language, lowercase=manifest["lowercase"]
+        )
+    shard_format.check_tokenizer(c.store, manifest, tokenizer)
+    return tokenizer
+
+
+if __name__ == "__main__":
+    from bertjax.data import beam_prepare
+
+    beam_prepare.main()

@@ -64,5 +64,9 @@ class DataSource(abc.ABC):
     def write_predictions(self, path: str) -> None:
         """Writes the last scored predictions beside the best checkpoint (fine-tuning)."""
 
+    def check_resume(self, saved_config: dict, step: int) -> None:
+        """Raises when resuming at ``step`` a run saved with ``saved_config`` (a dict) would
+        change the data of the steps already trained (a mixture's past weights)."""
+
     def close(self) -> None:
         """Stops background work (prefetching)."""

@@ -301,3 +301,14 @@ class Store:
     def document_sentences(self, doc: int) -> tuple[int, int]:
         """Sentence index range [first, last + 1) of document `doc`."""
         return int(self.documents[doc]), int(self.documents[doc + 1])
+
+    def token_counts(self, max_tokens: int | None = None, chunk: int = 1 << 24) -> np.ndarray:
+        """[V] int64 occurrences of each token id: of every token, or (``max_tokens``) of an
+        evenly strided sample of at most that many."""
+        vocab = self.meta["vocab_size"]
+        stride = max(1, -(-len(self.tokens) // max_tokens)) if max_tokens else 1
+        tokens = self.tokens[::stride] if stride > 1 else self.tokens
+        counts = np.zeros(vocab, np.int64)
+        for lo in range(0, len(tokens), chunk):
+            counts += np.bincount(np.asarray(tokens[lo : lo + chunk]), minlength=vocab)[:vocab]
+        return counts

@@ -114,9 +114,11 @@ def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer
         return jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
 
     if ckpt.latest_step() is not None:
-        check_compatible(ckpt.read_meta(), model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
+        meta = ckpt.read_meta()
+        check_compatible(meta, model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
         state, _ = ckpt.restore(abstract)
         state = objective.resume_state(state, data, fresh)
+        data.check_resume(meta.get("config", {}), int(state.step))
         logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
         if phase is not None and phase.index and phase.reset_time and state.step == phase.start:
             logging.info(

@@ -1,0 +1,230 @@
+"""Reading one split of a sharded store (bertjax/data/shard_format.py) from a path or URL.
+
+Opening reads the manifest and each shard's index region (document and sentence offsets, token
+counts, block checksums), never the tokens. `tokens` and `word_starts` are column views that
+fetch, per gather, only the blocks holding the asked-for positions: adjacent
+blocks go in one range request, all of a gather's requests at once (fsspec `cat_ranges`), each
+block is checked against its CRC, and blocks stay in an LRU cache of bounded size. A host thus
+reads about the bytes of its own rows; the batch prefetch thread (config.data.prefetch) is the
+read-ahead. A local path (a gcsfuse mount too) is read the same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import threading
+import zlib
+
+import numpy as np
+
+from bertjax.data import shard_format as fmt
+from bertjax.data.store import SPLITS
+
+CACHE_BYTES = 256 << 20  # default bound of the block cache per split
+
+
+class _Blocks:
+    """Data-region blocks of every shard of a split, fetched by range and cached (LRU)."""
+
+    def __init__(self, url, fs, shards, layouts, crcs, block_tokens, cache_bytes):
+        self.url, self.fs, self.shards, self.layouts = url, fs, shards, layouts
+        self.crcs, self.block_tokens, self.cache_bytes = crcs, block_tokens, cache_bytes
+        self.block_bytes = layouts[0]["block_bytes"] if layouts else 1
+        self.paths = [fmt.filesystem(fmt.join(url, s["path"]))[1] for s in shards]
+        self.cache: collections.OrderedDict = collections.OrderedDict()
+        self.cached = 0
+        self.lock = threading.Lock()
+        self.bytes_read = 0  # bytes fetched from storage so far
+
+    def fetch(self, keys: np.ndarray) -> list[bytes]:
+        """The blocks ``keys`` ([K, 2] unique (shard, block) pairs, sorted), in that order."""
+        found: dict[tuple[int, int], bytes] = {}
+        with self.lock:
+            for shard, block in keys.tolist():
+                data = self.cache.get((shard, block))
+                if data is not None:
+                    self.cache.move_to_end((shard, block))
+                    found[(shard, block)] = data
+        missing = [k for k in map(tuple, keys.tolist()) if k not in found]
+        runs: list[list[tuple[int, int]]] = []  # adjacent blocks of one shard: one range request
+        for key in missing:
+            if runs and runs[-1][-1][0] == key[0] and runs[-1][-1][1] + 1 == key[1]:
+                runs[-1].append(key)
+            else:
+                runs.append([key])
+        if runs:
+            starts, ends = [], []
+            for run in runs:
+                shard, first, last = run[0][0], run[0][1], run[-1][1]
+                base = self.layouts[shard]["index_bytes"]
+                starts.append(base + first * self.block_bytes)
+                ends.append(min(base + (last + 1) * self.block_bytes, self.shards[shard]["bytes"]))
+            bodies = self.fs.cat_ranges([self.paths[r[0][0]] for r in runs], starts, ends)
+            for run, body, start, end in zip(runs, bodies, starts, ends):
+                if isinstance(body, Exception):
+                    raise fmt.StoreError(f"cannot read {self._name(run[0][0])}: {body}")
+                self.bytes_read += len(body)
+                if len(body) != end - start:
+                    raise fmt.StoreError(
+                        f"shard {self._name(run[0][0])} is truncated: bytes [{start}, {end}) "
+                        f"gave {len(body)}; the manifest says {self.shards[run[0][0]]['bytes']} "
+                        "bytes: prepare the store again (complete shards are kept)"
+                    )
+                for i, key in enumerate(run):
+                    data = body[i * self.block_bytes : (i + 1) * self.block_bytes]
+                    if zlib.crc32(data) != int(self.crcs[key[0]][key[1]]):
+                        raise fmt.StoreError(
+                            f"shard {self._name(key[0])}: block {key[1]} (bytes "
+                            f"{start + i * self.block_bytes}..) fails its CRC-32 check: the file "
+                            "is corrupted; delete it and rerun the prepare job to rewrite it"
+                        )
+                    found[key] = data
+            with self.lock:
+                for key in missing:
+                    self.cache[key] = found[key]
+                    self.cached += len(found[key])
+                while self.cached > self.cache_bytes and len(self.cache) > 1:
+                    self.cached -= len(self.cache.popitem(last=False)[1])
+        return [found[k] for k in map(tuple, keys.tolist())]
+
+    def _name(self, shard: int) -> str:
+        return fmt.join(self.url, self.shards[shard]["path"])
+
+
+class Column:
+    """A read-only int64-indexable view of one column (tokens or word starts) of a split."""
+
+    def __init__(self, blocks: _Blocks, offsets: np.ndarray, dtype, word_starts: bool):
+        self.blocks, self.offsets, self.dtype = blocks, offsets, np.dtype(dtype)
+        self.word_starts = word_starts
+        self.shape = (int(offsets[-1]),)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index) -> np.ndarray:
+        if isinstance(index, slice):
+            index = np.arange(*index.indices(len(self)), dtype=np.int64)
+        index = np.asarray(index, np.int64)
+        if index.size and (index.min() < 0 or index.max() >= len(self)):
+            raise IndexError(f"index out of range for a column of {len(self)} tokens")
+        flat = index.reshape(-1)
+        shard = np.searchsorted(self.offsets, flat, side="right") - 1
+        local = flat - self.offsets[shard]
+        itemsize = np.dtype(self.blocks.shards[0]["token_dtype"]).itemsize
+        n = self.blocks.block_tokens
+        block, within = np.divmod(local, n)
+        if self.word_starts:  # after the block's tokens; the last block of a shard is shorter
+            counts = np.asarray([s["tokens"] for s in self.blocks.shards], np.int64)
+            byte = np.minimum(n, counts[shard] - block * n) * itemsize + within
+        else:
+            byte = within * itemsize
+        if not flat.size:
+            return np.zeros(index.shape, self.dtype)
+        stride = int(block.max()) + 1  # (shard, block) as one int64: a fast 1-D unique
+        combined, inverse = np.unique(shard * stride + block, return_inverse=True)
+        keys = np.stack(np.divmod(combined, stride), 1)
+        data = self.blocks.fetch(keys)
+        starts = np.cumsum([0] + [len(d) for d in data])[:-1]
+        buffer = np.frombuffer(b"".join(data), np.uint8)
+        position = starts[inverse.reshape(-1)] + byte
+        if self.dtype.itemsize == 1:
+            return buffer[position].reshape(index.shape)
+        width = self.dtype.itemsize
+        parts = buffer[position[:, None] + np.arange(width)].copy()
+        return parts.view(self.dtype.newbyteorder("<")).reshape(index.shape).astype(self.dtype)
+
+
+class ShardedStore:
+    """One split of a sharded store at a path or URL; the same interface as store.Store."""
+
+    def __init__(self, url: str, split: str, tokenizer, cache_bytes: int = CACHE_BYTES):
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r}: must be one of {SPLITS}")
+        self.url = self.directory = url.rstrip("/")
+        self.split = split
+        self.meta = manifest = fmt.read_manifest(self.url)
+        fmt.check_tokenizer(self.url, manifest, tokenizer)
+        vocab, block_tokens = manifest["vocab_size"], manifest["block_tokens"]
+        dtype = np.dtype(manifest["token_dtype"])
+        shards = [dict(s, token_dtype=dtype.name) for s in manifest["splits"][split]["shards"]]
+        fs, _ = fmt.filesystem(self.url)
+        layouts = [fmt.index_layout(s, vocab, block_tokens, dtype.itemsize) for s in shards]
+        indexes = self._read_indexes(fs, shards, layouts)
+        documents, sentences, crcs = [np.zeros(1, np.int64)], [], []
+        self._token_counts = np.zeros(vocab, np.int64)
+        token_base = sentence_base = 0
+        for shard, layout, index in zip(shards, layouts, indexes):
+            section = {
+                name: np.frombuffer(index[slice(*layout[name])], dt)
+                for name, dt in (
+                    ("documents", "<i8"),
+                    ("sentences", "<i8"),
+                    ("token_counts", "<i8"),
+                    ("block_crc32", "<u4"),
+                )
+            }
+            documents.append(section["documents"][1:] + sentence_base)
+            sentences.append(section["sentences"].reshape(-1, 2) + token_base)
+            self._token_counts += section["token_counts"]
+            crcs.append(section["block_crc32"])
+            token_base += shard["tokens"]
+            sentence_base += shard["sentences"]
+        self.documents = np.concatenate(documents)
+        self.sentences = np.concatenate(sentences) if sentences else np.zeros((0, 2), np.int64)
+        offsets = np.concatenate([[0], np.cumsum([s["tokens"] for s in shards])]).astype(np.int64)
+        blocks = _Blocks(self.url, fs, shards, layouts, crcs, block_tokens, cache_bytes)
+        self.blocks = blocks
+        self.tokens = Column(blocks, offsets, dtype, word_starts=False)
+        self.word_starts = Column(blocks, offsets, np.uint8, word_starts=True)
+
+    def _read_indexes(self, fs, shards, layouts) -> list[bytes]:
+        """Each shard's index region (one range request each, all at once), size-checked."""
+        if not shards:
+            return []
+        names = [fmt.join(self.url, s["path"]) for s in shards]
+        paths = [fmt.filesystem(n)[1] for n in names]
+        sizes = {}
+        for directory in sorted({p.rsplit("/", 1)[0] for p in paths}):
+            for info in fs.ls(directory, detail=True):
+                sizes[info["name"].rstrip("/")] = info["size"]
+        for name, path, shard in zip(names, paths, shards):
+            found = sizes.get(path, sizes.get(path.lstrip("/")))
+            if found is None:
+                raise fmt.StoreError(
+                    f"shard {name} is missing: the manifest lists it; restore it or prepare the "
+                    "store again (complete shards are kept)"
+                )
+            if found != shard["bytes"]:
+                raise fmt.StoreError(
+                    f"shard {name} has {found} bytes; the manifest says {shard['bytes']}: the file "
+                    "is truncated or was replaced; delete it and rerun the prepare job"
+                )
+        bodies = fs.cat_ranges(paths, [0] * len(paths), [lay["index_bytes"] for lay in layouts])
+        for name, body, shard in zip(names, bodies, shards):
+            if isinstance(body, Exception) or zlib.crc32(body) != shard["index_crc32"]:
+                raise fmt.StoreError(
+                    f"shard {name}: its index region fails the manifest's CRC-32 check: the file "
+                    "is corrupted; delete it and rerun the prepare job to rewrite it"
+                )
+        return bodies
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable hash of the manifest's data description (tokenizer, corpus, counts)."""
+        meta = {k: v for k, v in self.meta.items() if k not in ("tokenizer_file", "created")}
+        return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.documents) - 1
+
+    def document_sentences(self, doc: int) -> tuple[int, int]:
+        return int(self.documents[doc]), int(self.documents[doc + 1])
+
+    def token_counts(self, max_tokens: int | None = None, chunk: int = 0) -> np.ndarray:
+        """[V] int64 occurrences of each token id, exact (no sample of ``max_tokens``, no
+        ``chunk``: the counts come from the shard indexes, and no token is read)."""
+        return self._token_counts.copy()
