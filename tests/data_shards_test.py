@@ -14,8 +14,9 @@ import fsspec
 import numpy as np
 import pytest
 import store_worker
-from multiprocess_test import _child_env, _free_port
-from trainer_test import _final_params
+from helpers import child_env as _child_env
+from helpers import final_params as _final_params
+from helpers import free_port as _free_port
 
 from bertjax import paths, trainer
 from bertjax.data import beam_prepare, corpus, make_pipeline, mds_import, mixture, shard_reader

@@ -5,11 +5,31 @@ which is also the two-process worker script."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+# ---- processes (multi-process and kill -9 tests) ----
+
+
+def free_port() -> int:
+    """A free localhost TCP port for a jax.distributed coordinator."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict:
+    """The environment of a child JAX process: CPU only, this checkout first on the path."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = ""  # conftest's 8 fake devices would override jax_num_cpu_devices
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    return env
+
 
 # ---- train.py runs (trainer, electra, remote workdir tests) ----
 

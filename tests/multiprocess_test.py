@@ -3,7 +3,6 @@
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,8 @@ import jax
 import numpy as np
 import pytest
 import two_process_worker as worker
+from helpers import child_env as _child_env
+from helpers import free_port as _free_port
 
 from bertjax.training import sharding
 
@@ -19,20 +20,6 @@ pytestmark = pytest.mark.slow  # end-to-end runs
 WORKER = pathlib.Path(worker.__file__).resolve()
 REPO = WORKER.parent.parent
 TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _child_env() -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = ""  # conftest's 8 fake devices would override jax_num_cpu_devices
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return env
 
 
 def _start_two_processes(out_path: pathlib.Path, workdir: str) -> list:
