@@ -128,6 +128,7 @@ def test_no_gradient_from_later_positions_through_the_full_model(setup):
             assert dependence[i, b, i] > 0.0, (b, i)
 
 
+@pytest.mark.slow
 def test_tiny_clm_run_beats_every_unigram_model(tmp_path):
     """Held-out next-token NLL below the empirical entropy of the held-out targets (what the best
     context-free predictor would reach on them), with input masking on in training."""

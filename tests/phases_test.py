@@ -206,6 +206,7 @@ CLM_MLM_SHRINK = [
 ]
 
 
+@pytest.mark.slow
 def test_kill_at_the_switch_from_clm_to_mlm_resumes_bitwise(small_spm, tmp_path):
     """configs/clm_mlm_tiny.py: killed right after the CLM phase's last step (saved), the run
     resumes into the MLM phase and ends with the uninterrupted run's parameters."""

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from bertjax.data.causal import causal_batch
 from bertjax.modeling.heads import BertForPreTraining
+from bertjax.objectives.base import example_rows
 from bertjax.objectives.pretraining import MaskedLM
 from bertjax.ops.loss import cross_entropy
 
@@ -77,6 +80,16 @@ class CausalLM(MaskedLM):
             "clm_accuracy": sums["clm_correct"] / norms["clm_weight"],
             "clm_perplexity": jnp.exp(loss),
         }
+
+    def example_batch(self, cfg, rows, length, seed):
+        """Random padded rows made causal (bertjax/data/causal.py), 10% of the inputs masked."""
+        batch = example_rows(cfg, rows, length, seed)
+        real = batch["attention_mask"]
+        keys = np.arange(rows, dtype=np.uint64) + np.uint64(seed)
+        corrupted = causal_batch(
+            batch["input_ids"], real, real > 0, keys, 0.1, cfg.mask_token_id or 0
+        )
+        return {**batch, **corrupted}
 
     def train_flops_per_sequence(self, cfg, seq_len, masked_per_sequence, masked_width, count):
         """The encoder plus the LM head at all ``seq_len`` positions (what the step computes)."""
