@@ -26,11 +26,11 @@ Gisserot-Boukhlef et al. 2026 (CLM then MLM beats MLM at a fixed budget), at toy
   per objective) next to benchmarks/results.md; the table appended to results.md unless
   --no-record.
 
-  # the full grid (do not run on a shared CPU; see the estimate it prints first)
+  # the full grid (not on a shared CPU): prints its own wall-time estimate at the end
   flock /tmp/bertjax-heavy.lock python benchmarks/data_constrained.py
-  # smoke size (a minute or two): proves the pipeline end to end, records nothing
-  python benchmarks/data_constrained.py --unique-tokens 8192 --epochs 1,2 --seeds 0 \\
-      --objectives mlm,clm --finetune-steps 5 --tasks stdlib_families --no-record
+  # smoke size (a few minutes): the pipeline end to end and the grid's estimate, records nothing
+  python benchmarks/data_constrained.py --epochs 1,2 --seeds 0 --objectives mlm,clm \\
+      --finetune-steps 20 --tasks stdlib_families --no-record
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ from bertjax.training.run_config import model_config  # noqa: E402
 BATCH, LENGTH, VOCAB, HELDOUT = 32, 128, 4000, 0.1
 OBJECTIVES = ("mlm", "electra", "diffusion", "clm", "clm_mlm")
 CLM_SHARE = 0.25  # of CLM->MLM's steps (configs/clm_mlm_base.py)
+DEFAULT_GRID = dict(unique_tokens=65536, epochs=(1, 4, 16, 64), seeds=3, tasks=2, finetune=200)
+FINETUNE_TIMES: list[tuple[float, int, float]] = []  # (seconds, steps, steady step seconds)
 
 
 def prepare_data(root: str, unique_tokens: int) -> tuple[str, str]:
@@ -135,7 +137,8 @@ def pretrain(config, steps: int, workdir: str, clm_mlm: bool) -> dict:
     """Trains ``steps`` steps (CLM->MLM: two phases), evaluating at the end; the last eval row."""
     config.num_train_steps = config.optim.total_steps = steps
     config.optim.warmup_steps = max(1, steps // 10)
-    config.log_every = config.eval_every = steps
+    config.eval_every = steps
+    config.log_every = max(1, steps // 4)  # the last windows time steady steps (no compile)
     if clm_mlm:
         clm_steps = max(1, round(steps * CLM_SHARE))
         config.phase_order = ("clm", "mlm")
@@ -149,7 +152,8 @@ def pretrain(config, steps: int, workdir: str, clm_mlm: bool) -> dict:
         config.phases.mlm = phase(
             steps=steps - clm_steps, reset_time=False, optim={"total_steps": steps}
         )
-        config.log_every = config.eval_every = min(clm_steps, steps - clm_steps) or 1
+        config.eval_every = min(clm_steps, steps - clm_steps) or 1
+        config.log_every = max(1, config.eval_every // 2)
     shutil.rmtree(workdir, ignore_errors=True)
     start = time.perf_counter()
     trainer.train_and_evaluate(config, workdir)
@@ -157,7 +161,13 @@ def pretrain(config, steps: int, workdir: str, clm_mlm: bool) -> dict:
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     out = {k: v for r in evals for k, v in r.items()}  # the last phase's values win
-    return {**out, "seconds": seconds, "steps": steps}
+    return {**out, "seconds": seconds, "steps": steps, "step_seconds": _step_seconds(rows)}
+
+
+def _step_seconds(rows: list[dict], tokens_per_step: int = BATCH * LENGTH) -> float:
+    """Seconds of one steady step: the last log window's tokens/s (padding counted as a token)."""
+    speeds = [r["perf/tokens_per_second"] for r in rows if "perf/tokens_per_second" in r]
+    return tokens_per_step / speeds[-1] if speeds else float("nan")
 
 
 def finetune(init_from: str, task: str, seed: int, steps: int, workdir: str) -> float:
@@ -170,7 +180,12 @@ def finetune(init_from: str, task: str, seed: int, steps: int, workdir: str) -> 
     config.log_every = max(1, min(config.log_every, steps))
     config.progress_bar = False
     shutil.rmtree(workdir, ignore_errors=True)
+    start = time.perf_counter()
     trainer.train_and_evaluate(config, workdir)
+    seconds = time.perf_counter() - start
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    step_seconds = _step_seconds(rows, config.batch_size * config.data.max_seq_length)
+    FINETUNE_TIMES.append((seconds, steps, step_seconds))
     with open(os.path.join(workdir, "best", "best.json")) as f:
         return json.load(f)["metrics"]["eval/accuracy"]
 
@@ -197,11 +212,15 @@ def plot(results: dict, epochs: list[int], tasks: list[str], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = ["held-out loss (nats/token)", *[f"dev accuracy: {t}" for t in tasks]]
+    panels = [
+        "held-out loss, nats/token (CLM NLL, diffusion bound; MLM/ELECTRA: masked CE)",
+        *[f"dev accuracy: {t}" for t in tasks],
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for name, by_epoch in results.items():
         xs = [e for e in epochs if e in by_epoch]
-        series = [[by_epoch[e]["likelihood"] or by_epoch[e]["own"] for e in xs]]
+        likely = all(None not in by_epoch[e]["likelihood"] for e in xs)
+        series = [[by_epoch[e]["likelihood" if likely else "own"] for e in xs]]
         series += [[by_epoch[e]["finetune"][t] for e in xs] for t in tasks]
         for ax, ys in zip(axes[0], series):
             med = [statistics.median(y) for y in ys]
@@ -216,9 +235,38 @@ def plot(results: dict, epochs: list[int], tasks: list[str], path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def estimate(args, train_tokens, budget_per_epoch, per_step_of, timings) -> str:
+    """The default grid's wall time from this run's measurements: per objective its steady step
+    time and per run its start-up (compile, data, checkpoint: run time less steady steps), the
+    budget scaled from the measured U to the default; fine-tuning likewise."""
+    grid = DEFAULT_GRID
+    budget = budget_per_epoch * grid["unique_tokens"] / max(1, args.unique_tokens)
+    startups, total = [], 0.0
+    for name, runs in timings.items():
+        step = statistics.median(t[2] for t in runs)
+        startups += [max(0.0, seconds - steps * step) for steps, seconds, _ in runs]
+        for epochs in grid["epochs"]:
+            total += grid["seeds"] * round(epochs * budget / per_step_of[name]) * step
+    runs = len(OBJECTIVES) * len(grid["epochs"]) * grid["seeds"]
+    pretraining = total * len(OBJECTIVES) / max(1, len(timings)) + runs * statistics.median(
+        startups
+    )
+    finetuning = 0.0
+    if FINETUNE_TIMES:
+        startup = statistics.median(max(0.0, s - n * t) for s, n, t in FINETUNE_TIMES)
+        step = statistics.median(t for _, _, t in FINETUNE_TIMES)
+        finetuning = runs * grid["tasks"] * (startup + grid["finetune"] * step)
+    return (
+        f"estimate for the default grid (U={grid['unique_tokens']}, E={grid['epochs']}, "
+        f"{grid['seeds']} seeds, {len(OBJECTIVES)} objectives, {grid['tasks']} tasks x "
+        f"{grid['finetune']} fine-tuning steps) at this machine's measured speed: pretraining "
+        f"{pretraining / 3600:.1f} h, fine-tuning {finetuning / 3600:.1f} h"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--unique-tokens", type=int, default=131072)
+    parser.add_argument("--unique-tokens", type=int, default=DEFAULT_GRID["unique_tokens"])
     parser.add_argument("--epochs", default="1,4,16,64")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
@@ -261,7 +309,7 @@ def main():
     )
 
     results: dict = {name: {} for name in args.objectives}
-    seconds_per_flop = []
+    timings: dict = {}  # objective -> [(steps, seconds, steady step seconds)]
     for epochs in args.epochs:
         for name in args.objectives:
             steps = max(2, round(epochs * budget_per_epoch / per_step_of[name]))
@@ -271,7 +319,7 @@ def main():
                 workdir = os.path.join(args.root, f"{name}_e{epochs}_s{seed}")
                 config = run_config("mlm" if name == "clm_mlm" else name, seed, spm, corpus_file)
                 row = pretrain(config, steps, workdir, name == "clm_mlm")
-                seconds_per_flop.append(row["seconds"] / (steps * per_step_of[name]))
+                timings.setdefault(name, []).append((steps, row["seconds"], row["step_seconds"]))
                 likelihood, own = held_out_loss(name, row)
                 cell["likelihood"].append(likelihood)
                 cell["own"].append(own)
@@ -285,14 +333,7 @@ def main():
                 cell["likelihood"] if None not in cell["likelihood"] else [None] * len(args.seeds)
             )
             results[name][epochs] = cell
-    speed = statistics.median(seconds_per_flop)
-    # the default grid (5 objectives, E = 1, 4, 16, 64, 3 seeds) at this U and measured speed
-    full = len(OBJECTIVES) * (1 + 4 + 16 + 64) * 3 * budget_per_epoch * speed
-    print(
-        f"measured {1 / speed / 1e9:.1f} GFLOP/s in pretraining (start-up included); the default "
-        f"grid's pretraining at U={train_tokens}: {full / 3600:.1f} h (plus fine-tuning)",
-        flush=True,
-    )
+    print(estimate(args, train_tokens, budget_per_epoch, per_step_of, timings), flush=True)
 
     lines = [
         f"U = {train_tokens} unique train tokens (built-in corpus, first documents), "
