@@ -6,7 +6,8 @@ Data-Constrained Settings": AR ahead at few epochs, diffusion ahead after many) 
 Gisserot-Boukhlef et al. 2026 (CLM then MLM beats MLM at a fixed budget), at toy scale:
 
 - Data: the first documents of the built-in corpus, written to one file, about U tokens in its
-  train split (the store's count is printed); a fixed 10% of its documents held out. One
+  train split (the store's count is printed); a fixed 15% of its documents held out (at
+  least 32 rows of 128 at the default U). One
   SentencePiece model of the whole built-in corpus for every run.
 - Backbone: configs/bert_tiny.py's encoder (2 layers of 128), rows of contiguous text
   (full_sentences, T=128, B=32) for every objective.
@@ -58,10 +59,10 @@ from bertjax.training import metrics as metrics_lib  # noqa: E402
 from bertjax.training.phases import phase  # noqa: E402
 from bertjax.training.run_config import model_config  # noqa: E402
 
-BATCH, LENGTH, VOCAB, HELDOUT = 32, 128, 4000, 0.1
+BATCH, LENGTH, VOCAB, HELDOUT = 32, 128, 4000, 0.15
 OBJECTIVES = ("mlm", "electra", "diffusion", "clm", "clm_mlm")
 CLM_SHARE = 0.25  # of CLM->MLM's steps (configs/clm_mlm_base.py)
-DEFAULT_GRID = dict(unique_tokens=65536, epochs=(1, 4, 16, 64), seeds=3, tasks=2, finetune=200)
+DEFAULT_GRID = dict(unique_tokens=49152, epochs=(1, 4, 16, 64), seeds=3, tasks=2, finetune=100)
 FINETUNE_TIMES: list[tuple[float, int, float]] = []  # (seconds, steps, steady step seconds)
 
 
@@ -271,7 +272,7 @@ def main():
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     parser.add_argument("--tasks", default="stdlib_families,stdlib_word_order")
-    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--finetune-steps", type=int, default=DEFAULT_GRID["finetune"])
     parser.add_argument("--root", default="/tmp/bertjax-data-constrained")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
