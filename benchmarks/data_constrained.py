@@ -68,7 +68,8 @@ FINETUNE_TIMES: list[tuple[float, int, float]] = []  # (seconds, steps, steady s
 
 def prepare_data(root: str, unique_tokens: int) -> tuple[str, str]:
     """(SentencePiece model of the whole built-in corpus, a corpus file of its first documents
-    holding about ``unique_tokens`` train tokens)."""
+    whose train split holds at least ``unique_tokens`` tokens: documents are held out by a hash
+    of their id, so the file grows until the train split is large enough)."""
     spm = os.path.join(root, "spm")
     model = os.path.join(spm, "spm.model")
     if not os.path.exists(model):
@@ -76,17 +77,33 @@ def prepare_data(root: str, unique_tokens: int) -> tuple[str, str]:
         model = train_sentencepiece(sentences, spm, vocab_size=VOCAB)
     tokenizer = Tokenizer(model)
     path = os.path.join(root, f"corpus_{unique_tokens}.txt")
-    if not os.path.exists(path):
-        wanted, total, docs = unique_tokens / (1.0 - HELDOUT), 0, []
+    wanted = unique_tokens / (1.0 - HELDOUT)
+    for _ in range(8):
+        if os.path.exists(path) and train_split_tokens(model, path, root) >= unique_tokens:
+            return model, path
+        total, docs = 0, []
         for _, sentences in corpus.iter_documents("builtin"):
             docs.append(sentences)
             total += sum(len(t) for t in tokenizer.encode(sentences)) + 1
             if total >= wanted:
                 break
+        else:
+            raise ValueError(f"--unique-tokens={unique_tokens}: the built-in corpus is smaller")
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
         os.replace(path + ".tmp", path)
-    return model, path
+        got = train_split_tokens(model, path, root)
+        wanted *= 1.02 * unique_tokens / max(got, 1)
+    raise ValueError(f"could not make a corpus with {unique_tokens} train tokens")
+
+
+def train_split_tokens(spm: str, corpus_file: str, root: str) -> int:
+    """Tokens in the train split of ``corpus_file``'s store."""
+    data = make_pipeline(run_config("mlm", 0, spm, corpus_file), os.path.join(root, "n"))
+    try:
+        return int(data.store.tokens.shape[0])
+    finally:
+        data.close()
 
 
 def run_config(name: str, seed: int, spm: str, corpus_file: str):
@@ -291,9 +308,7 @@ def main():
     for name in {*args.objectives, "mlm", "clm"} - {"clm_mlm"}:
         config = run_config(name, 0, spm, corpus_file)
         per_step_of[name], fraction_of[name] = flops_per_step(config, os.path.join(args.root, "n"))
-    data = make_pipeline(run_config("mlm", 0, spm, corpus_file), os.path.join(args.root, "n"))
-    train_tokens = int(data.store.tokens.shape[0])
-    data.close()
+    train_tokens = train_split_tokens(spm, corpus_file, args.root)
     mlm_epoch_steps = train_tokens / (BATCH * LENGTH)
     budget_per_epoch = per_step_of["mlm"] * mlm_epoch_steps
     if "clm_mlm" in args.objectives:
