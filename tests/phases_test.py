@@ -1,7 +1,8 @@
 """Multi-phase runs and batch-size warmup: the batch plan's counts, phases planned from one
 config, batches independent of the host and device counts during warmup, and kill -9 inside a
 phase (during a batch-size change), at a phase boundary and in the next phase, resumed to a run
-bitwise equal to an uninterrupted one (configs/phases_tiny.py, shrunk)."""
+bitwise equal to an uninterrupted one (configs/phases_tiny.py, shrunk); the same at the switch
+from CLM to MLM (configs/clm_mlm_tiny.py)."""
 
 import json
 import os
@@ -144,15 +145,15 @@ def test_a_batch_size_that_does_not_split_over_the_devices_is_named(small_spm, t
         trainer.train_and_evaluate(config, str(tmp_path))
 
 
-def _train(workdir, small_spm, kill_at=None):
+def _train(workdir, small_spm, kill_at=None, config=CONFIG, shrink=SHRINK):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     command = [
         os.path.join(ROOT, "train.py"),
-        f"--config={CONFIG}",
+        f"--config={config}",
         f"--workdir={workdir}",
         f"--config.data.tokenizer_model={small_spm}",
-        *SHRINK,
+        *shrink,
     ]
     if kill_at is not None:
         env["BERTJAX_TEST_KILL_AT"] = str(kill_at)
@@ -188,3 +189,41 @@ def test_kill_inside_a_phase_at_its_end_and_in_the_next_resumes_bitwise(small_sp
     # phase 2 restarts its 2-step warmup: the window of steps 12-13 averages LR 0 and 0.5 x peak
     assert rates[12] == pytest.approx(1e-3) and rates[14] == pytest.approx(0.25e-3)
     jax.tree.map(np.testing.assert_array_equal, _params(reference, 24), _params(workdir, 24))
+
+
+CLM_MLM = os.path.join(ROOT, "configs", "clm_mlm_tiny.py")
+CLM_MLM_SHRINK = [
+    "--config.model.hidden_size=32",
+    "--config.model.intermediate_size=48",
+    "--config.phases.clm.steps=6",
+    "--config.phases.mlm.steps=4",
+    "--config.checkpoint_every=3",
+    "--config.log_every=2",
+    "--config.eval_every=1000",
+    "--config.eval_batches=1",
+    "--config.progress_bar=False",
+    "--config.data.prefetch=1",
+]
+
+
+@pytest.mark.slow
+def test_kill_at_the_switch_from_clm_to_mlm_resumes_bitwise(small_spm, tmp_path):
+    """configs/clm_mlm_tiny.py: killed right after the CLM phase's last step (saved), the run
+    resumes into the MLM phase and ends with the uninterrupted run's parameters."""
+    planned = phases.plan_phases(trainer.load_config_file(CLM_MLM))
+    assert [(p.name, p.config.loss.objective, p.config.data.masking) for p in planned] == [
+        ("clm", "clm", "causal"),
+        ("mlm", "pretraining", "token"),
+    ]
+    reference = tmp_path / "reference"
+    done = _train(reference, small_spm, config=CLM_MLM, shrink=CLM_MLM_SHRINK)
+    assert done.returncode == 0, done.stderr[-3000:]
+    workdir = tmp_path / "killed"
+    killed = _train(workdir, small_spm, 6, config=CLM_MLM, shrink=CLM_MLM_SHRINK)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    finished = _train(workdir, small_spm, config=CLM_MLM, shrink=CLM_MLM_SHRINK)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+    assert any("eval/clm_loss" in r and r["step"] == 6 for r in rows)
+    assert any("eval/mlm_accuracy" in r and r["step"] == 10 for r in rows)
+    jax.tree.map(np.testing.assert_array_equal, _params(reference, 10), _params(workdir, 10))

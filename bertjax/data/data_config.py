@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 SAMPLE_PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm")
-MASKINGS = ("token", "whole_word", "ngram", "diffusion", "pert")
+MASKINGS = ("token", "whole_word", "ngram", "diffusion", "pert", "causal")
 PAIR_PLANS = ("nsp", "sop")  # plans whose rows are sentence pairs with a label
 MASK_TOKEN_WEIGHTINGS = ("uniform", "smoothed_unigram")
 CORPUS_FORMATS = ("sentences", "documents", "jsonl", "parquet")
@@ -45,7 +45,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.sample_plan = "nsp"
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
-    # of it shuffled, targets are positions; needs config.loss.objective="pert")
+    # of it shuffled, targets are positions; needs config.loss.objective="pert") | "causal" (no
+    # selection: every position's target is the next token, bertjax/data/causal.py; objective clm)
     c.masking = "token"
     c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
     c.max_predictions = 20  # P, width of masked_positions/ids/weights (diffusion: always T)
@@ -69,6 +70,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     # correction: TSV "word<TAB>sim1 sim2 ..." or .npy embedding matrix [V, D]
     c.similar_words_file = ""
     c.diffusion_eps = 1e-3  # diffusion: t ~ U(eps, 1) per row
+    # causal: share of input tokens replaced by [MASK] in training rows (targets stay; 0 = none)
+    c.input_mask_rate = 0.0
     c.permute_prob = 0.9  # pert: share of the selected tokens shuffled (the rest stay in place)
     c.pack_rows = False  # pack several short samples per row (segment_ids 1, 2, ...; 0 = pad)
     c.length_schedule = ()  # () = always max_seq_length; else ((fraction_of_steps, length), ...)
@@ -177,6 +180,10 @@ def validate(config) -> None:
             weights,
             f"need {c.ngram_max} non-negative weights (one per n) with a positive sum",
         )
+    if not 0.0 <= c.input_mask_rate < 1.0:
+        _fail("input_mask_rate", c.input_mask_rate, "must be in [0, 1)")
+    if c.input_mask_rate and c.masking != "causal":
+        _fail("input_mask_rate", c.input_mask_rate, f"masks causal rows, not masking={c.masking!r}")
     if not 0.0 < c.diffusion_eps < 1.0:
         _fail("diffusion_eps", c.diffusion_eps, "must be in (0, 1)")
     if c.correction and c.masking not in ("whole_word", "ngram"):

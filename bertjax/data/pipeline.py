@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import data_config, keys, masking, rows, samples, similarity
+from bertjax.data import causal, data_config, keys, masking, rows, samples, similarity
 from bertjax.data.batch_plan import BatchPlan
 from bertjax.data.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
@@ -277,17 +277,27 @@ class Pipeline(DataSource):
 
     def mask_rows(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
         """Masked batch of host rows; `spec` (held-out batches) masks tokens uniformly."""
-        masked = masking.mask_batch(
-            out["input_ids"],
-            out["maskable"],
-            out["word_starts"],
-            out["row_keys"],
-            spec or self._mask_spec,
-            mask_id=self.tokenizer.mask_id,
-            normal_ids=self.tokenizer.normal_ids,
-            similar=self._similar,
-            token_weights=self._token_weights if spec is None else None,
-        )
+        if self.c.masking == "causal":  # held-out rows: no input masking (exact NLL)
+            masked = causal.causal_batch(
+                out["input_ids"],
+                out.get("segment_ids", out["attention_mask"]),
+                out["maskable"],
+                out["row_keys"],
+                0.0 if spec is not None else float(self.c.input_mask_rate),
+                self.tokenizer.mask_id,
+            )
+        else:
+            masked = masking.mask_batch(
+                out["input_ids"],
+                out["maskable"],
+                out["word_starts"],
+                out["row_keys"],
+                spec or self._mask_spec,
+                mask_id=self.tokenizer.mask_id,
+                normal_ids=self.tokenizer.normal_ids,
+                similar=self._similar,
+                token_weights=self._token_weights if spec is None else None,
+            )
         batch = {
             "input_ids": masked["input_ids"],
             "token_type_ids": out["token_type_ids"],

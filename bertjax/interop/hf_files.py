@@ -144,12 +144,12 @@ def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
     fam = hf.get("model_type")
     if fam == "electra":
         return _electra_config(hf, path, **overrides)
-    if fam == "modernbert":
+    if fam in ("modernbert", "modernbert-decoder"):
         return _modernbert_config(hf, path, **overrides)
     if fam not in ("bert", "roberta", "albert"):
         raise ValueError(
             f"{path}/config.json has model_type {fam!r}; bertjax converts "
-            "'bert', 'roberta', 'albert', 'electra' and 'modernbert'"
+            "'bert', 'roberta', 'albert', 'electra', 'modernbert' and 'modernbert-decoder'"
         )
     if fam == "albert" and hf.get("inner_group_num", 1) != 1:
         raise ValueError(
@@ -271,11 +271,24 @@ def _rope_thetas(hf: dict, path: str) -> tuple[float, float]:
     return thetas[0], thetas[1]
 
 
+def decoder_window(local_attention: int) -> int:
+    """bertjax's local_attention_window for HF ModernBERT-decoder's ``local_attention``: HF's
+    causal sliding window keeps keys q - k < local_attention // 2, bertjax's q - k <= window // 2
+    (inverse: window + 2)."""
+    return local_attention - 2
+
+
 def _modernbert_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
     """A ModernBERT (or Ettin) config.json: RoPE, GLU, pre-LN without biases, alternating
-    local/global attention. HF's three dropouts map to bertjax's places: attention_dropout to
-    the attention probabilities and output, embedding_dropout and mlp_dropout to theirs."""
+    local/global attention; ``modernbert-decoder`` (Ettin decoders) the same stack, causal. HF's
+    three dropouts map to bertjax's places: attention_dropout to the attention probabilities and
+    output, embedding_dropout and mlp_dropout to theirs."""
     window, every = _modernbert_layout(hf, path)
+    decoder = hf.get("model_type") == "modernbert-decoder"
+    if decoder and window:  # HF's decoder sees local_attention // 2 keys, itself included
+        if window <= 2:
+            raise ValueError(f"{path}/config.json: local_attention={window} must be > 2")
+        window = decoder_window(window)
     global_theta, local_theta = _rope_thetas(hf, path)
     attention_dropout = float(hf.get("attention_dropout", 0.0))
     ids = special_token_ids(path, "modernbert", {"pad_token_id": 50283, **hf})
@@ -312,6 +325,7 @@ def _modernbert_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
         head_act=hf.get("classifier_activation", "gelu"),
         classifier_pooling=hf.get("classifier_pooling", "cls"),
         classifier_dropout=float(hf.get("classifier_dropout", 0.0)),
+        causal=decoder,
         **ids,
     )
     fields.update(overrides)

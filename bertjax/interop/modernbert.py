@@ -1,5 +1,6 @@
 """Hugging Face ModernBERT directories both ways (``model_type: modernbert``: ModernBERT and the
-Ettin encoders, which share its architecture).
+Ettin encoders, which share its architecture; ``modernbert-decoder``: the Ettin decoders, the same
+stack with causal attention, read as a ``causal`` BertConfig).
 
 ``from_hf(path)`` reads a ``ModernBertForMaskedLM`` (encoder + ``mlm_head``), a
 ``ModernBertForSequenceClassification`` / ``...ForTokenClassification`` (encoder + ``head`` +
@@ -9,7 +10,10 @@ config.json transformers loads without missing or unexpected keys.
 
 Layout: HF's fused ``Wqkv`` ([3D, D]: query, key, value rows) becomes the three [D, N, H]
 kernels; ``mlp.Wi`` ([2F, D]: input rows then gate rows) the [D, 2F] ``intermediate`` kernel
-whose halves `FeedForward` splits in that order; layer 0 has no ``attn_norm``.
+whose halves `FeedForward` splits in that order; layer 0 has no ``attn_norm``. The decoder
+(``ModernBertDecoderForCausalLM``) has separate ``q_proj``/``k_proj``/``v_proj``, its head under
+``lm_head`` and the decoder tied to the word embeddings; its sliding window counts keys
+differently (`hf_files.decoder_window`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,19 @@ def _mapping(cfg: BertConfig, heads: set[str]) -> dict:
         p, layer = f"model.layers.{i}", ("bert", "encoder", f"layer_{i}")
         attention = layer + ("attention",)
         for part, name in enumerate(("query", "key", "value")):
+            if cfg.causal:  # the decoder's separate projections
+                rules[f"{p}.attn.{name[0]}_proj.weight"] = (
+                    attention + (f"{name}_kernel",),
+                    lambda w: w.T.reshape(width, n, h),
+                    lambda k: k.reshape(width, n * h).T,
+                )
+                if cfg.attention_bias:
+                    rules[f"{p}.attn.{name[0]}_proj.bias"] = (
+                        attention + (f"{name}_bias",),
+                        lambda b: b.reshape(n, h),
+                        lambda b: b.reshape(n * h),
+                    )
+                continue
             rows = slice(part * width, (part + 1) * width)
             rules[f"{p}.attn.Wqkv.weight#{name}"] = (
                 attention + (f"{name}_kernel",),
@@ -83,8 +100,9 @@ def _mapping(cfg: BertConfig, heads: set[str]) -> dict:
         add_linear(f"{p}.mlp.Wo", layer + ("mlp", "output"), cfg.mlp_bias)
     add_norm("model.final_norm", ("bert", "encoder", "final_norm"))
     if "mlm" in heads:
-        add_linear("head.dense", ("mlm_head", "transform"), cfg.head_bias)
-        add_norm("head.norm", ("mlm_head", "layer_norm"))
+        head = "lm_head" if cfg.causal else "head"
+        add_linear(f"{head}.dense", ("mlm_head", "transform"), cfg.head_bias)
+        add_norm(f"{head}.norm", ("mlm_head", "layer_norm"))
         if cfg.decoder_bias:
             rules["decoder.bias"] = (("mlm_head", "bias"), same, same)
     if "classifier" in heads:
@@ -105,7 +123,7 @@ def _fused(rules: dict) -> dict[str, list[str]]:
 def _heads_in(keys: set[str]) -> set[str]:
     if "classifier.weight" in keys:
         return {"classifier"}
-    if "head.dense.weight" in keys:
+    if "head.dense.weight" in keys or "lm_head.dense.weight" in keys:
         return {"mlm"}
     return set()
 
@@ -122,9 +140,15 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
         }
     keys = set(weights)
     heads = _heads_in(keys)
+    if cfg.causal and "classifier" in heads:
+        raise ValueError(
+            f"{path}: a ModernBERT-decoder classifier is not supported; convert the "
+            "ModernBertDecoderForCausalLM or ModernBertDecoderModel save"
+        )
     logging.info(
-        "from_hf(%r): ModernBERT, %s",
+        "from_hf(%r): ModernBERT%s, %s",
         path,
+        " decoder" if cfg.causal else "",
         {"mlm": "MLM head", "classifier": "classifier"}.get(
             next(iter(heads), ""), "no heads (a base-model save)"
         ),
@@ -159,9 +183,12 @@ def hf_config(cfg: BertConfig, architecture: str, num_labels: int = 0) -> dict:
         for i in range(cfg.num_hidden_layers)
     ]
     local_theta = cfg.local_rope_theta if cfg.local_rope_theta is not None else cfg.rope_theta
+    window = cfg.local_attention_window or cfg.max_position_embeddings
+    if cfg.causal and cfg.local_attention_window:
+        window = cfg.local_attention_window + 2  # the inverse of hf_files.decoder_window
     config = dict(
         architectures=[architecture],
-        model_type="modernbert",
+        model_type="modernbert-decoder" if cfg.causal else "modernbert",
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -186,7 +213,7 @@ def hf_config(cfg: BertConfig, architecture: str, num_labels: int = 0) -> dict:
             "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
             "sliding_attention": {"rope_type": "default", "rope_theta": local_theta},
         },
-        local_attention=cfg.local_attention_window or cfg.max_position_embeddings,
+        local_attention=window,
         embedding_dropout=cfg.embedding_dropout,
         mlp_bias=cfg.mlp_bias,
         mlp_dropout=cfg.mlp_dropout,
@@ -216,6 +243,15 @@ def check_exportable(cfg: BertConfig) -> None:
         raise ValueError(f"to_hf: Hugging Face ModernBERT has no {'; '.join(problems)}")
 
 
+def check_decoder_heads(cfg: BertConfig, heads: set[str]) -> None:
+    """A causal config exports as ModernBertDecoderForCausalLM / ...Model only."""
+    if cfg.causal and "classifier" in heads:
+        raise ValueError(
+            "to_hf: a causal (ModernBERT-decoder) classifier is not supported; export the LM "
+            "(BertForPreTraining params) or the encoder"
+        )
+
+
 def to_hf(
     cfg: BertConfig,
     params: dict,
@@ -242,6 +278,7 @@ def to_hf(
     params = nn.unbox(params)
     params = params.get("params", params)
     heads = {"classifier"} if "classifier" in params else {"mlm"} if "mlm_head" in params else set()
+    check_decoder_heads(cfg, heads)
     tensors: dict[str, np.ndarray] = {}
     for rule, (source, _, backward) in _mapping(cfg, heads).items():
         key, _, part = rule.partition("#")
@@ -253,9 +290,11 @@ def to_hf(
         num_labels = int(np.asarray(params["classifier"]["bias"]).shape[0])
         kind = "TokenClassification" if token_classification else "SequenceClassification"
         architecture = f"ModernBertFor{kind}"
+    elif cfg.causal:
+        architecture = "ModernBertDecoderForCausalLM" if heads else "ModernBertDecoderModel"
     else:
         architecture = "ModernBertForMaskedLM" if heads else "ModernBertModel"
-    if architecture == "ModernBertModel":
+    if architecture in ("ModernBertModel", "ModernBertDecoderModel"):
         tensors = {k[len("model.") :]: v for k, v in tensors.items()}
     paths.makedirs(path)
     with tempfile.TemporaryDirectory() as tmp:

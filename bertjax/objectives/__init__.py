@@ -13,6 +13,7 @@ distill            DistilBERT's distillation from a frozen teacher
 diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)
 pert               PERT's permuted language model: predict where each original token now is
 electra            ELECTRA's replaced-token detection: generator MLM + discriminator in one step
+causal_lm          causal LM (next-token CE) on the same encoder under a causal mask
 """
 
 from bertjax.objectives.base import Objective, default_loss_config

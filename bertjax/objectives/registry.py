@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from bertjax.objectives.base import Objective, default_loss_config
+from bertjax.objectives.causal_lm import CausalLM
 from bertjax.objectives.diffusion import MaskedDiffusion
 from bertjax.objectives.distill import Distillation
 from bertjax.objectives.electra import Electra
@@ -20,6 +21,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
     "distill": Distillation,
     "pert": PermutedLM,
     "electra": Electra,
+    "clm": CausalLM,
 }
 
 
