@@ -198,6 +198,11 @@ class Objective(abc.ABC):
         rows = None if masked_width is None else self.last_layer_rows(cfg, masked_width)
         return count(cfg, seq_len, masked_per_sequence, rows)
 
+    def gradients(self, model: nn.Module, params, batch: dict, rng, norms: dict):
+        """(grads, sums) when the objective computes its gradients itself (GradCache: the
+        embedding objective), else None: the step differentiates `loss` over microbatches."""
+        return None
+
     def make_data(self, config: ml_collections.ConfigDict, workdir: str) -> DataSource:
         """The run's data source (default: the pretraining pipeline)."""
         return make_pipeline(config, workdir)

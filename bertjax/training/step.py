@@ -216,6 +216,9 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
     spec = state.spec
     objective = spec.objective
     norms = objective.norms(batch)
+    own = objective.gradients(spec.model(), state.params, batch, rng, norms)
+    if own is not None:
+        return (*own, norms)
 
     def loss_fn(params, microbatch, microbatch_rng):
         outputs = _forward(
