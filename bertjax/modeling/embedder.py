@@ -34,11 +34,11 @@ def check_pooling(pooling: tuple[str, ...], where: str = "pooling") -> tuple[str
 
 
 def pool(sequence_BTD: Array, attention_mask_BT: Array | None, modes: tuple[str, ...]) -> Array:
-    """[B, T, D] token vectors -> [B, len(modes) * D] in float32 (padding excluded)."""
-    x = sequence_BTD.astype(jnp.float32)
+    """[B, T, D] token vectors -> [B, len(modes) * D] in float32 or wider (padding excluded)."""
+    x = sequence_BTD.astype(jnp.promote_types(sequence_BTD.dtype, jnp.float32))
     if attention_mask_BT is None:
         attention_mask_BT = jnp.ones(x.shape[:2], jnp.int32)
-    real_BT = attention_mask_BT.astype(jnp.float32)
+    real_BT = attention_mask_BT.astype(x.dtype)
     length_B1 = jnp.maximum(jnp.sum(real_BT, axis=1, keepdims=True), 1e-9)
     out = []
     for mode in modes:

@@ -31,8 +31,9 @@ _MASKED = -1e9  # the score of a padding candidate (exp underflows to 0)
 
 
 def similarity(a_NE: Array, b_ME: Array, kind: str) -> Array:
-    """[N, M] cosine ("cos") or dot-product ("dot") similarities in float32."""
-    a_NE, b_ME = a_NE.astype(jnp.float32), b_ME.astype(jnp.float32)
+    """[N, M] cosine ("cos") or dot-product ("dot") similarities, in float32 or wider."""
+    dtype = jnp.promote_types(jnp.promote_types(a_NE.dtype, b_ME.dtype), jnp.float32)
+    a_NE, b_ME = a_NE.astype(dtype), b_ME.astype(dtype)
     if kind == "cos":
         a_NE, b_ME = l2_normalize(a_NE), l2_normalize(b_ME)
     return a_NE @ b_ME.T
