@@ -141,7 +141,7 @@ def test_gradcache_gradients_equal_whole_batch_float64():
         def reference(p, rate, chunks):
             parts = [
                 embed_fn(rate)(
-                    p, jax.tree.map(lambda v: v[i::chunks], batch), jax.random.fold_in(rng, i)
+                    p, jax.tree.map(lambda v, i=i: v[i::chunks], batch), jax.random.fold_in(rng, i)
                 )
                 for i in range(chunks)
             ]
