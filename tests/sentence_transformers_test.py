@@ -114,6 +114,26 @@ def test_sentence_transformers_round_trip(family, tmp_path):
     np.testing.assert_allclose(again, got, atol=1e-5, rtol=1e-5)
     modules = st_files.read_modules(exported)
     assert (modules.pooling, modules.normalize) == (embedder.pooling, embedder.normalize)
+    if family == "bert":  # BEIR metrics: each text, asked verbatim, finds itself first
+        _check_beir(embedder, tmp_path)
+
+
+def _check_beir(embedder, tmp_path):
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    lines = [json.dumps({"_id": f"d{i}", "text": t}) for i, t in enumerate(TEXTS)]
+    (root / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    lines = [json.dumps({"_id": f"q{i}", "text": t}) for i, t in enumerate(TEXTS)]
+    (root / "queries.jsonl").write_text("\n".join(lines) + "\n")
+    judged = "".join(f"q{i}\td{i}\t1\n" for i in range(len(TEXTS)))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + judged)
+    metrics = embed.evaluate_beir(embedder, str(root), batch_size=4)
+    assert metrics["ndcg@10"] == pytest.approx(1.0) and metrics["mrr@10"] == pytest.approx(1.0)
+    assert metrics["recall@100"] == 1.0 and metrics["queries"] == len(TEXTS)
+    embed.embed_corpus(embedder, str(root / "corpus.jsonl"), str(tmp_path / "v.npz"), 4)
+    vectors = np.load(tmp_path / "v.npz")
+    assert list(vectors["ids"]) == [f"d{i}" for i in range(len(TEXTS))]
+    np.testing.assert_allclose(vectors["embeddings"], embedder.encode(TEXTS, 4), atol=1e-6)
 
 
 def test_unsupported_modules_are_named(tmp_path):

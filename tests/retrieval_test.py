@@ -1,0 +1,122 @@
+"""Retrieval metrics against pytrec_eval on random runs, BEIR directories, pair files and the
+built-in pairs, and one clear message for each kind of bad input."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import pytrec_eval
+
+from bertjax.data import beir, pairs
+from bertjax.evaluation import retrieval
+
+
+def test_metrics_match_pytrec_eval_on_random_runs():
+    rs = np.random.RandomState(0)
+    docs = [f"d{i}" for i in range(150)]
+    qrels, run = {}, {}
+    for q in range(40):
+        judged = rs.choice(150, rs.randint(1, 12), replace=False)
+        grades = rs.randint(0, 3, len(judged))
+        grades[0] = max(grades[0], 1)  # at least one relevant document
+        qrels[f"q{q}"] = {docs[d]: int(g) for d, g in zip(judged, grades)}
+        retrieved = rs.choice(150, rs.randint(20, 150), replace=False)
+        scores = rs.permutation(len(retrieved)) + rs.rand()  # distinct: no tie-breaking
+        run[f"q{q}"] = {docs[d]: float(s) for d, s in zip(retrieved, scores)}
+    ours = retrieval.evaluate_run(run, qrels)
+    evaluator = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"})
+    per_query = evaluator.evaluate(run)
+    top10 = {q: dict(sorted(r.items(), key=lambda kv: -kv[1])[:10]) for q, r in run.items()}
+    mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    np.testing.assert_allclose(
+        ours["ndcg@10"], np.mean([m["ndcg_cut_10"] for m in per_query.values()]), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        ours["recall@100"], np.mean([m["recall_100"] for m in per_query.values()]), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        ours["mrr@10"], np.mean([m["recip_rank"] for m in mrr.values()]), rtol=1e-12
+    )
+    assert 0.0 < ours["ndcg@10"] < 1.0
+
+
+def test_dense_search_is_exact():
+    rs = np.random.RandomState(1)
+    queries, docs = rs.randn(7, 5), rs.randn(300, 5)
+    indices, scores = retrieval.search(queries, docs, 10, block=3)
+    want = np.argsort(-(queries @ docs.T), axis=1)[:, :10]
+    np.testing.assert_array_equal(indices, want)
+    assert (np.diff(scores, axis=1) <= 0).all()
+
+
+def _write_beir(root, qrels_lines, queries=None):
+    root.mkdir()
+    corpus = [
+        {"_id": "d1", "title": "Coroutines", "text": "can be suspended."},
+        {"_id": "d2", "text": "Lists hold items."},
+    ]
+    (root / "corpus.jsonl").write_text("\n".join(json.dumps(r) for r in corpus) + "\n")
+    queries = queries or [
+        {"_id": "q1", "text": "what is a coroutine"},
+        {"_id": "q2", "text": "lists"},
+    ]
+    (root / "queries.jsonl").write_text("\n".join(json.dumps(r) for r in queries) + "\n")
+    (root / "qrels").mkdir()
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels_lines)
+    return str(root)
+
+
+def test_beir_reading_and_bad_input(tmp_path):
+    data = beir.read_beir(_write_beir(tmp_path / "ok", "q1\td1\t1\nq1\td2\t0\n"))
+    assert data.corpus == {"d1": "Coroutines can be suspended.", "d2": "Lists hold items."}
+    assert data.queries == {"q1": "what is a coroutine"}  # only judged queries
+    assert data.qrels == {"q1": {"d1": 1, "d2": 0}}
+    with pytest.raises(ValueError, match=r"test.tsv line 2: corpus-id 'd9' is not in .*corpus"):
+        beir.read_beir(_write_beir(tmp_path / "missing", "q1\td9\t1\n"))
+    empty = [{"_id": "q1", "text": "what"}, {"_id": "q2", "text": "  "}]
+    with pytest.raises(ValueError, match=r"queries.jsonl line 2: query 'q2' has empty text"):
+        beir.read_beir(_write_beir(tmp_path / "empty", "q1\td1\t1\n", empty))
+    with pytest.raises(FileNotFoundError, match="corpus.jsonl not found"):
+        beir.read_beir(str(tmp_path / "nothing"))
+
+
+def test_pair_files_and_bad_input(tmp_path):
+    records = [
+        {"query": "what is a list", "positive": "Lists hold items.", "negatives": ["A set."]},
+        {"query": "coroutines", "positive": "Coroutines can be suspended."},
+    ]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    parquet = tmp_path / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist(records), parquet)
+    for path in (jsonl, parquet):
+        got = pairs.read_pairs(str(path))
+        assert [(p.query, p.positive, p.negatives) for p in got] == [
+            ("what is a list", "Lists hold items.", ("A set.",)),
+            ("coroutines", "Coroutines can be suspended.", ()),
+        ]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"query": "q", "pos": "d"}) + "\n")
+    with pytest.raises(
+        ValueError, match=r"bad.jsonl line 1 has no 'positive' field .*positive_field"
+    ):
+        pairs.read_pairs(str(bad))
+    renamed = pairs.read_pairs(str(bad), positive_field="pos")
+    assert renamed[0].positive == "d"
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text(json.dumps({"query": " ", "positive": "d"}) + "\n")
+    with pytest.raises(ValueError, match=r"blank.jsonl line 1: field 'query' must be a non-empty"):
+        pairs.read_pairs(str(blank))
+
+
+def test_builtin_pairs_and_split():
+    every = pairs.builtin_pairs()
+    assert len(every) > 1000
+    headings = [p for p in every if p.key.startswith("topic:")]
+    assert headings and all("#" in p.key for p in headings)
+    train, dev = pairs.split_pairs(every, 0.1)
+    assert 0.05 < len(dev) / len(every) < 0.15
+    assert not {p.key for p in train} & {p.key for p in dev}
+    assert pairs.split_pairs(every, 0.1)[1] == dev  # the same split every time
