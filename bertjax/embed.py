@@ -162,9 +162,7 @@ def embed_corpus(embedder: Embedder, corpus_file: str, output: str, batch_size: 
     paths.write_bytes(output, buffer.getvalue())
 
 
-def main(argv):
-    del argv
-    flags = _FLAGS
+def _run(flags) -> None:
     embedder = load(flags.model, flags.max_seq_length or None)
     if flags.export:
         embedder.export(flags.export)
@@ -184,9 +182,8 @@ def main(argv):
         raise SystemExit("give --beir_dir (metrics), --corpus (vectors) or --export (a directory)")
 
 
-_FLAGS = None
-
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bertjax.embed` (the module docstring's flags)."""
     from absl import app, flags
 
     flags.DEFINE_string("model", None, "sentence-transformers dir, bertjax workdir or HF dir")
@@ -198,5 +195,8 @@ if __name__ == "__main__":
     flags.DEFINE_integer("batch_size", 64, "texts per encoder call")
     flags.DEFINE_integer("max_seq_length", 0, "token limit per text (0: the model's)")
     flags.mark_flag_as_required("model")
-    _FLAGS = flags.FLAGS
-    app.run(main)
+    app.run(lambda _: _run(flags.FLAGS), argv=argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,8 @@ ModernBERT-shape one (CLS pooling) load into bertjax with the same embeddings as
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -127,7 +129,14 @@ def _check_beir(embedder, tmp_path):
     (root / "queries.jsonl").write_text("\n".join(lines) + "\n")
     judged = "".join(f"q{i}\td{i}\t1\n" for i in range(len(TEXTS)))
     (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + judged)
-    metrics = embed.evaluate_beir(embedder, str(root), batch_size=4)
+    output = tmp_path / "metrics.json"
+    command = [sys.executable, "-m", "bertjax.embed", f"--model={tmp_path / 'exported'}"]
+    command += [f"--beir_dir={root}", f"--output={output}", "--batch_size=4"]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(output.read_text())
+    assert metrics == pytest.approx(embed.evaluate_beir(embedder, str(root), batch_size=4))
     assert metrics["ndcg@10"] == pytest.approx(1.0) and metrics["mrr@10"] == pytest.approx(1.0)
     assert metrics["recall@100"] == 1.0 and metrics["queries"] == len(TEXTS)
     embed.embed_corpus(embedder, str(root / "corpus.jsonl"), str(tmp_path / "v.npz"), 4)
