@@ -227,6 +227,13 @@ def test_sharded_step_equals_one_device(one_device, chunk):
     assert objective.gradcache_chunk_size == chunk and objective.symmetric
 
 
+def test_learned_scale_takes_no_weight_decay():
+    from bertjax.training.param_groups import weight_decay_mask
+
+    mask = weight_decay_mask({"logit_scale": np.float32(3.0), "bert": {"kernel": np.ones((2, 2))}})
+    assert mask == {"logit_scale": False, "bert": {"kernel": True}}
+
+
 def test_config_errors_name_the_key():
     config = _config(pooling="sum")
     with pytest.raises(ValueError, match="config.loss.pooling"):
