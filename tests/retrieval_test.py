@@ -120,3 +120,42 @@ def test_builtin_pairs_and_split():
     assert 0.05 < len(dev) / len(every) < 0.15
     assert not {p.key for p in train} & {p.key for p in dev}
     assert pairs.split_pairs(every, 0.1)[1] == dev  # the same split every time
+
+
+def test_pair_data_batches_negatives_and_heldout_score(tmp_path, small_spm):
+    """PairData: batch(step) is a pure function of the step; a pair's own hard negatives come
+    first, missing ones are other documents; the held-out batches pad with weight-0 rows; perfect
+    vectors score NDCG@10 = 1."""
+    from bertjax.objectives.embedding import Embedding, add_embedding_config
+    from bertjax.objectives.embedding_data import PairData
+    from bertjax.trainer import default_run_config
+
+    train = tmp_path / "train.jsonl"
+    lines = [{"query": f"question {i}", "positive": f"answer number {i}"} for i in range(10)]
+    lines[0]["negatives"] = ["the own negative"]
+    train.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(
+        "\n".join(json.dumps({"query": f"q{i}", "positive": f"d{i}"}) for i in range(5)) + "\n"
+    )
+    config = add_embedding_config(default_run_config())
+    config.batch_size = 4
+    config.data.tokenizer_model = small_spm
+    config.data.max_seq_length = 16
+    config.pairs.update(source=str(train), dev_file=str(dev), num_negatives=2, max_query_length=8)
+    data = PairData(config, str(tmp_path / "work"), Embedding.from_config(config))
+    again = PairData(config, str(tmp_path / "work"), Embedding.from_config(config))
+    for key, value in data.batch(3).items():
+        np.testing.assert_array_equal(value, again.batch(3)[key])
+    batch = data.batch(0)
+    assert batch["doc_input_ids"].shape == (4, 3, 16) and batch["input_ids"].shape == (4, 8)
+    rows = data.train["doc_input_ids"]
+    decode = data.tokenizer.decode
+    assert decode(rows[0, 1]) == "the own negative"  # its own first
+    assert decode(rows[0, 2]) != decode(rows[0, 0])  # then another pair's positive
+    assert decode(rows[0, 2]).startswith("answer number")
+    padded = list(data.eval_batches(0))
+    assert len(padded) == 2 and padded[1]["weights"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    perfect = np.zeros((5, 2, 5), np.float32)
+    perfect[np.arange(5), :, np.arange(5)] = 1.0  # each query equals its own document
+    assert data.score(perfect) == {"ndcg@10": 1.0, "mrr@10": 1.0, "recall@100": 1.0}
