@@ -159,3 +159,37 @@ def test_pair_data_batches_negatives_and_heldout_score(tmp_path, small_spm):
     perfect = np.zeros((5, 2, 5), np.float32)
     perfect[np.arange(5), :, np.arange(5)] = 1.0  # each query equals its own document
     assert data.score(perfect) == {"ndcg@10": 1.0, "mrr@10": 1.0, "recall@100": 1.0}
+
+
+def test_trained_workdir_loads_as_the_evaluated_embedder(tmp_path, small_spm):
+    """A short embedding run's workdir loads with `bertjax.embed.load` (its pooling and
+    normalization from the run config) and scores the held-out pairs as the trainer's eval did."""
+    from bertjax import embed, trainer
+    from bertjax.objectives.embedding import add_embedding_config
+
+    config = add_embedding_config(trainer.default_run_config())
+    config.model.update(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    config.model.intermediate_size = 64
+    config.data.tokenizer_model = small_spm
+    config.data.max_seq_length = config.pairs.max_query_length = 24
+    config.loss.pooling, config.loss.normalize = "cls,mean", False
+    config.update(batch_size=8, num_train_steps=2, eval_every=2, checkpoint_every=0)
+    config.update(progress_bar=False, log_every=1, eval_batches=1)  # 8 held-out pairs
+    config.peak_flops_per_device = 1e12  # no CPU peak measurement at start
+    config.optim.warmup_steps = 1
+    summary = trainer.train_and_evaluate(config, str(tmp_path))
+    embedder = embed.load(str(tmp_path))
+    assert embedder.pooling == ("cls", "mean") and embedder.normalize is False
+    dev = pairs.split_pairs(pairs.builtin_pairs(), 0.1)[1][:8]
+    texts = list(dict.fromkeys(p.positive for p in dev))
+    qrels = {str(i): {str(texts.index(p.positive)): 1} for i, p in enumerate(dev)}
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    queries = unit(embedder.encode([p.query for p in dev], batch_size=8))
+    docs = unit(embedder.encode(texts, batch_size=8))
+    run = retrieval.dense_run(list(qrels), queries, [str(i) for i in range(len(texts))], docs)
+    ours = retrieval.evaluate_run(run, qrels)
+    for name in ("ndcg@10", "mrr@10", "recall@100"):
+        assert ours[name] == pytest.approx(summary[f"eval/{name}"], abs=1e-3), name
