@@ -161,35 +161,40 @@ def test_pair_data_batches_negatives_and_heldout_score(tmp_path, small_spm):
     assert data.score(perfect) == {"ndcg@10": 1.0, "mrr@10": 1.0, "recall@100": 1.0}
 
 
-def test_trained_workdir_loads_as_the_evaluated_embedder(tmp_path, small_spm):
-    """A short embedding run's workdir loads with `bertjax.embed.load` (its pooling and
-    normalization from the run config) and scores the held-out pairs as the trainer's eval did."""
-    from bertjax import embed, trainer
-    from bertjax.objectives.embedding import add_embedding_config
+def test_embedding_checkpoint_loads_with_its_pooling(tmp_path, small_spm):
+    """A bertjax embedding checkpoint loads with `bertjax.embed.load`: the pooling and
+    normalization its run config trained, its tokenizer and weights (vectors equal the model's
+    own on the same rows)."""
+    import jax
 
-    config = add_embedding_config(trainer.default_run_config())
+    from bertjax import embed, step
+    from bertjax.data.tokenizer import Tokenizer
+    from bertjax.interop.checkpoints import tokenizer_meta
+    from bertjax.modeling.embedder import BertForEmbedding
+    from bertjax.objectives.embedding import add_embedding_config
+    from bertjax.objectives.tasks import encode_pairs
+    from bertjax.trainer import default_run_config
+    from bertjax.training import sharding
+    from bertjax.training.checkpoint import Checkpointer
+    from bertjax.training.run_config import model_config
+
+    config = add_embedding_config(default_run_config())
     config.model.update(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
-    config.model.intermediate_size = 64
-    config.data.tokenizer_model = small_spm
-    config.data.max_seq_length = config.pairs.max_query_length = 24
+    config.model.update(intermediate_size=64, hidden_dropout_prob=0.0)
     config.loss.pooling, config.loss.normalize = "cls,mean", False
-    config.update(batch_size=8, num_train_steps=2, eval_every=2, checkpoint_every=0)
-    config.update(progress_bar=False, log_every=1, eval_batches=1)  # 8 held-out pairs
-    config.peak_flops_per_device = 1e12  # no CPU peak measurement at start
-    config.optim.warmup_steps = 1
-    summary = trainer.train_and_evaluate(config, str(tmp_path))
+    config.data.max_seq_length = 16
+    tokenizer = Tokenizer(small_spm)
+    cfg = model_config(config, tokenizer)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
+    meta = {"config": config.to_dict(), "model_config": cfg.to_dict(), "data_fingerprint": "-"}
+    checkpoints = Checkpointer(str(tmp_path / "checkpoints"), keep=1, async_save=False)
+    checkpoints.save(state, {**meta, **tokenizer_meta(tokenizer)}, force=True)
+    checkpoints.close()
     embedder = embed.load(str(tmp_path))
     assert embedder.pooling == ("cls", "mean") and embedder.normalize is False
-    dev = pairs.split_pairs(pairs.builtin_pairs(), 0.1)[1][:8]
-    texts = list(dict.fromkeys(p.positive for p in dev))
-    qrels = {str(i): {str(texts.index(p.positive)): 1} for i, p in enumerate(dev)}
-
-    def unit(x):
-        return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-    queries = unit(embedder.encode([p.query for p in dev], batch_size=8))
-    docs = unit(embedder.encode(texts, batch_size=8))
-    run = retrieval.dense_run(list(qrels), queries, [str(i) for i in range(len(texts))], docs)
-    ours = retrieval.evaluate_run(run, qrels)
-    for name in ("ndcg@10", "mrr@10", "recall@100"):
-        assert ours[name] == pytest.approx(summary[f"eval/{name}"], abs=1e-3), name
+    texts = ["Return the list of names.", "a coroutine can be suspended"]
+    rows = encode_pairs(tokenizer, texts, ["", ""], 16)
+    model = BertForEmbedding(cfg, ("cls", "mean"), False)
+    want = model.apply({"params": state.params}, rows["input_ids"], rows["attention_mask"])
+    np.testing.assert_allclose(embedder.encode(texts, batch_size=2), want, atol=1e-5)
