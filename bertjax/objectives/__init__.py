@@ -13,6 +13,8 @@ distill            DistilBERT's distillation from a frozen teacher
 diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)
 pert               PERT's permuted language model: predict where each original token now is
 electra            ELECTRA's replaced-token detection: generator MLM + discriminator in one step
+embedding          contrastive embedding training (+ contrastive: InfoNCE / Matryoshka,
+                   gradcache: GradCache, embedding_data: the pairs as a data source)
 """
 
 from bertjax.objectives.base import Objective, default_loss_config

@@ -8,6 +8,7 @@ from bertjax.objectives.base import Objective, default_loss_config
 from bertjax.objectives.diffusion import MaskedDiffusion
 from bertjax.objectives.distill import Distillation
 from bertjax.objectives.electra import Electra
+from bertjax.objectives.embedding import Embedding
 from bertjax.objectives.finetune import Classification, TokenClassification
 from bertjax.objectives.pert import PermutedLM
 from bertjax.objectives.pretraining import Pretraining
@@ -20,6 +21,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
     "distill": Distillation,
     "pert": PermutedLM,
     "electra": Electra,
+    "embedding": Embedding,
 }
 
 
