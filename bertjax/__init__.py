@@ -13,7 +13,7 @@ interop/     Hugging Face weights both ways; read-only bertjax checkpoints
 
 The public faces: `bertjax.BertConfig` and the models below, `bertjax.convert` (from_hf,
 to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertjax.diffusion`,
-`bertjax.glue`.
+`bertjax.glue`, `bertjax.embed` (sentence embeddings, retrieval metrics, sentence-transformers).
 """
 
 from bertjax.modeling import (

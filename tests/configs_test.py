@@ -52,6 +52,7 @@ def _shrink(config, zh_files, spm):
     """Same recipe, toy sizes: 2 layers of width 32, 3 steps, lengths scaled into [16, 64]; the
     session's SentencePiece model for English recipes."""
     config.batch_size, config.num_train_steps = 8, 3
+    width = config.model.hidden_size
     config.model.hidden_size, config.model.num_attention_heads = 32, 2
     config.model.intermediate_size, config.model.num_hidden_layers = 64, 2
     config.model.dtype = "float32"
@@ -77,6 +78,9 @@ def _shrink(config, zh_files, spm):
     if config.budget_flops:  # a few steps of the shrunken model
         config.budget_flops = 1.5e8
     config.init_from, config.init_tiling = "", False
+    for loss in [config.loss] + [config.phases[n].set.get("loss", {}) for n in config.phase_order]:
+        if loss.get("matryoshka_dims"):  # embedding widths shrink with the model (768 -> 32)
+            loss.matryoshka_dims = tuple(max(1, d * 32 // width) for d in loss.matryoshka_dims)
     for name in config.phase_order:  # every phase two steps, its lengths shrunk the same way
         entry = config.phases[name]
         entry.steps, entry.tokens = 2, 0

@@ -14,6 +14,8 @@ diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generatio
 pert               PERT's permuted language model: predict where each original token now is
 electra            ELECTRA's replaced-token detection: generator MLM + discriminator in one step
 causal_lm          causal LM (next-token CE) on the same encoder under a causal mask
+embedding          contrastive embedding training (+ contrastive: InfoNCE / Matryoshka,
+                   gradcache: GradCache, embedding_data: the pairs as a data source)
 """
 
 from bertjax.objectives.base import Objective, default_loss_config

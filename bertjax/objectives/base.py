@@ -314,9 +314,11 @@ class Objective(abc.ABC):
             cfg, length, masked / batch_size, width, count
         )
 
-    def gradients(self, grad_fn: Callable) -> Callable:
+    def gradients(self, grad_fn: Callable, model: nn.Module) -> Callable:
         """How the step takes gradients: ``grad_fn(params, batch, rng) -> (grads, sums)`` as
-        is, or wrapped (fine-tuning's FGM adversarial pass)."""
+        is, or wrapped (fine-tuning's FGM adversarial pass), or replaced by one that runs
+        ``model`` itself (the embedding objective's GradCache, for objectives that are not
+        `microbatch_additive`, so ``batch`` is the whole global batch)."""
         return grad_fn
 
     def make_data(self, config: ml_collections.ConfigDict, workdir: str) -> DataSource:

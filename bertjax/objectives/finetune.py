@@ -85,7 +85,7 @@ class _Finetuning(Objective):
         if self.fgm_epsilon < 0:
             raise ValueError(f"config.loss.fgm_epsilon={self.fgm_epsilon}: must be >= 0")
 
-    def gradients(self, grad_fn):
+    def gradients(self, grad_fn, model):
         """With ``fgm_epsilon`` > 0, clean plus FGM-adversarial gradients (`fgm.with_fgm`)."""
         if self.fgm_epsilon <= 0:
             return grad_fn

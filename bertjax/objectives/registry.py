@@ -9,6 +9,7 @@ from bertjax.objectives.causal_lm import CausalLM
 from bertjax.objectives.diffusion import MaskedDiffusion
 from bertjax.objectives.distill import Distillation
 from bertjax.objectives.electra import Electra
+from bertjax.objectives.embedding import Embedding
 from bertjax.objectives.finetune import Classification, TokenClassification
 from bertjax.objectives.pert import PermutedLM
 from bertjax.objectives.pretraining import Pretraining
@@ -22,6 +23,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
     "pert": PermutedLM,
     "electra": Electra,
     "clm": CausalLM,
+    "embedding": Embedding,
 }
 
 

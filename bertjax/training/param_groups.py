@@ -28,9 +28,12 @@ def _names(path) -> tuple:
 
 
 def decays_weight(path) -> bool:
-    """True for kernels and embedding tables; False for biases and LayerNorm scale/bias."""
+    """True for kernels and embedding tables; False for biases, LayerNorm scale/bias and a learned
+    contrastive temperature (``logit_scale``, which CLIP also leaves undecayed)."""
     names = _names(path)
-    return not (names[-1].endswith("bias") or any("norm" in n for n in names[:-1]))
+    if names[-1].endswith("bias") or names[-1] == "logit_scale":
+        return False
+    return not any("norm" in n for n in names[:-1])
 
 
 def weight_decay_mask(params) -> Any:

@@ -217,7 +217,8 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
         sums = objective.sums(outputs, microbatch)
         return objective.loss(sums, norms), sums
 
-    grad_fn = objective.gradients(jax.grad(loss_fn, has_aux=True))  # e.g. FGM's second pass
+    # e.g. FGM's second pass, or GradCache's chunked encoder runs
+    grad_fn = objective.gradients(jax.grad(loss_fn, has_aux=True), spec.model())
     k = spec.grad_accum_steps
     if k == 1:
         grads, sums = grad_fn(state.params, batch, rng)

@@ -1,0 +1,202 @@
+"""Embed text and score retrieval with a trained encoder; export a sentence-transformers directory.
+
+    python -m bertjax.embed --model=DIR --beir_dir=DIR --output=metrics.json
+    python -m bertjax.embed --model=DIR --corpus=corpus.jsonl --output=vectors.npz
+    python -m bertjax.embed --model=WORKDIR --export=st_dir/
+
+``--model`` is a sentence-transformers directory (its pooling and Normalize), a bertjax embedding
+workdir (the pooling and normalization its run config trained), or a Hugging Face model
+directory (mean pooling, normalized). With ``--beir_dir`` the output is the JSON of NDCG@10,
+MRR@10 and Recall@100 of the split's judged queries (exact search over the whole corpus); with
+``--corpus`` (BEIR's corpus.jsonl format) it is an .npz of ``ids`` and ``embeddings``;
+``--export`` writes a directory ``SentenceTransformer(dir)`` loads.
+
+Example::
+
+    embedder = bertjax.embed.load("path/to/model")
+    vectors = embedder.encode(["what is a coroutine", "Coroutines can be suspended."])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import paths
+from bertjax.data.beir import read_beir
+from bertjax.data.tokenizer import Tokenizer
+from bertjax.evaluation import retrieval
+from bertjax.interop import hf_files
+from bertjax.interop import sentence_transformers as st_files
+from bertjax.interop.checkpoints import CheckpointReader
+from bertjax.modeling.bert_config import BertConfig
+from bertjax.modeling.embedder import BertForEmbedding, check_pooling
+from bertjax.objectives.tasks import encode_pairs
+
+
+@dataclasses.dataclass
+class Embedder:
+    """An encoder with its pooling, normalization and tokenizer; `encode` gives vectors."""
+
+    cfg: BertConfig
+    params: dict
+    tokenizer: Tokenizer
+    pooling: tuple[str, ...] = ("mean",)
+    normalize: bool = True
+    max_seq_length: int = 512
+
+    def __post_init__(self):
+        self.cfg = self.cfg.replace(dtype="float32")
+        limit = self.cfg.max_position_embeddings - self.cfg.position_offset
+        self.max_seq_length = min(int(self.max_seq_length), limit)
+        model = BertForEmbedding(self.cfg, self.pooling, self.normalize)
+        self._apply = jax.jit(lambda params, ids, mask: model.apply({"params": params}, ids, mask))
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        """[N, E] float32 vectors of ``texts`` (batches padded to one shape: one compile)."""
+        if not texts:
+            return np.zeros((0, self.cfg.hidden_size * len(self.pooling)), np.float32)
+        rows = encode_pairs(self.tokenizer, list(texts), [""] * len(texts), self.max_seq_length)
+        width = int(rows["attention_mask"].sum(axis=1).max())  # trim padding every text shares
+        ids, mask = rows["input_ids"][:, :width], rows["attention_mask"][:, :width]
+        out = []
+        for start in range(0, len(texts), batch_size):
+            n = min(batch_size, len(texts) - start)
+            pad = ((0, batch_size - n), (0, 0))
+            chunk_ids = np.pad(ids[start : start + n], pad, constant_values=self.cfg.pad_token_id)
+            chunk_mask = np.pad(mask[start : start + n], pad)
+            chunk_mask[n:, 0] = 1  # padding rows: one real token, discarded
+            vectors = self._apply(self.params, jnp.asarray(chunk_ids), jnp.asarray(chunk_mask))
+            out.append(np.asarray(vectors)[:n])
+        return np.concatenate(out)
+
+    def export(self, path: str) -> None:
+        """Writes a sentence-transformers directory of this embedder."""
+        st_files.save(
+            self.cfg,
+            self.params,
+            path,
+            pooling=self.pooling,
+            normalize=self.normalize,
+            tokenizer_file=self.tokenizer.path,
+            max_seq_length=self.max_seq_length,
+        )
+
+
+def load(path: str, max_seq_length: int | None = None) -> Embedder:
+    """The embedder under ``path`` (module docstring: which directories it reads)."""
+    if st_files.is_sentence_transformers_dir(path):
+        cfg, params, modules = st_files.load(path)
+        tokenizer = Tokenizer(st_files.tokenizer_file(path))
+        length = max_seq_length or modules.max_seq_length or 512
+        return Embedder(cfg, params, tokenizer, modules.pooling, modules.normalize, length)
+    if hf_files.is_hf_dir(path):
+        from bertjax import convert
+
+        cfg, params = convert.from_hf(path)
+        bert = {k: v for k, v in params["bert"].items() if k != "pooler"}
+        tokenizer = Tokenizer(hf_files.tokenizer_file(path, "--model"))
+        return Embedder(cfg, {"bert": bert}, tokenizer, max_seq_length=max_seq_length or 512)
+    reader = CheckpointReader(path, "--model")
+    cache = os.path.join(paths.cache_dir(), "tokenizers", reader.meta["tokenizer_fingerprint"])
+    tokenizer = Tokenizer(reader.write_tokenizer(cache))
+    run = reader.meta.get("config", {})
+    loss = run.get("loss", {})
+    if loss.get("objective") != "embedding":
+        logging.warning("%s was not trained as an embedding model: mean pooling", path)
+    pooling = loss.get("pooling") or "mean"
+    pooling = check_pooling(
+        tuple(p.strip() for p in pooling.split(",")) if isinstance(pooling, str) else pooling
+    )
+    normalize = loss.get("normalize")
+    params = reader.params()
+    reader.close()
+    params = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
+    cfg = reader.model_config()
+    if cfg.scan_layers:
+        from bertjax.convert import unstack_layers
+
+        cfg = cfg.replace(scan_layers=False)
+        params = unstack_layers(cfg, params)
+    length = max_seq_length or run.get("data", {}).get("max_seq_length", 512)
+    return Embedder(
+        cfg, params, tokenizer, pooling, True if normalize is None else normalize, length
+    )
+
+
+def evaluate_beir(embedder: Embedder, beir_dir: str, split: str = "test", batch_size: int = 64):
+    """NDCG@10, MRR@10 and Recall@100 of exact search over a BEIR directory's corpus."""
+    data = read_beir(beir_dir, split)
+    doc_ids, query_ids = list(data.corpus), list(data.queries)
+    docs = embedder.encode([data.corpus[d] for d in doc_ids], batch_size)
+    queries = embedder.encode([data.queries[q] for q in query_ids], batch_size)
+    if not embedder.normalize:  # cosine, as training scored it
+        docs = docs / np.maximum(np.linalg.norm(docs, axis=1, keepdims=True), 1e-12)
+        queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    run = retrieval.dense_run(query_ids, queries, doc_ids, docs, k=100)
+    metrics = retrieval.evaluate_run(run, data.qrels)
+    return {**metrics, "queries": len(query_ids), "documents": len(doc_ids)}
+
+
+def embed_corpus(embedder: Embedder, corpus_file: str, output: str, batch_size: int = 64):
+    """Writes ``ids`` and ``embeddings`` of a corpus.jsonl ({"_id", "title", "text"}) as .npz."""
+    ids, texts = [], []
+    with open(paths.local_copy(corpus_file), encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "_id" not in record:
+                raise ValueError(f"{corpus_file} line {number}: no '_id'")
+            ids.append(str(record["_id"]))
+            texts.append(" ".join(str(record.get(k) or "") for k in ("title", "text")).strip())
+    buffer = io.BytesIO()
+    np.savez(buffer, ids=np.asarray(ids), embeddings=embedder.encode(texts, batch_size))
+    paths.write_bytes(output, buffer.getvalue())
+
+
+def _run(flags) -> None:
+    embedder = load(flags.model, flags.max_seq_length or None)
+    if flags.export:
+        embedder.export(flags.export)
+        print(f"wrote the sentence-transformers directory {flags.export}")
+    if flags.beir_dir:
+        metrics = evaluate_beir(embedder, flags.beir_dir, flags.split, flags.batch_size)
+        text = json.dumps(metrics, indent=2, sort_keys=True)
+        if flags.output:
+            paths.write_text(flags.output, text + "\n")
+        print(text)
+    elif flags.corpus:
+        if not flags.output:
+            raise SystemExit("--corpus needs --output=FILE.npz")
+        embed_corpus(embedder, flags.corpus, flags.output, flags.batch_size)
+        print(f"wrote {flags.output}")
+    elif not flags.export:
+        raise SystemExit("give --beir_dir (metrics), --corpus (vectors) or --export (a directory)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bertjax.embed` (the module docstring's flags)."""
+    from absl import app, flags
+
+    flags.DEFINE_string("model", None, "sentence-transformers dir, bertjax workdir or HF dir")
+    flags.DEFINE_string("beir_dir", "", "BEIR directory: corpus.jsonl, queries.jsonl, qrels/")
+    flags.DEFINE_string("split", "test", "qrels split (qrels/<split>.tsv)")
+    flags.DEFINE_string("corpus", "", "corpus.jsonl to embed (with --output=FILE.npz)")
+    flags.DEFINE_string("output", "", "metrics JSON (--beir_dir) or vectors .npz (--corpus)")
+    flags.DEFINE_string("export", "", "write a sentence-transformers directory here")
+    flags.DEFINE_integer("batch_size", 64, "texts per encoder call")
+    flags.DEFINE_integer("max_seq_length", 0, "token limit per text (0: the model's)")
+    flags.mark_flag_as_required("model")
+    app.run(lambda _: _run(flags.FLAGS), argv=argv)
+
+
+if __name__ == "__main__":
+    main()
