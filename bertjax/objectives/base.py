@@ -108,6 +108,21 @@ def derived(default):
     return dataclasses.field(default=default, metadata=DERIVED)
 
 
+def _config_value(field: dataclasses.Field):
+    """A setting's config default: the field's default, or for a None default a placeholder of
+    the field's declared type (``bool | None`` -> bool), so the key stays settable from the
+    command line (ml_collections cannot type a bare None)."""
+    if field.default is not None:
+        return field.default
+    annotation = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    for kind in (bool, int, float, str):
+        if kind.__name__ in annotation.replace(" ", "").split("|"):
+            return config_dict.placeholder(kind)
+    raise TypeError(
+        f"{field.name}: a None default needs a bool/int/float/str type, not {annotation}"
+    )
+
+
 class Objective(abc.ABC):
     """What a step computes: the model, its inputs, loss sums and metrics. Every subclass is a
     frozen, keyword-only dataclass (made so at class creation); its fields are its settings,
@@ -179,7 +194,7 @@ class Objective(abc.ABC):
             config.loss.objective = name_of(cls)
             for f in dataclasses.fields(cls):
                 if f.name in cls.extra_config_keys:
-                    config.loss[f.name] = f.default
+                    config.loss[f.name] = _config_value(f)
         return config
 
     @classmethod
