@@ -7,9 +7,17 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from bertjax.modeling.layers import gather_rows
-
 Array = jax.Array
+
+
+def gather_rows(x: Array, rows_BR: Array, axis: int = 1) -> Array:
+    """x's entries at per-example positions along ``axis``: [B, ..., T, ...] x [B, R] ->
+    [B, ..., R, ...] (an axis of size 1 broadcasts: returned as is)."""
+    if x.shape[axis] == 1:
+        return x
+    shape = [1] * x.ndim
+    shape[0], shape[axis] = rows_BR.shape
+    return jnp.take_along_axis(x, rows_BR.astype(jnp.int32).reshape(shape), axis=axis)
 
 
 @struct.dataclass

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.modeling.attention_mask import gather_rows  # noqa: F401  (re-exported)
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.ops import dense as dense_ops
 from bertjax.ops.elementwise import erf_gelu, keep_mask
@@ -98,16 +99,6 @@ def layer_norm(cfg: BertConfig, axis: str, name: str) -> nn.LayerNorm:
 def constrain(x: Array, axes: tuple) -> Array:
     """A logical sharding constraint on an activation (``act_*`` names)."""
     return nn.with_logical_constraint(x, axes)
-
-
-def gather_rows(x: Array, rows_BR: Array, axis: int = 1) -> Array:
-    """x's entries at per-example positions along ``axis``: [B, ..., T, ...] x [B, R] ->
-    [B, ..., R, ...] (an axis of size 1 broadcasts: returned as is)."""
-    if x.shape[axis] == 1:
-        return x
-    shape = [1] * x.ndim
-    shape[0], shape[axis] = rows_BR.shape
-    return jnp.take_along_axis(x, rows_BR.astype(jnp.int32).reshape(shape), axis=axis)
 
 
 class Dropout(nn.Module):

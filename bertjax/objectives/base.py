@@ -129,6 +129,9 @@ class Objective(abc.ABC):
     each read from the ``config.loss`` key of its name (`from_config`) with the field's default.
     """
 
+    # Its config.loss.objective value, the key of bertjax.objectives.OBJECTIVES (each
+    # registered class sets it; not a field: the class's name, not a setting).
+    objective_name: str = ""
     # The config.data.masking values this objective trains on; None: it reads no pretraining
     # corruption (fine-tuning). Checked once, where objectives are made (registry.make_objective).
     corruptions: tuple | None = None
@@ -188,10 +191,8 @@ class Objective(abc.ABC):
     def add_config(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         """Turns a run config into one for this objective (before it is locked): its name and
         its settings at their defaults (the one place those are declared)."""
-        from bertjax.objectives.registry import name_of
-
         with config.loss.unlocked():
-            config.loss.objective = name_of(cls)
+            config.loss.objective = cls.objective_name
             for f in dataclasses.fields(cls):
                 if f.name in cls.extra_config_keys:
                     config.loss[f.name] = _config_value(f)

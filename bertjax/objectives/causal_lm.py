@@ -47,6 +47,8 @@ class CausalLM(MaskedLM):
     objective with an MLM head it may start the head's bias at the unigram log frequencies
     (``config.mlm_bias_init``); the majority baseline is that of the next tokens."""
 
+    objective_name = "clm"
+
     corruptions = ("causal",)
     headline_metrics = ("clm_loss", "clm_accuracy", "clm_perplexity", "majority_baseline")
     # the encoder under the causal mask; the head at every position (no masked_positions)

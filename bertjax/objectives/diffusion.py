@@ -61,6 +61,8 @@ class MaskedDiffusion(MaskedLM):
     Its model inputs: the encoder + MLM head at `masked_positions` (all T positions, weight 0
     where unmasked), no token types."""
 
+    objective_name = "diffusion"
+
     corruptions = ("diffusion",)
     headline_metrics = (*MaskedLM.headline_metrics, "nll_bound")
     input_names = ("input_ids", "attention_mask", "segment_ids", "masked_positions")

@@ -131,6 +131,8 @@ def _take_like(target, source: dict, where: str):
 class Distillation(MaskedLM):
     """DistilBERT's triple loss for a student BertForPreTraining(cfg, next_sentence=False)."""
 
+    objective_name = "distill"
+
     # bertjax workdir/checkpoints dir or HF model dir; "" = RANDOM teacher (smoke tests only)
     teacher: str = ""
     teacher_cfg: BertConfig | None = derived(None)  # None: random, the student's width

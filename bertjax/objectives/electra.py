@@ -77,6 +77,8 @@ def auc_from_histograms(positive: Array, negative: Array) -> Array:
 class Electra(MaskedLM):
     """Generator MLM + discriminator replaced-token detection (see the module docstring)."""
 
+    objective_name = "electra"
+
     headline_metrics = (*MaskedLM.headline_metrics, "rtd_accuracy", "rtd_auc")
     input_names = (*MaskedLM.input_names, "masked_ids", "masked_weights")
     rng_dependent_metrics = (  # the replacements are sampled with the step's rng

@@ -58,6 +58,8 @@ class Embedding(Objective):
     each query's negatives are the whole batch's documents, so the step refuses gradient
     accumulation (GradCache is the way to large batches)."""
 
+    objective_name = "embedding"
+
     corruptions = None  # reads pairs, no pretraining corruption
     input_names = ("input_ids", "attention_mask")  # of queries, and of documents (apply)
     microbatch_additive = False

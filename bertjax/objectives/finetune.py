@@ -138,6 +138,8 @@ class _Finetuning(Objective):
 class Classification(_Finetuning):
     """Pooled [CLS] classifier: cross-entropy over ``num_labels``; MSE when ``num_labels == 1``."""
 
+    objective_name = "classification"
+
     headline_metrics = ("accuracy",)
 
     def model(self, cfg):
@@ -161,6 +163,8 @@ class Classification(_Finetuning):
 
 class TokenClassification(Classification):
     """Per-token classifier (NER): cross-entropy on each word's first piece."""
+
+    objective_name = "token_classification"
 
     tokens = True
     headline_metrics = ("token_accuracy",)

@@ -27,6 +27,8 @@ from bertjax.ops.loss import cross_entropy
 class PermutedLM(Objective):
     """PERT: predict, at each selected position, where its original token now is."""
 
+    objective_name = "pert"
+
     corruptions = ("pert",)
     headline_metrics = ("pert_accuracy",)
 

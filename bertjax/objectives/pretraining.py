@@ -119,6 +119,8 @@ class MaskedLM(Objective):
 class Pretraining(MaskedLM):
     """BERT's objective: weighted MLM at masked positions (+ NSP/SOP on [CLS])."""
 
+    objective_name = "pretraining"
+
     headline_metrics = (*MaskedLM.headline_metrics, "nsp_accuracy")
 
     next_sentence: bool = derived(True)  # config.loss.next_sentence, or from the sample plan

@@ -15,21 +15,24 @@ from bertjax.objectives.pert import PermutedLM
 from bertjax.objectives.pretraining import Pretraining
 
 OBJECTIVES: dict[str, type[Objective]] = {
-    "pretraining": Pretraining,
-    "classification": Classification,
-    "token_classification": TokenClassification,
-    "diffusion": MaskedDiffusion,
-    "distill": Distillation,
-    "pert": PermutedLM,
-    "electra": Electra,
-    "clm": CausalLM,
-    "embedding": Embedding,
+    cls.objective_name: cls
+    for cls in (
+        Pretraining,
+        Classification,
+        TokenClassification,
+        MaskedDiffusion,
+        Distillation,
+        PermutedLM,
+        Electra,
+        CausalLM,
+        Embedding,
+    )
 }
 
 
 def name_of(cls: type[Objective]) -> str:
     """The ``config.loss.objective`` name of an objective class."""
-    return next(name for name, registered in OBJECTIVES.items() if registered is cls)
+    return cls.objective_name
 
 
 def validate_loss_config(loss_config: ml_collections.ConfigDict) -> None:
