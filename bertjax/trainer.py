@@ -5,7 +5,12 @@ config (`bertjax.training.run_config`), which configs/*.py build on.
 """
 
 from bertjax.training.phases import phase
-from bertjax.training.run_config import default_run_config, load_config_file, model_config_dict
+from bertjax.training.run_config import (
+    default_run_config,
+    load_config_file,
+    model_config_dict,
+    recipe_variant,
+)
 from bertjax.training.trainer import train_and_evaluate
 
 __all__ = [
@@ -13,5 +18,6 @@ __all__ = [
     "load_config_file",
     "model_config_dict",
     "phase",
+    "recipe_variant",
     "train_and_evaluate",
 ]

@@ -7,10 +7,10 @@ Expect:  12M parameters; SOP accuracy well above 0.5 within the first 10k steps;
          accuracy ~0.55 after 125k steps on Wikipedia+books.
 """
 
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict(
         "base",
@@ -38,4 +38,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 5000
     config.checkpoint_every = 5000
-    return config
+    return recipe_variant(config, variant)

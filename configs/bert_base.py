@@ -11,10 +11,10 @@ Expect:  900k steps at 256 x 128 then 100k at 256 x 512 (phase "seq512" continue
          max_seq_length x masked_lm_prob (76.8, floored; NVIDIA's recipe uses 80).
 """
 
-from bertjax.trainer import default_run_config, model_config_dict, phase
+from bertjax.trainer import default_run_config, model_config_dict, phase, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict("base", dtype="bfloat16")
     config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
@@ -41,4 +41,4 @@ def get_config():
         reset_time=False,  # the same schedule runs on (its count is not restarted)
         data={"max_seq_length": 512, "max_predictions": 76},
     )
-    return config
+    return recipe_variant(config, variant)

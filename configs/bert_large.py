@@ -7,10 +7,10 @@ Expect:  each phase compiles once (the length of every step is known ahead); MLM
          to shard the 340M parameters and optimizer state when memory is short.
 """
 
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict("large", dtype="bfloat16")
     config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
@@ -27,4 +27,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 10_000
     config.checkpoint_every = 10_000
-    return config
+    return recipe_variant(config, variant)

@@ -18,10 +18,10 @@ chosen here: peak LR 1e-4 (BERT's; not checked against HFL's paper), 10% warmup 
 decay in each phase (reset_time).
 """
 
-from bertjax.trainer import default_run_config, model_config_dict, phase
+from bertjax.trainer import default_run_config, model_config_dict, phase, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict("base", dtype="bfloat16")
     config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
@@ -48,4 +48,4 @@ def get_config():
     config.phases.seq512 = phase(
         steps=100_000, batch_size=384, data={"max_seq_length": 512, "max_predictions": 80}
     )
-    return config
+    return recipe_variant(config, variant)

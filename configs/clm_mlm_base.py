@@ -19,13 +19,13 @@ Run:     python train.py --config=configs/clm_mlm_base.py --workdir=gs://BUCKET/
 Expect:  not run here (no accelerator; ~100B tokens); the tests run this recipe shrunk.
 """
 
-from bertjax.trainer import default_run_config, model_config_dict, phase
+from bertjax.trainer import default_run_config, model_config_dict, phase, recipe_variant
 
 TOTAL_STEPS = 42_000
 CLM_STEPS = TOTAL_STEPS // 4  # the CLM share of the budget (unconfirmed: see above)
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict(
         "modernbert-base", dtype="bfloat16", rope_theta=10000.0, local_rope_theta=10000.0
@@ -61,4 +61,4 @@ def get_config():
     config.phases.mlm = phase(
         steps=TOTAL_STEPS - CLM_STEPS, reset_time=False, optim={"total_steps": TOTAL_STEPS}
     )
-    return config
+    return recipe_variant(config, variant)

@@ -13,10 +13,10 @@ Expect:  on a 2-core CPU about 1.5 minutes (measured, other work running); metri
 
 import os
 
-from bertjax.trainer import load_config_file, model_config_dict, phase
+from bertjax.trainer import load_config_file, model_config_dict, phase, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = load_config_file(os.path.join(os.path.dirname(__file__), "modernbert_tiny.py"))
     config.model = model_config_dict(
         "modernbert-tiny",
@@ -50,4 +50,4 @@ def get_config():
         data={"masking": "causal", "input_mask_rate": 0.1},
     )
     config.phases.mlm = phase(steps=30, reset_time=False)
-    return config
+    return recipe_variant(config, variant)

@@ -28,10 +28,10 @@ Expect:  the GLUE scores the paper reports for one GPU-day; not reproduced here 
          accelerator); the tests run this recipe shrunk.
 """
 
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict(
         "base",
@@ -74,4 +74,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 5_000
     config.checkpoint_every = 5_000
-    return config
+    return recipe_variant(config, variant)

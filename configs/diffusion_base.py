@@ -11,10 +11,10 @@ Expect:  LLaDA's recipe at BERT-base size: pre-LN, no token types, AdamW 4e-4 wi
 """
 
 from bertjax.diffusion import add_diffusion_config
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict(
         "base",
@@ -42,4 +42,4 @@ def get_config():
     config.eval_every = 5000
     config.eval_batches = 32
     config.checkpoint_every = 5000
-    return config
+    return recipe_variant(config, variant)

@@ -14,10 +14,10 @@ Expect:  on a 2-core CPU about 7 minutes (7.5 min measured, other work running).
 """
 
 from bertjax.diffusion import add_diffusion_config
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.seed = 0
     config.batch_size = 32
@@ -46,4 +46,4 @@ def get_config():
     config.eval_every = 500
     config.eval_batches = 16
     config.checkpoint_every = 500
-    return config
+    return recipe_variant(config, variant)

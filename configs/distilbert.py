@@ -14,10 +14,10 @@ Expect:  from the BERT-tiny teacher (3000 steps, held-out MLM accuracy 0.346), h
 """
 
 from bertjax.objectives.distill import add_distill_config
-from bertjax.trainer import default_run_config
+from bertjax.trainer import default_run_config, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = add_distill_config(default_run_config())
     config.seed = 0
     config.batch_size = 32
@@ -41,4 +41,4 @@ def get_config():
     config.eval_every = 250
     config.eval_batches = 16
     config.checkpoint_every = 250
-    return config
+    return recipe_variant(config, variant)

@@ -26,10 +26,10 @@ Expect:  110M discriminator parameters; on one TPU v4-8 or 8 GPUs in bf16 a few 
 """
 
 from bertjax.objectives.electra import add_electra_config
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict("base", dtype="bfloat16")  # 12 x 768, 12 heads, 3072
     add_electra_config(config)  # objective, model_type "electra", 85% [MASK] / 15% kept
@@ -54,4 +54,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 10_000
     config.checkpoint_every = 10_000
-    return config
+    return recipe_variant(config, variant)

@@ -26,10 +26,10 @@ Expect:  14M discriminator parameters; the paper reports GLUE dev 79.9 after 1M 
 """
 
 from bertjax.objectives.electra import add_electra_config
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict(
         "small",
@@ -62,4 +62,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 10_000
     config.checkpoint_every = 10_000
-    return config
+    return recipe_variant(config, variant)

@@ -21,10 +21,10 @@ Expect:  on a 2-core CPU about 4.5 minutes (79 ms per step against bert_tiny's 7
 import os
 
 from bertjax.objectives.electra import add_electra_config
-from bertjax.trainer import load_config_file
+from bertjax.trainer import load_config_file, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = load_config_file(os.path.join(os.path.dirname(__file__), "bert_tiny.py"))
     add_electra_config(config)  # objective, model_type "electra", 85% [MASK] / 15% kept
     config.loss.mlm_weight = 1.0  # generator MLM loss weight
@@ -34,4 +34,4 @@ def get_config():
     config.data.sample_plan = "mlm"  # contiguous text, 10% shorter rows; no sentence pairs
     config.data.mask_rate = 0.15  # ELECTRA masks 15% (bert_tiny trains at 30%)
     config.data.max_predictions = 20
-    return config
+    return recipe_variant(config, variant)

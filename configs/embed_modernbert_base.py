@@ -24,10 +24,10 @@ Expect:  a sentence-transformers model after both phases (nomic reports BEIR NDC
 """
 
 from bertjax.objectives.embedding import add_embedding_config
-from bertjax.trainer import default_run_config, model_config_dict, phase
+from bertjax.trainer import default_run_config, model_config_dict, phase, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = add_embedding_config(default_run_config())
     # the model of init_from (an HF ModernBERT dir) wins; this shape serves a random init
     config.model = model_config_dict("modernbert-base", dtype="bfloat16")
@@ -58,4 +58,4 @@ def get_config():
         loss={"gradcache_chunk_size": 0, "matryoshka_dims": (768, 256)},
         optim={"learning_rate": 2e-5, "base_batch_size": 256},
     )
-    return config
+    return recipe_variant(config, variant)

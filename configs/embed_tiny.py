@@ -14,10 +14,10 @@ Expect:  6 min of CPU time (16 min wall on a 2-core CPU shared with other jobs);
 """
 
 from bertjax.objectives.embedding import add_embedding_config
-from bertjax.trainer import default_run_config
+from bertjax.trainer import default_run_config, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = add_embedding_config(default_run_config())
     config.seed = 0
     config.batch_size = 64  # queries per step; each sees 64 x 2 candidate documents
@@ -35,4 +35,4 @@ def get_config():
     config.eval_every = 250
     config.checkpoint_every = 0
     config.keep_checkpoints = 1
-    return config
+    return recipe_variant(config, variant)

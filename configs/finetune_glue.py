@@ -18,10 +18,10 @@ Expect:  about 5 minutes on a 2-core CPU; dev accuracy about 0.75-0.78 (majority
 """
 
 from bertjax.objectives.finetune import add_finetune_config
-from bertjax.trainer import default_run_config
+from bertjax.trainer import default_run_config, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = add_finetune_config(default_run_config(), "classification", num_labels=4)
     config.task.source = "builtin:stdlib_families"
     config.seed = 0
@@ -42,4 +42,4 @@ def get_config():
     config.eval_every = 100
     config.checkpoint_every = 0
     config.keep_checkpoints = 1
-    return config
+    return recipe_variant(config, variant)

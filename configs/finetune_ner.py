@@ -12,10 +12,10 @@ Expect:  about 5 minutes on a 2-core CPU; from the 1500-step /tmp/default_run en
 """
 
 from bertjax.objectives.finetune import add_finetune_config
-from bertjax.trainer import default_run_config
+from bertjax.trainer import default_run_config, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = add_finetune_config(default_run_config(), "token_classification", num_labels=4)
     config.task.source = "builtin:stdlib_code_spans"
     config.seed = 0
@@ -33,4 +33,4 @@ def get_config():
     config.eval_every = 100
     config.checkpoint_every = 0
     config.keep_checkpoints = 1
-    return config
+    return recipe_variant(config, variant)

@@ -35,10 +35,10 @@ Expect:  OUT/glue_results.json, glue_results.md and glue_runs.json: 8 tasks x 4 
 
 from bertjax.evaluation.glue import default_glue_config
 from bertjax.objectives.finetune import add_finetune_config
-from bertjax.trainer import default_run_config
+from bertjax.trainer import default_run_config, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = add_finetune_config(default_run_config(), "classification", num_labels=2)
     config.glue = default_glue_config()  # tasks, LR grid, seeds, per-task hyper-parameters
     # train.py runs (not the harness, which sets each GLUE task): the built-in word-order task
@@ -56,4 +56,4 @@ def get_config():
     config.eval_every = 100  # the harness evaluates config.glue.evals_per_epoch times an epoch
     config.checkpoint_every = 0  # only at the end (and on SIGTERM: a stopped run resumes)
     config.keep_checkpoints = 1
-    return config
+    return recipe_variant(config, variant)

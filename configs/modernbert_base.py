@@ -20,12 +20,12 @@ Expect:  the paper's ModernBERT-base after all three phases (~2T tokens on 8 H10
          Not reproduced here (no accelerator); the tests run this recipe shrunk.
 """
 
-from bertjax.trainer import default_run_config, model_config_dict, phase
+from bertjax.trainer import default_run_config, model_config_dict, phase, recipe_variant
 
 BILLION = 1_000_000_000
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict(
         "modernbert-base", dtype="bfloat16", rope_theta=10000.0, local_rope_theta=10000.0
@@ -75,4 +75,4 @@ def get_config():
         },
         **later,
     )
-    return config
+    return recipe_variant(config, variant)

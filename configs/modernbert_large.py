@@ -19,12 +19,12 @@ Expect:  the paper's ModernBERT-large: GLUE 90.4. Not reproduced here (no accele
 
 import os
 
-from bertjax.trainer import load_config_file, model_config_dict
+from bertjax.trainer import load_config_file, model_config_dict, recipe_variant
 
 BILLION = 1_000_000_000
 
 
-def get_config():
+def get_config(variant=""):
     config = load_config_file(os.path.join(os.path.dirname(__file__), "modernbert_base.py"))
     config.model = model_config_dict(
         "modernbert-large", dtype="bfloat16", rope_theta=10000.0, local_rope_theta=10000.0
@@ -40,4 +40,4 @@ def get_config():
         config.phases[name].set.batch_size = batch
         config.phases[name].set.optim.learning_rate = 5e-5
         config.phases[name].set.optim.weight_decay = 1e-6
-    return config
+    return recipe_variant(config, variant)

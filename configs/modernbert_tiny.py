@@ -9,10 +9,10 @@ Expect:  see benchmarks/results.md ("ModernBERT-tiny vs BERT-tiny at equal wall 
 
 import os
 
-from bertjax.trainer import load_config_file, model_config_dict
+from bertjax.trainer import load_config_file, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = load_config_file(os.path.join(os.path.dirname(__file__), "bert_tiny.py"))
     # 4 layers of width 128 (2 heads), GLU halves of 256: about BERT-tiny's parameters per token
     # outside the embeddings in twice the depth (ModernBERT's deep-and-narrow choice).
@@ -29,4 +29,4 @@ def get_config():
     config.data.sample_plan = "full_sentences"  # no NSP (ModernBERT: MLM only)
     config.optim.b2 = 0.98  # ModernBERT's betas and eps
     config.optim.eps = 1e-6
-    return config
+    return recipe_variant(config, variant)

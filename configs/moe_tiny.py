@@ -16,10 +16,10 @@ Expect:  on a 2-core CPU about 6.5 minutes (0.82x the dense steps/s). Measured (
 
 import os
 
-from bertjax.trainer import load_config_file
+from bertjax.trainer import load_config_file, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = load_config_file(os.path.join(os.path.dirname(__file__), "bert_tiny.py"))
     config.model.num_experts = 4  # experts per MoE layer
     config.model.experts_per_token = 1  # top-1 routing (Switch)
@@ -28,4 +28,4 @@ def get_config():
     config.model.router_z_loss_weight = 1e-3  # ST-MoE z-loss weight
     config.model.load_balance_loss_weight = 1e-2  # Switch balancing-loss weight
     config.mesh.expert = 1  # expert-parallel width on more devices (must divide num_experts)
-    return config
+    return recipe_variant(config, variant)

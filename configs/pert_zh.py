@@ -33,10 +33,10 @@ Expect:  eval/pert_loss below the best text-blind guess (own position with the s
          targets that point at themselves: it learns which tokens moved, not yet where to.
 """
 
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict("base", dtype="bfloat16")
     config.loss.objective = "pert"  # the permuted LM: logits over positions
@@ -61,4 +61,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 10_000
     config.checkpoint_every = 10_000
-    return config
+    return recipe_variant(config, variant)

@@ -10,10 +10,10 @@ Expect:  on a 2-core CPU about a minute; the held-out MLM accuracy of each phase
 
 import os
 
-from bertjax.trainer import load_config_file, model_config_dict, phase
+from bertjax.trainer import load_config_file, model_config_dict, phase, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = load_config_file(os.path.join(os.path.dirname(__file__), "modernbert_tiny.py"))
     config.model = model_config_dict(
         "modernbert-tiny",
@@ -58,4 +58,4 @@ def get_config():
         batch_warmup={"tokens": 0},
         optim={"schedule": "1-sqrt", "warmup_steps": 0, "warmup_fraction": 0.0},
     )
-    return config
+    return recipe_variant(config, variant)

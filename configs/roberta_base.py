@@ -11,10 +11,10 @@ Expect:  peak LR 6e-4 at batch 8192 (a smaller --config.batch_size scales it by 
          MLM accuracy ~0.70 after 500k steps on a large corpus.
 """
 
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     # position_offset = pad id + 1 as in fairseq/HF RoBERTa (bertjax tokenizers put [PAD] at 0).
     config.model = model_config_dict(
@@ -44,4 +44,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 10_000
     config.checkpoint_every = 10_000
-    return config
+    return recipe_variant(config, variant)

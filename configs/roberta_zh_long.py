@@ -8,10 +8,10 @@ Expect:  three compiled step shapes, reused as the schedule mixes them; use rema
          (set here) to fit 1024-token rows; tokens/s drops on 1024 rows (attention is T^2).
 """
 
-from bertjax.trainer import default_run_config, model_config_dict
+from bertjax.trainer import default_run_config, model_config_dict, recipe_variant
 
 
-def get_config():
+def get_config(variant=""):
     config = default_run_config()
     config.model = model_config_dict(
         "base",
@@ -43,4 +43,4 @@ def get_config():
     config.log_every = 100
     config.eval_every = 10_000
     config.checkpoint_every = 10_000
-    return config
+    return recipe_variant(config, variant)

@@ -48,61 +48,40 @@ def zh_files(tmp_path_factory):
     return str(corpus), str(similar)
 
 
-def _shrink(config, zh_files, spm):
-    """Same recipe, toy sizes: 2 layers of width 32, 3 steps, lengths scaled into [16, 64]; the
-    session's SentencePiece model for English recipes."""
-    config.batch_size, config.num_train_steps = 8, 3
-    width = config.model.hidden_size
-    config.model.hidden_size, config.model.num_attention_heads = 32, 2
-    config.model.intermediate_size, config.model.num_hidden_layers = 64, 2
-    config.model.dtype = "float32"
-    if config.model.embedding_size:
-        config.model.embedding_size = 16
-    longest = config.data.max_seq_length
-    config.data.max_seq_length = 64 if config.data.length_schedule else 32
-    config.data.length_schedule = tuple(
-        (f, max(16, t * 64 // longest)) for f, t in config.data.length_schedule
-    )
-    config.model.max_position_embeddings = 64 + config.model.position_offset
-    config.data.max_predictions = 6
-    config.data.tokenizer_model = spm
-    config.optim.warmup_steps = 1
-    config.optim.warmup_tokens = config.optim.decay_tokens = 0
-    config.log_every, config.eval_every, config.eval_batches = 1, 3, 1
-    config.checkpoint_every = 0
-    config.progress_bar = False
-    if config.batch_warmup.tokens or config.batch_warmup.budget_fraction:
-        # batches of 8, then 16 (8 devices here)
-        config.batch_size = 16
-        config.batch_warmup.update(tokens=min(config.batch_warmup.tokens, 32 * 8), quantum=8)
-    if config.budget_flops:  # a few steps of the shrunken model
-        config.budget_flops = 1.5e8
-    config.init_from, config.init_tiling = "", False
-    for loss in [config.loss] + [config.phases[n].set.get("loss", {}) for n in config.phase_order]:
-        if loss.get("matryoshka_dims"):  # embedding widths shrink with the model (768 -> 32)
-            loss.matryoshka_dims = tuple(max(1, d * 32 // width) for d in loss.matryoshka_dims)
-    for name in config.phase_order:  # every phase two steps, its lengths shrunk the same way
-        entry = config.phases[name]
-        entry.steps, entry.tokens = 2, 0
-        changes = entry.set
-        if "batch_size" in changes:
-            changes.batch_size = 8
-        if "data" in changes and "max_seq_length" in changes.data:
-            changes.data.max_seq_length = 64
-            changes.data.max_predictions = 6
+def _smoke(name, zh_files, spm):
+    """The recipe's own `smoke` variant (run_config.smoke_config), on the session's tokenizer;
+    Chinese recipes read the test corpus (they have no built-in one)."""
+    config = trainer.load_config_file(os.path.join(ROOT, "configs", f"{name}.py:smoke"))
     if config.data.language == "zh":
         config.data.corpus = zh_files[0]
-        config.data.tokenizer_model = ""
-        config.data.vocab_size = 320
-        config.data.heldout_fraction = 0.2
         config.data.similar_words_file = zh_files[1] if config.data.correction else ""
+    else:
+        config.data.tokenizer_model = spm
     return config
+
+
+def test_a_smoke_variant_is_the_recipe_at_toy_sizes():
+    """`:smoke` keeps the recipe's objective, data plan, optimizer and phases; only sizes, steps
+    and the tokenizer change; an unknown variant is named."""
+    full = trainer.load_config_file(os.path.join(ROOT, "configs", "bert_base.py"))
+    smoke = trainer.load_config_file(os.path.join(ROOT, "configs", "bert_base.py:smoke"))
+    assert (smoke.model.num_hidden_layers, smoke.model.hidden_size) == (2, 32)
+    assert (full.model.num_hidden_layers, full.model.hidden_size) == (12, 768)
+    assert smoke.num_train_steps == 3 and list(smoke.phase_order) == list(full.phase_order)
+    for key in ("loss", "optim.name", "data.sample_plan", "mlm_bias_init"):
+        a, b = smoke, full
+        for part in key.split("."):
+            a, b = a[part], b[part]
+        assert a == b, key
+    assert smoke.phases.seq512.set.data.max_seq_length == 64
+    with pytest.raises(ValueError, match="unknown recipe variant 'tiny'"):
+        trainer.load_config_file(os.path.join(ROOT, "configs", "bert_base.py:tiny"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_runs_shrunken(name, zh_files, small_spm, tmp_path):
-    config = _shrink(_load(name).get_config(), zh_files, small_spm)
+    config = _smoke(name, zh_files, small_spm)
     summary = trainer.train_and_evaluate(config, str(tmp_path))
     if config.budget_flops:  # the budget sets the length: a few steps
         assert 1 <= summary["step"] <= 10

@@ -159,14 +159,83 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
     """``get_config()`` of a recipe file such as configs/bert_tiny.py (recipes build on others
-    with it: ``load_config_file(os.path.join(os.path.dirname(__file__), "bert_tiny.py"))``)."""
+    with it: ``load_config_file(os.path.join(os.path.dirname(__file__), "bert_tiny.py"))``).
+    ``PATH:VARIANT`` (config_flags' form, as in ``--config=configs/bert_base.py:smoke``) passes
+    VARIANT to ``get_config`` (see `recipe_variant`)."""
+    path, _, variant = path.partition(":")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
     name = "_bertjax_config_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(variant) if variant else module.get_config()
+
+
+VARIANTS = ("", "smoke")
+
+
+def recipe_variant(config: ml_collections.ConfigDict, variant: str) -> ml_collections.ConfigDict:
+    """What every recipe's ``get_config(variant="")`` returns: the recipe as written (``""``) or
+    its ``smoke`` variant (`smoke_config`), as big_vision's ``runlocal``:
+    ``python train.py --config=configs/modernbert_base.py:smoke``."""
+    if variant == "":
+        return config
+    if variant == "smoke":
+        return smoke_config(config)
+    raise ValueError(f"unknown recipe variant {variant!r}: the variants are {VARIANTS}")
+
+
+def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The same recipe at toy sizes, for a minute on a laptop CPU and for the tests: 2 layers of
+    width 32, 3 steps (every phase 2), batch 8 (16 where the batch ramps), lengths scaled into
+    [16, 64], a 400-piece tokenizer (320 for Chinese) trained on the run's corpus, warmup 1,
+    a FLOP budget of a few steps, no warm start, an eval at the end, no checkpoint in between.
+    Everything else (objective, data plan, optimizer, schedule, phases) is the recipe's own.
+    Chinese recipes keep their corpus setting (there is no built-in Chinese corpus): pass
+    ``--config.data.corpus``."""
+    config.batch_size, config.num_train_steps = 8, 3
+    width = config.model.hidden_size
+    config.model.hidden_size, config.model.num_attention_heads = 32, 2
+    config.model.intermediate_size, config.model.num_hidden_layers = 64, 2
+    config.model.dtype = "float32"
+    if config.model.embedding_size:
+        config.model.embedding_size = 16
+    longest = config.data.max_seq_length
+    config.data.max_seq_length = 64 if config.data.length_schedule else 32
+    config.data.length_schedule = tuple(
+        (f, max(16, t * 64 // longest)) for f, t in config.data.length_schedule
+    )
+    config.model.max_position_embeddings = 64 + config.model.position_offset
+    config.data.max_predictions = 6
+    config.data.tokenizer_model = ""  # a small tokenizer trained on the recipe's corpus
+    config.data.vocab_size = 320 if config.data.language == "zh" else 400
+    if config.data.language == "zh":
+        config.data.heldout_fraction = 0.2
+    config.optim.warmup_steps = 1
+    config.optim.warmup_tokens = config.optim.decay_tokens = 0
+    config.log_every, config.eval_every, config.eval_batches = 1, 3, 1
+    config.checkpoint_every = 0
+    config.progress_bar = False
+    if config.batch_warmup.tokens or config.batch_warmup.budget_fraction:
+        config.batch_size = 16  # batches of 8, then 16
+        config.batch_warmup.update(tokens=min(config.batch_warmup.tokens, 32 * 8), quantum=8)
+    if config.budget_flops:  # a few steps of the shrunken model
+        config.budget_flops = 1.5e8
+    config.init_from, config.init_tiling = "", False
+    for loss in [config.loss] + [config.phases[n].set.get("loss", {}) for n in config.phase_order]:
+        if loss.get("matryoshka_dims"):  # embedding widths shrink with the model (768 -> 32)
+            loss.matryoshka_dims = tuple(max(1, d * 32 // width) for d in loss.matryoshka_dims)
+    for name in config.phase_order:  # every phase two steps, its lengths shrunk the same way
+        entry = config.phases[name]
+        entry.steps, entry.tokens = 2, 0
+        changes = entry.set
+        if "batch_size" in changes:
+            changes.batch_size = 8
+        if "data" in changes and "max_seq_length" in changes.data:
+            changes.data.max_seq_length = 64
+            changes.data.max_predictions = 6
+    return config
 
 
 def config_path(argv, default: str) -> str:
