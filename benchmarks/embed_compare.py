@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bertjax.data import keys, pairs  # noqa: E402
+from bertjax.data import pairs, source  # noqa: E402
 from bertjax.evaluation import retrieval  # noqa: E402
 
 
@@ -75,13 +75,7 @@ def build_start(directory: str, train, width: int, layers: int, length: int) -> 
 
 def order(seed: int, step: int, batch: int, count: int) -> np.ndarray:
     """Pair indices of global batch ``step``: bertjax's PairData order."""
-    positions = step * batch + np.arange(batch)
-    epochs, offsets = np.divmod(positions, count)
-    index = np.empty_like(positions)
-    for epoch in np.unique(epochs):
-        perm = keys.generator(seed, int(epoch), "pairs/order").permutation(count)
-        index[epochs == epoch] = perm[offsets[epochs == epoch]]
-    return index
+    return source.shuffled_rows(seed, step, batch, slice(None), count, "pairs/order")
 
 
 def heldout(encode, dev) -> dict:

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bertjax.data import keys
+
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> slice:
     """The rows of each global batch that host ``process_index`` of ``process_count`` builds."""
@@ -24,6 +26,33 @@ def host_rows(global_batch_size: int, process_index: int, process_count: int) ->
         raise ValueError(f"process_index={process_index} is outside [0, {process_count})")
     per_host = global_batch_size // process_count
     return slice(process_index * per_host, (process_index + 1) * per_host)
+
+
+def shuffled_rows(
+    seed: int, step: int, global_batch_size: int, rows: slice, count: int, stream: str
+) -> np.ndarray:
+    """Example indices of this host's ``rows`` of global batch ``step`` over ``count`` examples
+    seen in epochs, each epoch a permutation keyed by (seed, epoch, stream): what fine-tuning
+    and pair data draw (independent of the host count, like every batch)."""
+    positions = int(step) * global_batch_size + np.arange(global_batch_size)[rows]
+    epochs, offsets = np.divmod(positions, count)
+    index = np.empty_like(positions)
+    for epoch in np.unique(epochs):
+        order = keys.generator(seed, int(epoch), stream).permutation(count)
+        index[epochs == epoch] = order[offsets[epochs == epoch]]
+    return index
+
+
+def ordered_rows(
+    count: int, global_batch_size: int, rows: slice, num_batches: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(indices, weights) of this host's rows of each held-out batch: ``count`` examples in
+    order, the last batch padded with repeats of the last example at weight 0 (``num_batches``
+    > 0 caps the batches)."""
+    total = -(-count // global_batch_size)
+    for b in range(min(total, num_batches) if num_batches > 0 else total):
+        positions = b * global_batch_size + np.arange(global_batch_size)[rows]
+        yield np.minimum(positions, count - 1), (positions < count).astype(np.float32)
 
 
 class DataSource(abc.ABC):

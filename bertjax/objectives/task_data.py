@@ -11,7 +11,7 @@ import numpy as np
 
 from bertjax import paths
 from bertjax.data import keys, prepare
-from bertjax.data.source import DataSource, host_rows
+from bertjax.data.source import DataSource, host_rows, ordered_rows, shuffled_rows
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.objectives import glue_tasks, task_metrics, tasks
@@ -163,25 +163,16 @@ class TaskData(DataSource):
 
     def batch(self, step: int) -> dict:
         """This host's rows of global batch ``step``: epoch-wise shuffles keyed by (seed, epoch)."""
-        positions = (
-            int(step) * self.global_batch_size + np.arange(self.global_batch_size)[self._rows]
-        )
-        epochs, offsets = np.divmod(positions, self.num_train)
-        index = np.empty_like(positions)
-        for epoch in np.unique(epochs):
-            order = keys.generator(self.config.seed, int(epoch), "finetune/order").permutation(
-                self.num_train
-            )
-            index[epochs == epoch] = order[offsets[epochs == epoch]]
+        seed, size = self.config.seed, self.global_batch_size
+        index = shuffled_rows(seed, step, size, self._rows, self.num_train, "finetune/order")
         return self._take(self.train, index)
 
     def eval_batches(self, num_batches: int):
         """The dev split in order, padded with weight-0 rows (``num_batches`` > 0 caps it)."""
-        total = -(-self.num_dev // self.global_batch_size)
-        for b in range(min(total, num_batches) if num_batches > 0 else total):
-            positions = b * self.global_batch_size + np.arange(self.global_batch_size)[self._rows]
-            real = (positions < self.num_dev).astype(np.float32)
-            yield self._take(self.dev, np.minimum(positions, self.num_dev - 1), real)
+        for index, real in ordered_rows(
+            self.num_dev, self.global_batch_size, self._rows, num_batches
+        ):
+            yield self._take(self.dev, index, real)
 
     @property
     def fingerprint(self) -> str:
