@@ -265,3 +265,24 @@ def test_diffusion_tiny_recipe_trains_and_generates(tmp_path, capsys):
         ]
     )
     assert len(texts) == 1 and "The module |||" in capsys.readouterr().out
+
+
+def test_flops_count_the_head_at_every_position_whatever_the_mask_rate():
+    """The step runs the MLM head at all T slots (masked_positions = 0..T-1), so the FLOP count
+    (MFU, equal-compute budgets) must not scale with the row's mask rate t."""
+    from bertjax.training import metrics
+
+    cfg = BertConfig.preset("tiny", vocab_size=200)
+    config = default_run_config()
+    diffusion.add_diffusion_config(config)
+    objective = make_objective(config)
+    rows, length = 4, 32
+    counts = []
+    for seed in (0, 1):
+        batch = objective.example_batch(cfg, rows, length, seed)
+        batch["masked_weights"] = (
+            (np.arange(length) < (4 if seed else 28)).astype(np.float32)[None].repeat(rows, 0)
+        )
+        counts.append(objective.batch_flops(cfg, batch, rows, metrics.train_flops_per_sequence))
+    whole = rows * metrics.train_flops_per_sequence(cfg, length, float(length))
+    assert counts[0] == counts[1] == pytest.approx(whole)

@@ -83,6 +83,12 @@ class MaskedDiffusion(MaskedLM):
             mask_ratio=t,
         )
 
+    def train_flops_per_sequence(self, cfg, seq_len, masked_per_sequence, masked_width, count):
+        """The encoder plus the MLM head at all ``seq_len`` positions: every position is a
+        prediction slot (`masked_positions` is 0..T-1), whatever the row's mask rate t; counting
+        only the masked ones, as MLM does, would undercount the head by 1/t."""
+        return count(cfg, seq_len, float(seq_len), None)
+
     def apply(self, model, variables, batch, rngs, deterministic):
         outputs = super().apply(model, variables, batch, rngs, deterministic)
         if "answer_mask" in batch:
