@@ -212,6 +212,25 @@ def test_token_classification_parity(tmp_path_factory):
     _assert_close(got, expected, mask, "token classification logits")
 
 
+@pytest.mark.parametrize(
+    "preset, pooling, per_token",
+    [("tiny", "first", False), ("tiny", "electra_hf", False), ("tiny", "mean", True),
+     ("modernbert-tiny", "first", False), ("modernbert-tiny", "pooler", True)],
+)  # fmt: skip
+def test_a_classifier_pooled_unlike_its_hf_class_is_refused(preset, pooling, per_token, tmp_path):
+    """BertForSequenceClassification runs BERT's pooler, ModernBERT's classes their head: a
+    classifier fine-tuned with another pooling would export to a model with untrained weights
+    in its path, so to_hf names the setting instead of writing it."""
+    cfg = bertjax.BertConfig.preset(preset, classifier_pooling=pooling)
+    model_cls = (
+        bertjax.BertForTokenClassification if per_token else bertjax.BertForSequenceClassification
+    )
+    params = model_cls(cfg, num_labels=3).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    with pytest.raises(ValueError, match=f"classifier_pooling='{pooling}' has no Hugging Face"):
+        convert.to_hf(cfg, params["params"], str(tmp_path), token_classification=per_token)
+    assert not os.listdir(tmp_path)  # nothing half-written
+
+
 def test_special_tokens_come_from_the_vocabulary(pretraining_pair, tmp_path):
     family, _, cfg, params, _, path = pretraining_pair
     defaults = {"bert": (None, None), "roberta": (0, 2), "albert": (2, 3)}[family]

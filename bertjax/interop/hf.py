@@ -125,6 +125,27 @@ _ARCHITECTURES = {
 }
 
 
+def check_classifier_pooling(cfg, token_classification: bool, family: str) -> None:
+    """A classifier exports only with the pooling its Hugging Face class runs: BERT's family
+    (bert, roberta, albert) its tanh pooler for sequences and no layer before a token
+    classifier's linear one; ModernBERT its head (dense, activation, norm) on [CLS] or the mean,
+    for sequences and tokens alike."""
+    if family == "ModernBERT":
+        allowed = ("cls", "mean")
+    elif token_classification:
+        allowed = ("pooler", "first", "electra_hf")
+    else:
+        allowed = ("pooler",)
+    if cfg.classifier_pooling not in allowed:
+        kind = "token" if token_classification else "sequence"
+        raise ValueError(
+            f"to_hf: a {family} {kind} classifier with classifier_pooling="
+            f"{cfg.classifier_pooling!r} has no Hugging Face equivalent (the exported model "
+            f"would run {allowed[0]!r} pooling, with weights this model never trained); "
+            f"fine-tune with config.task.classifier_pooling in {allowed} to export one"
+        )
+
+
 def to_hf(
     cfg: BertConfig,
     params: dict,
@@ -160,6 +181,7 @@ def to_hf(
         heads.add("nsp")
     if "classifier" in params:
         heads.add("classifier")
+        check_classifier_pooling(cfg, token_classification, "BERT")
         if fam == "roberta":
             if "pooler" not in heads:
                 raise ValueError("to_hf: a RoBERTa classifier needs the pooler (classifier.dense)")

@@ -279,6 +279,8 @@ def to_hf(
     params = params.get("params", params)
     heads = {"classifier"} if "classifier" in params else {"mlm"} if "mlm_head" in params else set()
     check_decoder_heads(cfg, heads)
+    if "classifier" in heads:
+        hf.check_classifier_pooling(cfg, token_classification, "ModernBERT")
     tensors: dict[str, np.ndarray] = {}
     for rule, (source, _, backward) in _mapping(cfg, heads).items():
         key, _, part = rule.partition("#")
