@@ -16,15 +16,7 @@ to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertja
 `bertjax.glue`, `bertjax.embed` (sentence embeddings, retrieval metrics, sentence-transformers).
 """
 
-from bertjax.modeling import (
-    BertConfig,
-    BertForPreTraining,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    BertModel,
-    ElectraDiscriminator,
-    ElectraGenerator,
-)
+import importlib
 
 __all__ = [
     "BertConfig",
@@ -36,3 +28,15 @@ __all__ = [
     "ElectraGenerator",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """The models load on first use (``bertjax.BertConfig``, ``from bertjax import BertModel``),
+    so ``import bertjax.training.runtime`` (train.py's malloc re-exec) does not import jax."""
+    if name in __all__:
+        return getattr(importlib.import_module("bertjax.modeling"), name)
+    raise AttributeError(f"module 'bertjax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])
