@@ -31,23 +31,14 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from store_throughput import _corpus  # noqa: E402  (the same repeated built-in corpus)
+
 from bertjax import trainer  # noqa: E402
 from bertjax.data import beam_prepare, corpus, make_pipeline, shard_reader, shard_writer  # noqa: E402
 from bertjax.data.samples import make_plan  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 TARGET_TOKENS = 2e12  # ModernBERT's 2T-token recipe
-
-
-def _corpus(directory: str, megabytes: float, files: int = 4) -> str:
-    docs = [d for _, d in corpus.iter_documents("builtin")]
-    text = "\n\n".join("\n".join(d) for d in docs) + "\n"
-    copies = max(1, round(megabytes * 1e6 / len(text.encode()) / files))
-    os.makedirs(directory, exist_ok=True)
-    for i in range(files):
-        with open(os.path.join(directory, f"part{i}.txt"), "w") as f:
-            f.write(text * copies)
-    return os.path.join(directory, "part*.txt")
 
 
 def main() -> None:
@@ -72,6 +63,7 @@ def main() -> None:
     rows = []
     for mb in (float(x) for x in args.mbs.split(",")):
         config = trainer.default_run_config()
+        os.makedirs(os.path.join(work, f"corpus{mb:g}"))
         config.data.corpus = _corpus(os.path.join(work, f"corpus{mb:g}"), mb)
         config.data.tokenizer_model = spm
         config.data.shard_bytes = 4 << 20
