@@ -19,8 +19,8 @@ Gisserot-Boukhlef et al. 2026 (CLM then MLM beats MLM at a fixed budget), at toy
   predicted token, diffusion's ELBO bound per maskable token (nats); MLM's and ELECTRA's masked
   CE at 15% is reported as their own loss, not a likelihood.
 - Fine-tuning: configs/finetune_glue.py from each encoder (bidirectional attention, also for CLM)
-  on the built-in tasks stdlib_families (4 classes) and stdlib_word_order (2 classes), best dev
-  accuracy; one fine-tuning per pretraining seed.
+  on the built-in task stdlib_families (4 classes; --tasks adds stdlib_word_order), dev accuracy
+  at the end of training; one fine-tuning per pretraining seed.
 - Per objective: the fraction of real tokens carrying loss and the FLOPs per loss-carrying token,
   from its training batches.
 - Medians and ranges over --seeds; a PNG (held-out loss and dev accuracy against epochs, one line
@@ -48,6 +48,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import jax  # noqa: E402
+
 from bertjax import trainer  # noqa: E402
 from bertjax.data import corpus, make_pipeline  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
@@ -62,8 +64,18 @@ from bertjax.training.run_config import model_config  # noqa: E402
 BATCH, LENGTH, VOCAB, HELDOUT = 32, 128, 4000, 0.15
 OBJECTIVES = ("mlm", "electra", "diffusion", "clm", "clm_mlm")
 CLM_SHARE = 0.25  # of CLM->MLM's steps (configs/clm_mlm_base.py)
-DEFAULT_GRID = dict(unique_tokens=49152, epochs=(1, 4, 16, 64), seeds=3, tasks=2, finetune=100)
+DEFAULT_GRID = dict(unique_tokens=32768, epochs=(1, 4, 16, 64), seeds=3, tasks=1, finetune=100)
+RUNS = "runs.jsonl"  # finished runs under --root, reused by a rerun with the same settings
 FINETUNE_TIMES: list[tuple[float, int, float]] = []  # (seconds, steps, steady step seconds)
+
+
+def _load_runs(root: str) -> dict:
+    """Finished runs of earlier invocations with this --root: key -> {row, finetune}."""
+    path = os.path.join(root, RUNS)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["key"]: r for r in map(json.loads, filter(str.strip, f))}
 
 
 def prepare_data(root: str, unique_tokens: int) -> tuple[str, str]:
@@ -77,10 +89,11 @@ def prepare_data(root: str, unique_tokens: int) -> tuple[str, str]:
         model = train_sentencepiece(sentences, spm, vocab_size=VOCAB)
     tokenizer = Tokenizer(model)
     path = os.path.join(root, f"corpus_{unique_tokens}.txt")
+    if os.path.exists(path):
+        return model, path
     wanted = unique_tokens / (1.0 - HELDOUT)
+    best = None  # (train tokens, text) of the smallest file whose train split is large enough
     for _ in range(8):
-        if os.path.exists(path) and train_split_tokens(model, path, root) >= unique_tokens:
-            return model, path
         total, docs = 0, []
         for _, sentences in corpus.iter_documents("builtin"):
             docs.append(sentences)
@@ -89,12 +102,21 @@ def prepare_data(root: str, unique_tokens: int) -> tuple[str, str]:
                 break
         else:
             raise ValueError(f"--unique-tokens={unique_tokens}: the built-in corpus is smaller")
+        text = "\n\n".join("\n".join(d) for d in docs) + "\n"
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
-        os.replace(path + ".tmp", path)
-        got = train_split_tokens(model, path, root)
-        wanted *= 1.02 * unique_tokens / max(got, 1)
-    raise ValueError(f"could not make a corpus with {unique_tokens} train tokens")
+            f.write(text)
+        got = train_split_tokens(model, path + ".tmp", root)
+        if got >= unique_tokens and (best is None or got < best[0]):
+            best = (got, text)
+        if unique_tokens <= got <= 1.15 * unique_tokens:
+            break  # documents are held out whole, by a hash of their id: aim within 15%
+        wanted *= unique_tokens / max(got, 1)
+    if best is None:
+        raise ValueError(f"could not make a corpus with {unique_tokens} train tokens")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(best[1])
+    os.replace(path + ".tmp", path)
+    return model, path
 
 
 def train_split_tokens(spm: str, corpus_file: str, root: str) -> int:
@@ -204,8 +226,7 @@ def finetune(init_from: str, task: str, seed: int, steps: int, workdir: str) -> 
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     step_seconds = _step_seconds(rows, config.batch_size * config.data.max_seq_length)
     FINETUNE_TIMES.append((seconds, steps, step_seconds))
-    with open(os.path.join(workdir, "best", "best.json")) as f:
-        return json.load(f)["metrics"]["eval/accuracy"]
+    return [r["eval/accuracy"] for r in rows if "eval/accuracy" in r][-1]  # end of training
 
 
 def held_out_loss(name: str, row: dict) -> tuple[float | None, float]:
@@ -288,7 +309,7 @@ def main():
     parser.add_argument("--epochs", default="1,4,16,64")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
-    parser.add_argument("--tasks", default="stdlib_families,stdlib_word_order")
+    parser.add_argument("--tasks", default="stdlib_families")
     parser.add_argument("--finetune-steps", type=int, default=DEFAULT_GRID["finetune"])
     parser.add_argument("--root", default="/tmp/bertjax-data-constrained")
     parser.add_argument("--no-record", action="store_true")
@@ -301,6 +322,9 @@ def main():
     if unknown:
         parser.error(f"--objectives: unknown {sorted(unknown)}; choose from {OBJECTIVES}")
     os.makedirs(args.root, exist_ok=True)
+    # Runs that differ only in seed or fine-tuning source compile the same programs: compile once.
+    jax.config.update("jax_compilation_cache_dir", os.path.join(args.root, "xla-cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     spm, corpus_file = prepare_data(args.root, args.unique_tokens)
 
     # FLOPs per step and loss-carrying fraction of each objective (CLM->MLM: its two parts).
@@ -324,32 +348,48 @@ def main():
         flush=True,
     )
 
-    results: dict = {name: {} for name in args.objectives}
+    # Seeds outermost: a grid stopped early has every cell at fewer seeds. Each finished run is
+    # appended to runs.jsonl under --root, and a rerun with the same settings reuses it.
+    done = _load_runs(args.root)
     timings: dict = {}  # objective -> [(steps, seconds, steady step seconds)]
-    for epochs in args.epochs:
-        for name in args.objectives:
-            steps = max(2, round(epochs * budget_per_epoch / per_step_of[name]))
-            steps_of[(name, epochs)] = steps
-            cell = {"likelihood": [], "own": [], "finetune": {t: [] for t in args.tasks}}
-            for seed in args.seeds:
+    for seed in args.seeds:
+        for epochs in args.epochs:
+            for name in args.objectives:
+                steps = max(2, round(epochs * budget_per_epoch / per_step_of[name]))
+                steps_of[(name, epochs)] = steps
+                key = f"{name}/e{epochs}/s{seed}/{steps}/{train_tokens}/{args.finetune_steps}"
+                if key in done and set(args.tasks) <= set(done[key]["finetune"]):
+                    continue
                 workdir = os.path.join(args.root, f"{name}_e{epochs}_s{seed}")
                 config = run_config("mlm" if name == "clm_mlm" else name, seed, spm, corpus_file)
                 row = pretrain(config, steps, workdir, name == "clm_mlm")
                 timings.setdefault(name, []).append((steps, row["seconds"], row["step_seconds"]))
-                likelihood, own = held_out_loss(name, row)
+                accuracies = {
+                    task: finetune(workdir, task, seed, args.finetune_steps, f"{workdir}_ft_{task}")
+                    for task in args.tasks
+                }
+                done[key] = {"row": row, "finetune": accuracies}
+                with open(os.path.join(args.root, RUNS), "a") as f:
+                    f.write(json.dumps({"key": key, **done[key]}) + "\n")
+                print(f"{name} E={epochs} seed={seed}: {json.dumps(done[key])}", flush=True)
+    results: dict = {name: {} for name in args.objectives}
+    for name in args.objectives:
+        for epochs in args.epochs:
+            cell = {"likelihood": [], "own": [], "finetune": {t: [] for t in args.tasks}}
+            for seed in args.seeds:
+                key = f"{name}/e{epochs}/s{seed}/{steps_of[(name, epochs)]}/{train_tokens}"
+                run = done[f"{key}/{args.finetune_steps}"]
+                likelihood, own = held_out_loss(name, run["row"])
                 cell["likelihood"].append(likelihood)
                 cell["own"].append(own)
                 for task in args.tasks:
-                    accuracy = finetune(
-                        workdir, task, seed, args.finetune_steps, f"{workdir}_ft_{task}"
-                    )
-                    cell["finetune"][task].append(accuracy)
-                print(f"{name} E={epochs} seed={seed}: {json.dumps(row)}", flush=True)
+                    cell["finetune"][task].append(run["finetune"][task])
             cell["likelihood"] = (
                 cell["likelihood"] if None not in cell["likelihood"] else [None] * len(args.seeds)
             )
             results[name][epochs] = cell
-    print(estimate(args, train_tokens, budget_per_epoch, per_step_of, timings), flush=True)
+    if timings:
+        print(estimate(args, train_tokens, budget_per_epoch, per_step_of, timings), flush=True)
 
     lines = [
         f"U = {train_tokens} unique train tokens (built-in corpus, first documents), "
