@@ -6,7 +6,7 @@ Data-Constrained Settings": AR ahead at few epochs, diffusion ahead after many) 
 Gisserot-Boukhlef et al. 2026 (CLM then MLM beats MLM at a fixed budget), at toy scale:
 
 - Data: the first documents of the built-in corpus, written to one file, about U tokens in its
-  train split (the store's count is printed); a fixed 15% of its documents held out (at
+  train split (the store's count is printed); a fixed 30% of its documents held out (at
   least 32 rows of 128 at the default U). One
   SentencePiece model of the whole built-in corpus for every run.
 - Backbone: configs/bert_tiny.py's encoder (2 layers of 128), rows of contiguous text
@@ -61,7 +61,7 @@ from bertjax.training import metrics as metrics_lib  # noqa: E402
 from bertjax.training.phases import phase  # noqa: E402
 from bertjax.training.run_config import model_config  # noqa: E402
 
-BATCH, LENGTH, VOCAB, HELDOUT = 32, 128, 4000, 0.15
+BATCH, LENGTH, VOCAB, HELDOUT = 32, 128, 4000, 0.3
 OBJECTIVES = ("mlm", "electra", "diffusion", "clm", "clm_mlm")
 CLM_SHARE = 0.25  # of CLM->MLM's steps (configs/clm_mlm_base.py)
 DEFAULT_GRID = dict(unique_tokens=32768, epochs=(1, 4, 16, 64), seeds=3, tasks=1, finetune=100)
