@@ -9,7 +9,10 @@ on local disk (the Beam job's units in one process, `shard_writer.prepare_item`)
   memory (document and sentence offsets, block CRCs);
 - plan: epoch 0's sample plan (`full_sentences` rows at T=128, and BERT's `nsp` pairs), built from
   the whole sentence index, and its arrays' bytes;
-- first batch: the rows of step 0 of this host, read and masked.
+- first batch: the rows of step 0 of this host, read and masked;
+- token_windows: the same from a fresh pipeline with `sample_plan="token_windows"`, which opens
+  from the manifest alone (no sentence index, no plan arrays; block checksums of the shards its
+  rows touch): its whole start-up, and the bytes it read.
 
 The last columns extrapolate linearly (per token of this run's largest size) to a 2T-token
 corpus, the ModernBERT recipe's.
@@ -57,9 +60,10 @@ def main() -> None:
     print(f"one host of {args.hosts}, batch 256 global, T=128, local disk; shared 2-core CPU")
     print(
         "| corpus MB | tokens | sentences | open s | index MiB | plan s (full_sentences) | "
-        "plan s (nsp) | plan MiB | first batch s | total s |"
+        "plan s (nsp) | plan MiB | first batch s | total s | token_windows total s | "
+        "token_windows KiB read |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for mb in (float(x) for x in args.mbs.split(",")):
         config = trainer.default_run_config()
@@ -75,7 +79,7 @@ def main() -> None:
         store = shard_reader.ShardedStore(out, "train", tok)
         opened = time.perf_counter() - start
         index_bytes = store.documents.nbytes + store.sentences.nbytes
-        index_bytes += sum(c.nbytes for c in store.blocks.crcs)
+        index_bytes += sum(c.nbytes for c in store.blocks.crcs.values())
         tokens, sentences = len(store.tokens), len(store.sentences)
         plans = {}
         for plan_name in ("full_sentences", "nsp"):
@@ -98,11 +102,18 @@ def main() -> None:
         pipeline.batch(0)
         total = time.perf_counter() - start
         first = total - opened - plans["full_sentences"][0]
+        c.data.sample_plan = "token_windows"
+        start = time.perf_counter()
+        windows = make_pipeline(c, work, process_index=0, process_count=args.hosts)
+        windows.batch(0)
+        windows_total = time.perf_counter() - start
+        windows_read = windows.store.blocks.bytes_read
         rows.append((tokens, opened, index_bytes, plans["full_sentences"][0], plan_bytes, total))
         print(
             f"| {mb:g} | {tokens:,} | {sentences:,} | {opened:.2f} | {index_bytes / 2**20:.1f} | "
             f"{plans['full_sentences'][0]:.2f} | {plans['nsp'][0]:.2f} | "
-            f"{plan_bytes / 2**20:.1f} | {max(first, 0.0):.2f} | {total:.2f} |",
+            f"{plan_bytes / 2**20:.1f} | {max(first, 0.0):.2f} | {total:.2f} | "
+            f"{windows_total:.2f} | {windows_read / 2**10:,.0f} |",
             flush=True,
         )
     tokens, opened, index_bytes, plan_s, plan_bytes, total = rows[-1]
@@ -111,7 +122,8 @@ def main() -> None:
         f"\nlinear extrapolation to {TARGET_TOKENS:.0e} tokens (x{scale:,.0f} the largest size), "
         f"per host: open {opened * scale / 3600:,.0f} h, index {index_bytes * scale / 2**40:,.1f} "
         f"TiB, full_sentences plan {plan_s * scale / 3600:,.0f} h and "
-        f"{plan_bytes * scale / 2**40:,.1f} TiB; start-up total {total * scale / 3600:,.0f} h"
+        f"{plan_bytes * scale / 2**40:,.1f} TiB; start-up total {total * scale / 3600:,.0f} h "
+        "(sentence plans); token_windows: flat, see its column"
     )
 
 

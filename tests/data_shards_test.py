@@ -141,16 +141,23 @@ def _batches(config, store, steps, index, count):
     return pipeline, [pipeline.batch(step) for step in steps]
 
 
-def test_store_batches_equal_the_local_store_on_every_host_count(prepared):
+@pytest.mark.parametrize("plan", ["nsp", "token_windows"])
+def test_store_batches_equal_the_local_store_on_every_host_count(prepared, plan):
+    """token_windows opens from the manifest: no shard's sentence index is read."""
     config, url, _ = prepared
+    config = config.copy_and_resolve_references()
+    config.data.sample_plan = plan
     steps = [0, 1, 250]  # 250: a later epoch (the plan differs per epoch)
     _, whole = _batches(config, "", steps, 0, 1)  # today's path: tokenized into the local cache
     for count in (1, 2):
-        hosts = [_batches(config, url, steps, i, count)[1] for i in range(count)]
+        hosts = [_batches(config, url, steps, i, count) for i in range(count)]
         for step, reference in enumerate(whole):
             for key, value in reference.items():
-                joined = np.concatenate([host[step][key] for host in hosts])
+                joined = np.concatenate([host[1][step][key] for host in hosts])
                 np.testing.assert_array_equal(joined, value, err_msg=f"{key} {count} hosts")
+        assert all((host[0].store._index is None) == (plan == "token_windows") for host in hosts)
+    if plan == "token_windows":
+        return
     pipeline, _ = _batches(config, url, [], 0, 1)
     local_pipeline, _ = _batches(config, "", [], 0, 1)
     np.testing.assert_array_equal(pipeline.token_counts(), local_pipeline.token_counts())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-SAMPLE_PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm")
+SAMPLE_PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm", "token_windows")
 MASKINGS = ("token", "whole_word", "ngram", "diffusion", "pert", "causal")
 PAIR_PLANS = ("nsp", "sop")  # plans whose rows are sentence pairs with a label
 MASK_TOKEN_WEIGHTINGS = ("uniform", "smoothed_unigram")
@@ -41,7 +41,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.max_seq_length = 128  # longest row length T, [CLS] and [SEP]s included
     # How rows are formed (bertjax/data/samples.py): "nsp" | "sop" (sentence pairs with a label),
     # "pairs" (consecutive A, B of one document, no label: PERT), "full_sentences" |
-    # "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise)
+    # "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise) | "token_windows"
+    # (the token stream cut every T - 2 tokens: a sharded store of any size starts from its
+    # manifest alone; the sentence plans read every shard's index first)
     c.sample_plan = "nsp"
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
@@ -124,6 +126,8 @@ def validate(config) -> None:
         _fail("max_seq_length", c.max_seq_length, "must be >= 8")
     if c.sample_plan not in SAMPLE_PLANS:
         _fail("sample_plan", c.sample_plan, f"must be one of {SAMPLE_PLANS}")
+    if c.sample_plan == "token_windows" and c.pack_rows:
+        _fail("pack_rows", c.pack_rows, "token_windows rows are full already: set it False")
     if c.masking not in MASKINGS:
         _fail("masking", c.masking, f"must be one of {MASKINGS}")
     if c.masking == "diffusion" and c.sample_plan in PAIR_PLANS:

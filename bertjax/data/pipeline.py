@@ -21,6 +21,7 @@ import numpy as np
 
 from bertjax.data import causal, data_config, keys, masking, rows, samples, similarity
 from bertjax.data.batch_plan import BatchPlan
+from bertjax.data.index_shuffle import IndexShuffle
 from bertjax.data.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store import Store
@@ -55,9 +56,12 @@ class _Split:
             c = self.c
             plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}")
             plan = samples.make_plan(self.store, c.sample_plan, length, c.short_seq_prob, plan_rng)
-            order = keys.generator(self.seed, epoch, f"{self.purpose}/order/{length}").permutation(
-                len(plan)
-            )
+            purpose = f"{self.purpose}/order/{length}"
+            if c.sample_plan == "token_windows":  # rows by index: no array the size of the epoch
+                key = int(keys.row_keys(self.seed, epoch, purpose, np.zeros(1, np.int64))[0])
+                order = IndexShuffle(len(plan), key)
+            else:
+                order = keys.generator(self.seed, epoch, purpose).permutation(len(plan))
             packing = rows.pack(plan.lengths(), order, length) if c.pack_rows else None
             self._cache[key] = (plan, order, packing)
             if len(self._cache) > _CACHE_SIZE:
@@ -393,8 +397,10 @@ def make_pipeline(
         from bertjax.data.shard_reader import ShardedStore
 
         tokenizer = prepare.store_tokenizer(config)
+        index = c.sample_plan != "token_windows"  # the others plan over every sentence
         store, eval_store = (
-            ShardedStore(c.store, s, tokenizer, c.store_cache_bytes) for s in (split, "eval")
+            ShardedStore(c.store, s, tokenizer, c.store_cache_bytes, index=index)
+            for s in (split, "eval")
         )
     else:
         tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)

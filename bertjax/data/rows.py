@@ -27,7 +27,9 @@ def pair_rows(
     in_a = (t >= 1) & (t <= la)
     in_b = (t >= la + 2) & (t < la + 2 + lb)
     sep = (t == la + 1) | ((lb > 0) & (t == la + 2 + lb))
-    source = np.where(in_a, a0 + t - 1, np.where(in_b, b0 + t - la - 2, 0))
+    # Special and padding positions gather the row's own first token (then overwrite it), so a
+    # sharded store reads no block but the row's.
+    source = np.where(in_a, a0 + t - 1, np.where(in_b, b0 + t - la - 2, a0))
     text = in_a | in_b
     input_ids = np.where(text, tokens[source], pad_id).astype(np.int32)
     input_ids[sep] = sep_id

@@ -30,6 +30,12 @@ A plan lists, per sample, segment A = tokens[a_start:a_end), segment B = tokens[
   crossing documents with the stored [SEP] between them, or not crossing them; a sentence longer
   than the budget is cut into consecutive full rows and its rest starts the next row.
 - mlm: doc_sentences with BERT's short-sequence randomness (per document target).
+- token_windows: the token stream cut into windows of max_len - 2 tokens, crossing sentences and
+  documents (the stored [SEP] between them stays, unmaskable), as Megatron-LM's and MaxText's
+  pretraining rows; each epoch shifts the cut points by a keyed offset in [0, max_len - 2). A row
+  is computed from its index alone (`TokenWindows`), so the plan needs only the store's token
+  count: a sharded store starts from its manifest, whatever its size (samples.py's other plans
+  walk every sentence of the store).
 """
 
 from __future__ import annotations
@@ -261,13 +267,45 @@ def packed_plan(
     return Plan(a0, a1, zeros, zeros, zeros.astype(np.int32))
 
 
+class _Windows:
+    """One column of `TokenWindows`: value(row) = row * width + offset + shift, by index."""
+
+    def __init__(self, n: int, width: int, shift: int, scale: int = 1):
+        self.n, self.width, self.shift, self.scale = n, width, shift, scale
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return np.asarray(rows, np.int64) * self.width * self.scale + self.shift
+
+
+class TokenWindows:
+    """The token_windows plan of one epoch: row r = tokens [shift + r w, shift + (r + 1) w) with
+    w = max_seq_length - 2; no B segment, label 0. Columns are computed per asked-for row, in
+    O(1) memory (the Plan interface: a_start, a_end, b_start, b_end, label, skipped)."""
+
+    def __init__(self, num_tokens: int, max_seq_length: int, rng: np.random.Generator):
+        width = max_seq_length - 2
+        shift = int(rng.integers(width)) if num_tokens > width else 0
+        self.width, self.shift = width, shift
+        self.n = max(0, (int(num_tokens) - shift) // width)
+        self.a_start = _Windows(self.n, width, shift)
+        self.a_end = _Windows(self.n, width, shift + width)
+        self.b_start = self.b_end = self.label = _Windows(self.n, 0, 0, scale=0)
+        self.skipped = {"tail_tokens": int(num_tokens) - shift - self.n * width}
+
+    def __len__(self) -> int:
+        return self.n
+
+
 def make_plan(
     store: Store,
     objective: str,
     max_seq_length: int,
     short_seq_prob: float,
     rng: np.random.Generator,
-) -> Plan:
+) -> Plan | TokenWindows:
     """The plan of one epoch for a sample plan (config.data.sample_plan)."""
     if objective in ("nsp", "sop", "pairs"):
         return pair_plan(store, max_seq_length, short_seq_prob, rng, objective)
@@ -275,6 +313,8 @@ def make_plan(
         return packed_plan(store, max_seq_length, cross_documents=True)
     if objective == "doc_sentences":
         return packed_plan(store, max_seq_length, cross_documents=False)
+    if objective == "token_windows":
+        return TokenWindows(len(store.tokens), max_seq_length, rng)
     if objective == "mlm":
         return packed_plan(
             store, max_seq_length, cross_documents=False, short_seq_prob=short_seq_prob, rng=rng

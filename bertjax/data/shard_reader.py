@@ -1,7 +1,9 @@
 """Reading one split of a sharded store (bertjax/data/shard_format.py) from a path or URL.
 
 Opening reads the manifest and each shard's index region (document and sentence offsets, token
-counts, block checksums), never the tokens. `tokens` and `word_starts` are column views that
+counts, block checksums), never the tokens; with ``index=False`` (the token_windows plan) only
+the manifest, and each shard's block checksums on its first read, so that the time to the first
+batch does not grow with the store. `tokens` and `word_starts` are column views that
 fetch, per gather, only the blocks holding the asked-for positions: adjacent
 blocks go in one range request, all of a gather's requests at once (fsspec `cat_ranges`), each
 block is checked against its CRC, and blocks stay in an LRU cache of bounded size. A host thus
@@ -23,23 +25,54 @@ from bertjax.data import shard_format as fmt
 from bertjax.data.store import SPLITS
 
 CACHE_BYTES = 256 << 20  # default bound of the block cache per split
+COUNT_SHARDS = 16  # shards whose token counts stand for the store's before its index is loaded
 
 
 class _Blocks:
     """Data-region blocks of every shard of a split, fetched by range and cached (LRU)."""
 
-    def __init__(self, url, fs, shards, layouts, crcs, block_tokens, cache_bytes):
+    def __init__(self, url, fs, shards, layouts, block_tokens, cache_bytes):
         self.url, self.fs, self.shards, self.layouts = url, fs, shards, layouts
-        self.crcs, self.block_tokens, self.cache_bytes = crcs, block_tokens, cache_bytes
+        self.block_tokens, self.cache_bytes = block_tokens, cache_bytes
+        self.crcs: dict[int, np.ndarray] = {}  # shard -> CRC-32 of its blocks, read on first use
         self.block_bytes = layouts[0]["block_bytes"] if layouts else 1
-        self.paths = [fmt.filesystem(fmt.join(url, s["path"]))[1] for s in shards]
+        root = fmt.filesystem(url)[1].rstrip("/")
+        self.paths = [f"{root}/{s['path']}" for s in shards]
         self.cache: collections.OrderedDict = collections.OrderedDict()
         self.cached = 0
         self.lock = threading.Lock()
         self.bytes_read = 0  # bytes fetched from storage so far
 
+    def sections(self, shards: list[int], name: str) -> list[bytes]:
+        """One index section (index_layout's ``name``) of each of ``shards``, read at once."""
+        if not shards:
+            return []
+        starts = [self.layouts[k][name][0] for k in shards]
+        ends = [self.layouts[k][name][1] for k in shards]
+        bodies = self.fs.cat_ranges([self.paths[k] for k in shards], starts, ends)
+        for k, body, start, end in zip(shards, bodies, starts, ends):
+            if isinstance(body, Exception):
+                raise fmt.StoreError(
+                    f"cannot read shard {self._name(k)} ({body!r}): the manifest lists it; "
+                    "restore it or prepare the store again (complete shards are kept)"
+                )
+            self.bytes_read += len(body)
+            if len(body) != end - start:
+                raise fmt.StoreError(
+                    f"shard {self._name(k)} is truncated: bytes [{start}, {end}) gave "
+                    f"{len(body)}; the manifest says {self.shards[k]['bytes']} bytes: prepare "
+                    "the store again (complete shards are kept)"
+                )
+        return bodies
+
     def fetch(self, keys: np.ndarray) -> list[bytes]:
         """The blocks ``keys`` ([K, 2] unique (shard, block) pairs, sorted), in that order."""
+        with self.lock:
+            unknown = sorted({int(k) for k in np.unique(keys[:, 0])} - set(self.crcs))
+        if unknown:  # block checksums of shards not read before (a few bytes per block)
+            for k, body in zip(unknown, self.sections(unknown, "block_crc32")):
+                with self.lock:
+                    self.crcs[k] = np.frombuffer(body, "<u4")
         found: dict[tuple[int, int], bytes] = {}
         with self.lock:
             for shard, block in keys.tolist():
@@ -140,23 +173,50 @@ class Column:
 class ShardedStore:
     """One split of a sharded store at a path or URL; the same interface as store.Store."""
 
-    def __init__(self, url: str, split: str, tokenizer, cache_bytes: int = CACHE_BYTES):
+    def __init__(
+        self,
+        url: str,
+        split: str,
+        tokenizer,
+        cache_bytes: int = CACHE_BYTES,
+        index: bool = True,
+    ):
+        """``index=False`` opens from the manifest alone: the document and sentence index of
+        every shard is read on first use of `documents` / `sentences` (the sentence plans use
+        them; token_windows does not), block checksums per shard on its first read."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r}: must be one of {SPLITS}")
         self.url = self.directory = url.rstrip("/")
         self.split = split
         self.meta = manifest = fmt.read_manifest(self.url)
         fmt.check_tokenizer(self.url, manifest, tokenizer)
-        vocab, block_tokens = manifest["vocab_size"], manifest["block_tokens"]
+        self.vocab_size, block_tokens = manifest["vocab_size"], manifest["block_tokens"]
         dtype = np.dtype(manifest["token_dtype"])
         shards = [dict(s, token_dtype=dtype.name) for s in manifest["splits"][split]["shards"]]
-        fs, _ = fmt.filesystem(self.url)
-        layouts = [fmt.index_layout(s, vocab, block_tokens, dtype.itemsize) for s in shards]
-        indexes = self._read_indexes(fs, shards, layouts)
-        documents, sentences, crcs = [np.zeros(1, np.int64)], [], []
-        self._token_counts = np.zeros(vocab, np.int64)
+        self.shards = shards
+        self.fs, _ = fmt.filesystem(self.url)
+        self.layouts = [
+            fmt.index_layout(s, self.vocab_size, block_tokens, dtype.itemsize) for s in shards
+        ]
+        self._num_documents = sum(int(s["documents"]) for s in shards)
+        offsets = np.concatenate([[0], np.cumsum([s["tokens"] for s in shards])]).astype(np.int64)
+        self.blocks = _Blocks(self.url, self.fs, shards, self.layouts, block_tokens, cache_bytes)
+        self.tokens = Column(self.blocks, offsets, dtype, word_starts=False)
+        self.word_starts = Column(self.blocks, offsets, np.uint8, word_starts=True)
+        self._index = None
+        if index:
+            self._load_index()
+
+    def _load_index(self) -> dict:
+        """Documents, sentences, token counts and block checksums of every shard."""
+        if self._index is not None:
+            return self._index
+        shards, layouts = self.shards, self.layouts
+        indexes = self._read_indexes(self.fs, shards, layouts)
+        documents, sentences = [np.zeros(1, np.int64)], []
+        counts = np.zeros(self.vocab_size, np.int64)
         token_base = sentence_base = 0
-        for shard, layout, index in zip(shards, layouts, indexes):
+        for k, (shard, layout, index) in enumerate(zip(shards, layouts, indexes)):
             section = {
                 name: np.frombuffer(index[slice(*layout[name])], dt)
                 for name, dt in (
@@ -168,17 +228,26 @@ class ShardedStore:
             }
             documents.append(section["documents"][1:] + sentence_base)
             sentences.append(section["sentences"].reshape(-1, 2) + token_base)
-            self._token_counts += section["token_counts"]
-            crcs.append(section["block_crc32"])
+            counts += section["token_counts"]
+            self.blocks.crcs[k] = section["block_crc32"]
             token_base += shard["tokens"]
             sentence_base += shard["sentences"]
-        self.documents = np.concatenate(documents)
-        self.sentences = np.concatenate(sentences) if sentences else np.zeros((0, 2), np.int64)
-        offsets = np.concatenate([[0], np.cumsum([s["tokens"] for s in shards])]).astype(np.int64)
-        blocks = _Blocks(self.url, fs, shards, layouts, crcs, block_tokens, cache_bytes)
-        self.blocks = blocks
-        self.tokens = Column(blocks, offsets, dtype, word_starts=False)
-        self.word_starts = Column(blocks, offsets, np.uint8, word_starts=True)
+        self._index = {
+            "documents": np.concatenate(documents),
+            "sentences": (np.concatenate(sentences) if sentences else np.zeros((0, 2), np.int64)),
+            "token_counts": counts,
+        }
+        return self._index
+
+    @property
+    def documents(self) -> np.ndarray:
+        """[D + 1] int64 sentence offsets of each document (reads every shard's index once)."""
+        return self._load_index()["documents"]
+
+    @property
+    def sentences(self) -> np.ndarray:
+        """[S, 2] int64 token range of each sentence (reads every shard's index once)."""
+        return self._load_index()["sentences"]
 
     def _read_indexes(self, fs, shards, layouts) -> list[bytes]:
         """Each shard's index region (one range request each, all at once), size-checked."""
@@ -219,12 +288,21 @@ class ShardedStore:
 
     @property
     def num_documents(self) -> int:
-        return len(self.documents) - 1
+        return self._num_documents
 
     def document_sentences(self, doc: int) -> tuple[int, int]:
         return int(self.documents[doc]), int(self.documents[doc + 1])
 
     def token_counts(self, max_tokens: int | None = None, chunk: int = 0) -> np.ndarray:
-        """[V] int64 occurrences of each token id, exact (no sample of ``max_tokens``, no
-        ``chunk``: the counts come from the shard indexes, and no token is read)."""
-        return self._token_counts.copy()
+        """[V] int64 occurrences of each token id from the shard indexes (no token is read):
+        exact once the index is loaded; otherwise the sum over at most `COUNT_SHARDS` evenly
+        strided shards (all of them in a smaller store), so that opening stays constant."""
+        if self._index is not None:
+            return self._index["token_counts"].copy()
+        chosen = sorted({int(i) for i in np.linspace(0, len(self.shards) - 1, COUNT_SHARDS)})
+        chosen = chosen if self.shards else []
+        sections = self.blocks.sections(chosen, "token_counts")
+        counts = np.zeros(self.vocab_size, np.int64)
+        for body in sections:
+            counts += np.frombuffer(body, "<i8")
+        return counts
