@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -402,6 +403,15 @@ def make_pipeline(
             ShardedStore(c.store, s, tokenizer, c.store_cache_bytes, index=index)
             for s in (split, "eval")
         )
+        if index and len(store.tokens) > 1e9:
+            logging.warning(
+                "store %s: %d tokens; sample_plan=%r plans over every sentence, so each host "
+                "holds the whole sentence index and start-up grows with the store; "
+                "config.data.sample_plan='token_windows' starts from the manifest alone",
+                c.store,
+                len(store.tokens),
+                c.sample_plan,
+            )
     else:
         tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
         store, eval_store = prepare.load_store(config, tokenizer, split)
