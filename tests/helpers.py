@@ -46,6 +46,7 @@ SHRINK = [
     "--config.eval_every=0",
     "--config.progress_bar=False",
     "--config.data.prefetch=1",
+    "--config.fast_compile=True",  # XLA -O0: these runs are mostly compiling
 ]
 
 

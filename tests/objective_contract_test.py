@@ -53,7 +53,7 @@ def test_objective_keeps_the_step_contract(name, tmp_path):
     state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
     objective = state.spec.objective
     assert type(objective) is OBJECTIVES[name]
-    steps = step.jit_steps(state, mesh)
+    steps = step.jit_steps(state, mesh, step.FAST_COMPILE)
     batches = [_batch(objective, cfg, mesh, seed) for seed in (0, 1)]
     rng = jax.random.key(3)
 
@@ -103,9 +103,9 @@ def test_objective_keeps_the_step_contract(name, tmp_path):
             if getattr(state, field) is not None
         }
     )
-    accumulated, accumulated_metrics = step.jit_steps(sharded, sharded_mesh).train(
-        sharded, _batch(objective, cfg, sharded_mesh, 0), rng
-    )
+    accumulated, accumulated_metrics = step.jit_steps(
+        sharded, sharded_mesh, step.FAST_COMPILE
+    ).train(sharded, _batch(objective, cfg, sharded_mesh, 0), rng)
     skipped = set(objective.rng_dependent_metrics)
     if skipped:  # microbatches fold the rng per microbatch: the gradients differ too
         skipped |= {"grad_norm", "param_norm"}

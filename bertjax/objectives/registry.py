@@ -30,11 +30,6 @@ OBJECTIVES: dict[str, type[Objective]] = {
 }
 
 
-def name_of(cls: type[Objective]) -> str:
-    """The ``config.loss.objective`` name of an objective class."""
-    return cls.objective_name
-
-
 def validate_loss_config(loss_config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming an unknown objective or an unknown ``config.loss`` key."""
     name = loss_config.get("objective", "pretraining")

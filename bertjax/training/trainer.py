@@ -111,7 +111,9 @@ def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer
     abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
 
     def fresh():
-        return jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed))
+        options = step_lib.compiler_options(config)
+        init = jax.jit(init_fn, out_shardings=shardings, compiler_options=options)
+        return init(jax.random.key(config.seed))
 
     if ckpt.latest_step() is not None:
         meta = ckpt.read_meta()
@@ -200,7 +202,7 @@ class _Run:
         self.state = restore_or_init(
             config, self.objective, self.data, self.model_cfg, self.mesh, self.ckpt, self.phase
         )
-        self.steps = step_lib.jit_steps(self.state, self.mesh)
+        self.steps = step_lib.jit_steps(self.state, self.mesh, step_lib.compiler_options(config))
         self.meta = _meta(config, self.model_cfg, self.data)
         self.best = None
         if self.data.dev_metric:
