@@ -1,12 +1,10 @@
 """ELECTRA's objective: the loss against a float64 numpy port of google-research/electra's
 run_pretraining.py, the sample that carries no gradient and the labels it implies, the held-out
-AUC, the step on an 8-device mesh against one device, exact resume after SIGKILL, and
-fine-tuning from an ELECTRA workdir (the discriminator's encoder)."""
+AUC, the step on an 8-device mesh against one device, and fine-tuning from an ELECTRA workdir
+(the discriminator's encoder). Exact resume of ELECTRA's state through a checkpoint:
+tests/objective_contract_test.py; after SIGKILL of a train.py run: tests/trainer_test.py."""
 
 import os
-import signal
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -16,9 +14,6 @@ import pytest
 import two_process_worker as setup
 from helpers import ROOT
 from helpers import checkpoint_steps as _steps
-from helpers import command as _command
-from helpers import env as _env
-from helpers import final_params as _final_params
 from helpers import run as _run
 
 from bertjax import BertForSequenceClassification, step
@@ -258,22 +253,6 @@ def test_sharded_step_matches_one_device():
         )
 
 
-# train.py, killed by SIGKILL as the step-8 checkpoint starts saving (no race with the run).
-_KILLER = """
-import os, signal, sys, runpy
-from bertjax.training import checkpoint
-original = checkpoint.Checkpointer.save
-def save(self, state, meta, force=False):
-    started = original(self, state, meta, force=force)
-    if int(state.step) == 8:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return started
-checkpoint.Checkpointer.save = save
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted 12-step ELECTRA-tiny run (shrunk as tests/trainer_test.py's runs;
@@ -282,25 +261,6 @@ def reference(tmp_path_factory):
     assert _run(workdir, steps=12, every=4, config=ELECTRA)["step"] == 12
     assert _steps(workdir) == [4, 8, 12]
     return workdir
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_is_bit_identical(reference, tmp_path):
-    workdir = str(tmp_path)
-    killed = subprocess.run(
-        [sys.executable, "-c", _KILLER] + _command(workdir, steps=12, every=4, config=ELECTRA)[1:],
-        env=_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert _steps(workdir) == [4]  # step 8 died half-written
-    assert _run(workdir, steps=12, every=4, config=ELECTRA)["step"] == 12
-    jax.tree.map(
-        np.testing.assert_array_equal, _final_params(reference, 12), _final_params(workdir, 12)
-    )
 
 
 @pytest.mark.slow
