@@ -298,7 +298,7 @@ def test_student_starts_from_chosen_teacher_layers(distilled):
 def test_teacher_is_frozen_through_a_train_step_and_checkpoint(distilled, tmp_path):
     mesh, config, _, _, loaded = distilled
     before_teacher, before_student = _leaves(loaded.frozen), _leaves(loaded.params)
-    steps = step.jit_steps(loaded, mesh)
+    steps = step.jit_steps(loaded, mesh, step.FAST_COMPILE)
     state, metrics = steps.train(
         jax.tree.map(jnp.copy, loaded), sharding.global_batch(_batch(), mesh, 8), jax.random.key(0)
     )

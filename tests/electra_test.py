@@ -227,7 +227,7 @@ def _train(mesh_shape):
     mesh = sharding.make_mesh(config.mesh, devices)
     cfg = setup.tiny_model_config(model_type="electra")
     state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
-    steps = step.jit_steps(state, mesh)
+    steps = step.jit_steps(state, mesh, step.FAST_COMPILE)
     losses = []
     for index in range(2):
         batch = sharding.global_batch(electra_batch(index), mesh, setup.BATCH)

@@ -195,7 +195,7 @@ def _one_step(config, devices):
     model_cfg = setup.tiny_model_config(num_hidden_layers=1)
     mesh = sharding.make_mesh(config.mesh, devices)
     state = step.init_train_state(config, model_cfg, mesh, jax.random.key(0))
-    steps = step.jit_steps(state, mesh)
+    steps = step.jit_steps(state, mesh, step.FAST_COMPILE)
     batch = sharding.global_batch(_batch(), mesh, BATCH)
     state, metrics = steps.train(state, batch, jax.random.key(1))
     return jax.tree.map(np.asarray, state.params), jax.device_get(metrics)

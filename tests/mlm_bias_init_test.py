@@ -65,7 +65,7 @@ def test_new_model_starts_at_the_unigram_loss_on_a_tensor_parallel_mesh(setup):
     assert bias.sharding == before and len(bias.sharding.device_set) == 8
     np.testing.assert_array_equal(np.asarray(bias), prior)
 
-    steps = step_lib.jit_steps(state, mesh)
+    steps = step_lib.jit_steps(state, mesh, step_lib.FAST_COMPILE)
     batch = pipeline.batch(0)
     loss = float(steps.eval(state, sharding.global_batch(batch, mesh, 8))["mlm_loss"])
     targets = batch["masked_ids"][batch["masked_weights"] > 0]

@@ -233,7 +233,7 @@ def _train_one_step(mesh_axes, devices, model_cfg):
     config.batch_size = BATCH
     mesh = sharding.make_mesh(config.mesh, devices)
     state = step.init_train_state(config, model_cfg, mesh, jax.random.key(0))
-    steps = step.jit_steps(state, mesh)
+    steps = step.jit_steps(state, mesh, step.FAST_COMPILE)
     batch = sharding.global_batch(_batch(), mesh, BATCH)
     state, metrics = steps.train(state, batch, jax.random.key(1))
     return state, jax.device_get(metrics)

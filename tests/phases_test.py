@@ -35,6 +35,7 @@ SHRINK = [
     "--config.eval_batches=1",
     "--config.progress_bar=False",
     "--config.data.prefetch=1",
+    "--config.fast_compile=True",
 ]
 KILLER = (  # train.py, killed with SIGKILL right after step BERTJAX_TEST_KILL_AT (saved first)
     "import os, signal, sys, runpy\n"
@@ -171,7 +172,7 @@ def _params(workdir, step):
 
 
 @pytest.mark.slow
-def test_kill_inside_a_phase_at_its_end_and_in_the_next_resumes_bitwise(small_spm, tmp_path):
+def test_kill_inside_a_phase_and_in_the_next_resumes_bitwise(small_spm, tmp_path):
     reference = tmp_path / "reference"
     done = _train(reference, small_spm)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -204,6 +205,7 @@ CLM_MLM_SHRINK = [
     "--config.eval_batches=1",
     "--config.progress_bar=False",
     "--config.data.prefetch=1",
+    "--config.fast_compile=True",
 ]
 
 

@@ -22,7 +22,7 @@ def _run(mesh_shape):
     mesh = sharding.make_mesh(config.mesh, devices)
     state = step.init_train_state(config, setup.tiny_model_config(), mesh, jax.random.key(0))
     initial = jax.tree.map(lambda x: x.sharding, state)
-    steps = step.jit_steps(state, mesh)
+    steps = step.jit_steps(state, mesh, step.FAST_COMPILE)
     losses = []
     for index in range(STEPS):
         batch = sharding.global_batch(setup.synthetic_batch(index), mesh, setup.BATCH)

@@ -30,7 +30,7 @@ def single():
     state = step.init_train_state(
         setup.step_config(), setup.tiny_model_config(), mesh, jax.random.key(0)
     )
-    return mesh, state, step.jit_steps(state, mesh)
+    return mesh, state, step.jit_steps(state, mesh, step.FAST_COMPILE)
 
 
 def _batch(mesh, seed=0):
@@ -143,7 +143,7 @@ def test_bf16_compute_keeps_fp32_master_params_and_scales_lr():
         state.replace(spec=state.spec.__class__(fp32_cfg, Pretraining(next_sentence=False))),
         _batch(mesh, 0),
     )
-    new_state, metrics = step.jit_steps(state, mesh).train(
+    new_state, metrics = step.jit_steps(state, mesh, step.FAST_COMPILE).train(
         state, _batch(mesh, 0), jax.random.key(0)
     )
     assert set(metrics) == {

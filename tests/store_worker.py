@@ -35,6 +35,7 @@ def main(port, process_id, num_processes, devices, workdir, store, spm, steps) -
     config.model.intermediate_size = 64
     config.optim.warmup_steps, config.log_every, config.eval_every = 1, 1, 0
     config.checkpoint_every, config.progress_bar = int(steps) // 2, False
+    config.fast_compile = True
     trainer.train_and_evaluate(config, workdir)
     if int(num_processes) > 1:
         jax.distributed.shutdown()

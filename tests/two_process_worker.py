@@ -75,7 +75,7 @@ def train_losses(mesh) -> list:
 
     config = step_config(data=-1)
     state = step.init_train_state(config, tiny_model_config(), mesh, jax.random.key(0))
-    steps = step.jit_steps(state, mesh)
+    steps = step.jit_steps(state, mesh, step.FAST_COMPILE)
     rows = sharding.process_batch_rows(mesh, BATCH)
     losses = []
     for index in range(NUM_STEPS):
@@ -102,6 +102,7 @@ def shared_workdir_run(workdir: str) -> dict:
     config.model.intermediate_size = 64
     config.optim.warmup_steps, config.log_every, config.eval_every = 1, 2, 0
     config.checkpoint_every, config.progress_bar = 4, False
+    config.fast_compile = True
     return trainer.train_and_evaluate(config, workdir)
 
 
