@@ -92,11 +92,7 @@ def main() -> None:
         )
         c = config.copy_and_resolve_references()
         c.batch_size, c.data.store, c.data.prefetch = 256, out, 0
-        c.data.max_seq_length, c.data.sample_plan, c.data.max_predictions = (
-            128,
-            "full_sentences",
-            20,
-        )
+        c.data.update(max_seq_length=128, sample_plan="full_sentences", max_predictions=20)
         start = time.perf_counter()
         pipeline = make_pipeline(c, work, process_index=0, process_count=args.hosts)
         pipeline.batch(0)
