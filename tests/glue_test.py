@@ -231,6 +231,7 @@ def _command(glue_dir, workdir, spm, *extra):
         "--config.model.max_position_embeddings=64",
         "--config.progress_bar=False",
         "--config.peak_flops_per_device=1e12",
+        "--config.fast_compile=True",
         *extra,
     ]
 
