@@ -30,6 +30,10 @@ Gisserot-Boukhlef et al. 2026 (CLM then MLM beats MLM at a fixed budget), at toy
 
   # the full grid (not on a shared CPU): prints its own wall-time estimate at the end
   flock /tmp/bertjax-heavy.lock python benchmarks/data_constrained.py
+  # more epochs for two objectives, then the table and plot of every cell run with all seeds
+  python benchmarks/data_constrained.py --epochs 1,4,16,64,256 --objectives clm,diffusion \\
+      --no-record
+  python benchmarks/data_constrained.py --epochs 1,4,16,64,256 --from-runs
   # smoke size (a few minutes): the pipeline end to end and the grid's estimate, records nothing
   python benchmarks/data_constrained.py --epochs 1,2 --seeds 0 --objectives mlm,clm \\
       --finetune-steps 20 --tasks stdlib_families --no-record
@@ -272,6 +276,8 @@ def plot(results: dict, epochs: list[int], tasks: list[str], path: str, baseline
         ax.set_xlabel("epochs over U unique tokens (MLM-FLOP equivalent)")
         ax.set_title(title)
     for ax, task in zip(axes[0][1:], tasks):
+        if not baseline[task]:
+            continue
         floor = statistics.median(baseline[task])
         ax.axhline(floor, color="gray", linestyle="--", label="random init, fine-tuned")
         ax.legend(fontsize=8)
@@ -319,6 +325,11 @@ def main():
     parser.add_argument("--finetune-steps", type=int, default=DEFAULT_GRID["finetune"])
     parser.add_argument("--root", default="/tmp/bertjax-data-constrained")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument(
+        "--from-runs",
+        action="store_true",
+        help="run nothing: table and plot from the runs under --root (cells run with every seed)",
+    )
     args = parser.parse_args()
     args.epochs = [int(e) for e in args.epochs.split(",")]
     args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -364,7 +375,9 @@ def main():
                 steps = max(2, round(epochs * budget_per_epoch / per_step_of[name]))
                 steps_of[(name, epochs)] = steps
                 key = f"{name}/e{epochs}/s{seed}/{steps}/{train_tokens}/{args.finetune_steps}"
-                if key in done and set(args.tasks) <= set(done[key]["finetune"]):
+                if args.from_runs or (
+                    key in done and set(args.tasks) <= set(done[key]["finetune"])
+                ):
                     continue
                 workdir = os.path.join(args.root, f"{name}_e{epochs}_s{seed}")
                 config = run_config("mlm" if name == "clm_mlm" else name, seed, spm, corpus_file)
@@ -382,7 +395,9 @@ def main():
     baseline = {t: [] for t in args.tasks}
     for seed in args.seeds:
         key = f"none/s{seed}/{train_tokens}/{args.finetune_steps}"
-        if key not in done or not set(args.tasks) <= set(done[key]["finetune"]):
+        if not args.from_runs and (
+            key not in done or not set(args.tasks) <= set(done[key]["finetune"])
+        ):
             workdir = os.path.join(args.root, f"none_s{seed}")
             config = run_config("mlm", seed, spm, corpus_file)
             config.optim.learning_rate = 1e-12  # must be > 0; moves no weight measurably
@@ -395,14 +410,20 @@ def main():
             with open(os.path.join(args.root, RUNS), "a") as f:
                 f.write(json.dumps({"key": key, **done[key]}) + "\n")
         for task in args.tasks:
-            baseline[task].append(done[key]["finetune"][task])
+            if key in done:
+                baseline[task].append(done[key]["finetune"][task])
     results: dict = {name: {} for name in args.objectives}
     for name in args.objectives:
         for epochs in args.epochs:
             cell = {"likelihood": [], "own": [], "finetune": {t: [] for t in args.tasks}}
-            for seed in args.seeds:
-                key = f"{name}/e{epochs}/s{seed}/{steps_of[(name, epochs)]}/{train_tokens}"
-                run = done[f"{key}/{args.finetune_steps}"]
+            keys = [
+                f"{name}/e{epochs}/s{seed}/{steps_of[(name, epochs)]}/{train_tokens}/"
+                f"{args.finetune_steps}"
+                for seed in args.seeds
+            ]
+            if not all(k in done for k in keys):  # --from-runs: a cell not run with every seed
+                continue
+            for run in (done[k] for k in keys):
                 likelihood, own = held_out_loss(name, run["row"])
                 cell["likelihood"].append(likelihood)
                 cell["own"].append(own)
@@ -433,6 +454,9 @@ def main():
         per_token = per_step_of[name] / (BATCH * LENGTH * fraction_of[name])
         cells = []
         for e in args.epochs:
+            if e not in results[name]:
+                cells.append("-")
+                continue
             c = results[name][e]
             accs = ", ".join(_stat(c["finetune"][t]) for t in args.tasks)
             cells.append(
