@@ -4,15 +4,14 @@ import os
 import subprocess
 
 import pytest
+from helpers import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
 def test_gpu_suite_dry_run_prints_the_table():
-    env = dict(
-        os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS="--xla_force_host_platform_device_count=1"
-    )
+    env = dict(os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS=xla_flags(1))
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
         env=env,

@@ -1,14 +1,35 @@
-"""Test session set-up: 8 fake CPU devices for sharding tests, fp32 matmuls, one XLA compilation
-cache for the run (subprocesses too), and the session's shared tokenizers."""
+"""Test session set-up: 8 fake CPU devices for sharding tests, XLA's fast-compile flags
+(helpers.FAST_XLA_FLAGS), fp32 matmuls, one XLA compilation cache for the run (subprocesses
+too), and the session's shared tokenizers."""
 
 import atexit
 import os
 import shutil
 import tempfile
 
-# Must happen before jax is imported anywhere: sharding tests need several devices.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _fast_xla_flags() -> str:
+    """helpers.FAST_XLA_FLAGS where this jaxlib knows them (an unknown XLA flag aborts the
+    process), else nothing; checked once per run in a child process, inherited by the workers."""
+    import subprocess
+    import sys
+
+    from helpers import FAST_XLA_FLAGS
+
+    probe = "import jax; jax.numpy.zeros(1).block_until_ready()"
+    env = dict(os.environ, XLA_FLAGS=FAST_XLA_FLAGS, JAX_PLATFORMS="cpu")
+    ok = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True).returncode
+    return FAST_XLA_FLAGS if ok == 0 else ""
+
+
+if "BERTJAX_TEST_XLA_FLAGS" not in os.environ:
+    os.environ["BERTJAX_TEST_XLA_FLAGS"] = _fast_xla_flags()
+# Must happen before jax is imported anywhere: sharding tests need several devices.
+os.environ.setdefault(
+    "XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {os.environ['BERTJAX_TEST_XLA_FLAGS']}"
+)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # gcsfs's experimental bucket-type lookup (a gRPC call the GCS emulator does not serve) fails,
 # warns and is retried on every request, which slows the emulator tests and floods their logs.

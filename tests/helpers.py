@@ -22,10 +22,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The suite's XLA on the CPU (conftest sets it; subprocesses get it through `xla_flags`): -O0 and
+# the classic fusion emitters instead of the MLIR ones. Together they compile a tiny model's step
+# ~2x faster, and the suite is mostly compiling (model/moe/modernbert/attention/optim/sharding/
+# electra tests: 384 s -> 237 s on this machine); -O0 alone gains little. Both are XLA debug
+# options: the programs compute the same ops, only less optimized.
+FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
+def xla_flags(devices: int | None = None) -> str:
+    """XLA_FLAGS for a test process: ``devices`` fake CPU devices (None: jax's own count, so that
+    jax_num_cpu_devices can set it) and the suite's fast-compile flags when this jaxlib has them
+    (conftest checks once and records it in BERTJAX_TEST_XLA_FLAGS)."""
+    count = f"--xla_force_host_platform_device_count={devices}" if devices else ""
+    return f"{count} {os.environ.get('BERTJAX_TEST_XLA_FLAGS', '')}".strip()
+
+
 def child_env() -> dict:
     """The environment of a child JAX process: CPU only, this checkout first on the path."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = ""  # conftest's 8 fake devices would override jax_num_cpu_devices
+    env["XLA_FLAGS"] = xla_flags()  # no device count: it would override jax_num_cpu_devices
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     return env
@@ -52,7 +68,7 @@ SHRINK = [
 
 def env(devices=1):
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

@@ -5,6 +5,7 @@ import os
 
 import nbformat
 import pytest
+from helpers import xla_flags
 from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow  # end-to-end runs
@@ -14,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(name, tmp_path, monkeypatch):
     monkeypatch.setenv("BERTJAX_NOTEBOOK_QUICK", "1")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(1))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     notebook = nbformat.read(os.path.join(ROOT, "colab", name), as_version=4)
     NotebookClient(

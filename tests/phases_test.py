@@ -13,6 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from helpers import xla_flags
 
 from bertjax import trainer
 from bertjax.data import make_pipeline
@@ -148,7 +149,7 @@ def test_a_batch_size_that_does_not_split_over_the_devices_is_named(small_spm, t
 
 def _train(workdir, small_spm, kill_at=None, config=CONFIG, shrink=SHRINK):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = xla_flags(1)
     command = [
         os.path.join(ROOT, "train.py"),
         f"--config={config}",

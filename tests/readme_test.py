@@ -23,6 +23,7 @@ import sys
 
 import pytest
 from glue_fixtures import write_glue_dir
+from helpers import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -134,7 +135,7 @@ def shrunken(argv: list[str], spm: str) -> list[str] | None:
 
 def _env() -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"  # a user's one CPU device
+    env["XLA_FLAGS"] = xla_flags(1)  # a user's one CPU device
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

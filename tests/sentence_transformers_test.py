@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import xla_flags
 from sentence_transformers import SentenceTransformer
 from transformers import BertConfig, BertModel, BertTokenizerFast, ModernBertConfig, ModernBertModel
 
@@ -132,7 +133,7 @@ def _check_beir(embedder, tmp_path):
     output = tmp_path / "metrics.json"
     command = [sys.executable, "-m", "bertjax.embed", f"--model={tmp_path / 'exported'}"]
     command += [f"--beir_dir={root}", f"--output={output}", "--batch_size=4"]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(output.read_text())

@@ -332,12 +332,14 @@ def _on_mesh(fn: Callable, mesh: Mesh) -> Callable:
     return bound
 
 
-FAST_COMPILE = {"xla_backend_optimization_level": 0}  # XLA's -O0 (config.fast_compile)
+# config.fast_compile: XLA's -O0 and, on the CPU, the classic fusion emitters rather than the MLIR
+# ones. bert_tiny's train step on this CPU compiles in 4.9 s at -O2, 2.7 s at -O0, 1.7 s with both.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def compiler_options(config) -> dict | None:
-    """XLA options for the run's jits: -O0 under ``config.fast_compile`` (on this CPU a step
-    compiles ~2x faster and runs ~2.5x slower: for smoke runs and tests, not for training)."""
+    """XLA options for the run's jits: `FAST_COMPILE` under ``config.fast_compile`` (a step
+    compiles several times faster and runs slower: for smoke runs and tests, not training)."""
     return dict(FAST_COMPILE) if config.get("fast_compile") else None
 
 
