@@ -135,3 +135,39 @@ def gcs_bucket():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# Test modules, heaviest first (summed --durations of a full run on the 2-core machine). xdist
+# hands whole modules to its workers (loadscope) in collection order; by default it would order
+# them by test count, which left the few-test, minute-long modules (notebooks, benchmarks, the
+# kill -9 and two-process runs) to the end, one worker busy and the other idle. Heaviest first
+# is the longest-processing-time rule. A module missing here only runs later.
+HEAVIEST_FIRST = (
+    "configs_test",
+    "model_test",
+    "readme_test",
+    "benchmarks_test",
+    "data_shards_test",
+    "phases_test",
+    "objective_contract_test",
+    "trainer_test",
+    "notebooks_test",
+    "moe_test",
+    "modernbert_test",
+    "electra_test",
+    "glue_test",
+    "multiprocess_test",
+    "remote_workdir_test",
+    "run_config_test",
+    "optim_test",
+    "sharding_test",
+    "embedding_test",
+    "finetune_test",
+    "pert_test",
+    "attention_kernels_test",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: order within

@@ -3,6 +3,7 @@ model FLOPs and MFU."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -175,11 +176,13 @@ _PEAK_FLOPS = {
 }
 
 
+@functools.cache
 def measured_matmul_peak(dtype: str = "float32") -> float:
     """FLOP/s of one device's best of five square matmuls after two warm-up calls (2048 on a
     CPU, 8192 on an accelerator), random data. On a CPU a narrower dtype's product accumulates
     and returns float32, as BertConfig.matmul_dtype's products do. The MFU denominator where no
-    datasheet peak applies."""
+    datasheet peak applies. Measured once per process and dtype (~1 s on a 2-core CPU; every
+    phase of a run used to pay it again)."""
     import jax
     import jax.numpy as jnp
 
