@@ -71,11 +71,13 @@ def test_paths_are_resolved_once_and_a_missing_one_is_named(tmp_path, monkeypatc
 # ---- every key can be set on the command line ----
 
 
-def _parse(path: str, *overrides: str) -> ml_collections.ConfigDict:
-    """The config train.py builds from ``--config=path`` and ``overrides``: the unknown-key check,
-    then ml_collections' own override machinery (config_flags, locked as in train.py)."""
+def _parse(path: str, *overrides: str, checked: bool = False) -> ml_collections.ConfigDict:
+    """The config train.py builds from ``--config=path`` and ``overrides``: the unknown-key check
+    (unless ``checked``: done already), then ml_collections' own override machinery
+    (config_flags, locked as in train.py)."""
     argv = ["train.py", f"--config={path}", *overrides]
-    check_config_overrides(argv, DEFAULT)
+    if not checked:
+        check_config_overrides(argv, DEFAULT)
     values = flags.FlagValues()
     holder = config_flags.DEFINE_config_file(
         "config", DEFAULT, flag_values=values, sys_argv=argv, lock_config=True
@@ -121,11 +123,18 @@ def test_every_key_of_every_recipe_can_be_set_on_the_command_line():
     cannot type it) fails here: such keys are typed placeholders."""
     count = 0
     for path in RECIPES:
+        overrides = []
         for key, value, kind in _leaves(trainer.load_config_file(path)):
             new = _other_value(value, kind)
-            text = repr(new) if kind is tuple else str(new)
+            overrides.append((key, new, repr(new) if kind is tuple else str(new)))
+        # train.py's unknown-key check passes every key of the recipe (once, all together)
+        check_config_overrides(
+            ["train.py", f"--config={path}", *(f"--config.{k}={t}" for k, _, t in overrides)],
+            DEFAULT,
+        )
+        for key, new, text in overrides:
             try:
-                parsed = _get(_parse(path, f"--config.{key}={text}"), key)
+                parsed = _get(_parse(path, f"--config.{key}={text}", checked=True), key)
             except Exception as error:  # name the recipe and key, not just the parser's error
                 raise AssertionError(f"{os.path.basename(path)}: --config.{key}={text}") from error
             assert parsed == new and type(parsed) is type(new), (path, key, parsed, new)
