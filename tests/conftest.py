@@ -171,10 +171,3 @@ HEAVIEST_FIRST = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: order within
-
-
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: three workers on two cores (1.5 per core; ``--maxprocesses`` caps it). A
-    worker often waits: on its train.py children, on the GCS emulator, on a checkpoint to land,
-    so a third keeps both cores busy."""
-    return max(1, (3 * (os.cpu_count() or 1)) // 2)
