@@ -3,6 +3,7 @@
 too), and the session's shared tokenizers."""
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -35,12 +36,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # warns and is retried on every request, which slows the emulator tests and floods their logs.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Identical computations (the same tiny model in several train.py subprocesses, configs that
-# shrink to the same shapes) compile once per test run; the cache starts empty every run.
+# shrink to the same shapes) compile once per test run; the cache starts empty every run. Only
+# programs that took 0.2 s or more to compile are written: steps, inits, evals, which later
+# processes reuse. The thousands of one-op programs that eager test code compiles (~15 ms each)
+# are not worth a file each.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="bertjax-tests-xla-cache-")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+
+# A worker's heap holds jax, torch, transformers, TensorFlow and Beam: Python's default gen-0
+# threshold (700 allocations) runs a collection, and JAX's gc callback with it, every few hundred
+# traced ops, and a full one over that heap every ~70,000. Ten times fewer (collections still
+# run: nothing leaks across tests).
+gc.set_threshold(7000, 10, 10)
 
 import jax  # noqa: E402
 

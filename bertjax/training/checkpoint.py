@@ -27,11 +27,34 @@ def _state_tree(state) -> dict:
     return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
 
 
+def _whole_shards_on_host_devices() -> None:
+    """On one process whose devices are CPUs, saves write each shard whole instead of
+    replica-parallel. Replica-parallel (orbax's default off GPUs) splits a replicated array
+    among its replicas so that several hosts or accelerators share the device-to-host copy and
+    the write; CPU devices already live in the host's memory, so the split only adds a
+    ``jit(slice)`` compile per array shape and a copy (96 compiles, ~1.3 s, in every save of a
+    2-layer BERT on 8 CPU devices). The files are the same either way."""
+    if jax.process_count() == 1 and all(d.platform == "cpu" for d in jax.local_devices()):
+        from orbax.checkpoint import type_handlers
+
+        handler = type_handlers.get_type_handler(jax.Array)
+        if getattr(handler, "_use_replica_parallel", False):
+            type_handlers.register_type_handler(
+                jax.Array,
+                type_handlers.ArrayHandler(
+                    use_replica_parallel=False,
+                    array_metadata_store=getattr(handler, "_array_metadata_store", None),
+                ),
+                override=True,
+            )
+
+
 class Checkpointer:
     """Periodic (async) saves under ``workdir/checkpoints``, keeping the last ``keep``."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
         self.directory = paths.resolve(directory)
+        _whole_shards_on_host_devices()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
