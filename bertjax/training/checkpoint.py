@@ -38,12 +38,15 @@ def _whole_shards_on_host_devices() -> None:
         from orbax.checkpoint import type_handlers
 
         handler = type_handlers.get_type_handler(jax.Array)
-        if getattr(handler, "_use_replica_parallel", False):
+        # Both are orbax's private attributes: where either is gone (another orbax), keep its
+        # handler as it is rather than build one that might drop the array metadata store.
+        if not all(hasattr(handler, a) for a in ("_use_replica_parallel", "_array_metadata_store")):
+            return
+        if handler._use_replica_parallel:
             type_handlers.register_type_handler(
                 jax.Array,
                 type_handlers.ArrayHandler(
-                    use_replica_parallel=False,
-                    array_metadata_store=getattr(handler, "_array_metadata_store", None),
+                    use_replica_parallel=False, array_metadata_store=handler._array_metadata_store
                 ),
                 override=True,
             )
