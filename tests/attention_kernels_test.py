@@ -156,8 +156,8 @@ def test_kernel_equals_the_exact_reference(rows, name, case):
     out = np.asarray(out)
     np.testing.assert_allclose(np.where(seen, out, 0), np.where(seen, want, 0), atol=3e-6)
     dense = jnp.asarray(visible)
-    _, exact = forward_backward(
-        lambda q, k, v: kernels.exact_attention(q, k, v, dense, keep, rate)
+    _, exact = jax.jit(
+        forward_backward(lambda q, k, v: kernels.exact_attention(q, k, v, dense, keep, rate))
     )(q, k, v)
     for which, got, reference in zip("qkv", ours, exact):
         np.testing.assert_allclose(got, reference, atol=5e-6, err_msg=which)
@@ -247,14 +247,19 @@ def test_causal_outputs_never_depend_on_later_or_other_segments_tokens(implement
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.normal(size=(2, length, 16)), jnp.float32)
     encoder = Encoder(cfg)
-    params = encoder.init(jax.random.key(0), x, mask, True)
-    _, pullback = jax.vjp(lambda x: encoder.apply(params, x, mask, True), x)
+    params = jax.jit(lambda x: encoder.init(jax.random.key(0), x, mask, True))(x)
     weights = jnp.asarray(rng.normal(size=(2, 16)), jnp.float32)
 
-    def through(i):  # d <out[:, i], weights> / dx, [B, T, D]
-        return pullback(jnp.zeros((2, length, 16)).at[:, i].set(weights))[0]
+    @jax.jit
+    def jacobian_rows(params, x):  # [i, B, T, D]: d <out[:, i], weights> / dx for every i
+        _, pullback = jax.vjp(lambda x: encoder.apply(params, x, mask, True), x)
 
-    dependence = np.abs(np.asarray(jax.jit(jax.vmap(through))(jnp.arange(length)))).sum(-1)
+        def through(i):
+            return pullback(jnp.zeros((2, length, 16)).at[:, i].set(weights))[0]
+
+        return jax.vmap(through)(jnp.arange(length))
+
+    dependence = np.abs(np.asarray(jacobian_rows(params, x))).sum(-1)
     seg = np.asarray(segments)
     for b in range(2):
         for i in range(length):

@@ -139,11 +139,13 @@ def test_bertjax_init_exports_to_hf(tmp_path):
     )
     model = bertjax.BertForPreTraining(cfg)
     ids, types, mask = _batch(0, cfg.vocab_size, seed=5, length=10)
-    params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(ids))["params"])
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.asarray(ids))["params"])
     convert.to_hf(cfg, params, str(tmp_path))
     hf_model = transformers.BertForPreTraining.from_pretrained(str(tmp_path)).eval()
     hidden, logits, nsp = _hf_pretraining_outputs("bert", hf_model, ids, types, mask)
-    out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask))
+    out = jax.jit(model.apply)(
+        {"params": params}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask)
+    )
     _assert_close(out["mlm_logits"], logits, mask, "exported MLM logits")
     _assert_close(out["nsp_logits"], nsp, what="exported NSP logits")
     # And back: from_hf(scan_layers=True) restores the same tree.

@@ -1,6 +1,7 @@
 """Behaviour of the encoder itself: padding, packing, scan, sharing, gradients, configs."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from flax import linen as nn
+from helpers import jit_apply
 
 import bertjax
 from bertjax import convert
@@ -48,11 +50,12 @@ def bert():
 
 def test_padding_never_changes_real_positions(bert):
     cfg, model, params = bert
+    apply = jax.jit(model.apply)
     ids = _ids(0, (2, 7))
     types = jnp.asarray([[0, 0, 0, 1, 1, 1, 1]] * 2, jnp.int32)
-    short = model.apply({"params": params}, ids, types, jnp.ones((2, 7), jnp.int32))
+    short = apply({"params": params}, ids, types, jnp.ones((2, 7), jnp.int32))
     pad = jnp.zeros((2, 5), jnp.int32)
-    padded = model.apply(
+    padded = apply(
         {"params": params},
         jnp.concatenate([ids, pad + 9], 1),
         jnp.concatenate([types, pad], 1),
@@ -70,13 +73,14 @@ def test_packed_row_equals_separate_sequences(bert):
     a, b = _ids(1, (1, 5)), _ids(2, (1, 4))
     seg = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3], jnp.int32)
     packed_ids = jnp.concatenate([a, b, jnp.zeros((1, 3), jnp.int32)], 1)
-    packed = model.apply({"params": params}, packed_ids, segment_ids=seg)["sequence_output"]
-    alone_a = model.apply({"params": params}, a)["sequence_output"]
-    alone_b = model.apply({"params": params}, b)["sequence_output"]
+    apply = jax.jit(model.apply)
+    packed = apply({"params": params}, packed_ids, segment_ids=seg)["sequence_output"]
+    alone_a = apply({"params": params}, a)["sequence_output"]
+    alone_b = apply({"params": params}, b)["sequence_output"]
     np.testing.assert_allclose(packed[:, :5], alone_a, atol=1e-5)
     np.testing.assert_allclose(packed[:, 5:9], alone_b, atol=1e-5)
     # Without segment ids the two sequences do see each other: the test has teeth.
-    leaky = model.apply({"params": params}, packed_ids[:, :9])["sequence_output"]
+    leaky = apply({"params": params}, packed_ids[:, :9])["sequence_output"]
     assert np.max(np.abs(leaky[:, 5:9] - alone_b)) > 1e-3
 
 
@@ -88,20 +92,21 @@ def test_scan_and_remat_match_the_loop(overrides):
     ids = _ids(3, (2, 9))
     loop = bertjax.BertForPreTraining(cfg)
     params = _init(loop, length=9)
-    ref = loop.apply({"params": params}, ids)
+    ref = jax.jit(loop.apply)({"params": params}, ids)
     scan_cfg = cfg.replace(scan_layers=True, remat="full")
     stacked = convert.stack_layers(scan_cfg, params)
     scanned = bertjax.BertForPreTraining(scan_cfg)
     # The scanned module's own init has the same tree as the stacked loop params.
     assert jax.tree.structure(_init(scanned, length=9)) == jax.tree.structure(stacked)
-    out = scanned.apply({"params": stacked}, ids)
+    out = jax.jit(scanned.apply)({"params": stacked}, ids)
     np.testing.assert_allclose(out["mlm_logits"], ref["mlm_logits"], atol=1e-5)
 
     def loss(p, m):
         return jnp.sum(m.apply({"params": p}, ids)["mlm_logits"] ** 2)
 
-    g_loop = jax.grad(loss)(params, loop)
-    g_scan = convert.unstack_layers(scan_cfg, jax.grad(loss)(stacked, scanned))
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    g_loop = grad(params, loop)
+    g_scan = convert.unstack_layers(scan_cfg, grad(stacked, scanned))
     jax.tree.map(
         lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5), g_loop, g_scan
     )
@@ -139,7 +144,7 @@ def test_every_parameter_gets_a_gradient(overrides):
         ).mean()
         return mlm + nsp
 
-    grads = jax.grad(loss)(params)
+    grads = jax.jit(jax.grad(loss))(params)
     flat = jax.tree_util.tree_flatten_with_path(grads)[0]
     # Every parameter tensor moves; position rows past the sequence length cannot.
     for path, g in flat:
@@ -246,9 +251,9 @@ def test_matmul_dtype_bfloat16_model_stays_within_bf16_error_of_float32(bert):
     MLM logits within bf16's error of the fp32 model's, and float32 outputs."""
     cfg, model, params = bert
     ids = _ids(13, (2, 9))
-    want = model.apply({"params": params}, ids)["mlm_logits"]
+    want = jax.jit(model.apply)({"params": params}, ids)["mlm_logits"]
     fast = bertjax.BertForPreTraining(cfg.replace(matmul_dtype="bfloat16"))
-    got = fast.apply({"params": params}, ids)["mlm_logits"]
+    got = jax.jit(fast.apply)({"params": params}, ids)["mlm_logits"]
     assert got.dtype == jnp.float32
     error = float(jnp.abs(got - want).max() / jnp.abs(want).max())
     assert 1e-5 < error < 3e-2, error  # rounded (not the fp32 path), within bf16's ~3 digits
@@ -311,12 +316,13 @@ def test_dropout_is_active_only_when_asked(bert):
     model = bertjax.BertForPreTraining(cfg)
     params = bert[2]
     ids = _ids(5, (2, 10))
-    a = model.apply({"params": params}, ids)["mlm_logits"]
-    b = model.apply({"params": params}, ids)["mlm_logits"]
+    a = jit_apply(model, {"params": params}, ids)["mlm_logits"]
+    b = jit_apply(model, {"params": params}, ids)["mlm_logits"]
     np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(a, bert[1].apply({"params": params}, ids)["mlm_logits"], atol=1e-6)
-    c = model.apply(
-        {"params": params}, ids, deterministic=False, rngs={"dropout": jax.random.key(1)}
+    want = jit_apply(bert[1], {"params": params}, ids)["mlm_logits"]
+    np.testing.assert_allclose(a, want, atol=1e-6)
+    c = jit_apply(
+        model, {"params": params}, ids, deterministic=False, rngs={"dropout": jax.random.key(1)}
     )["mlm_logits"]
     assert np.max(np.abs(np.asarray(c) - np.asarray(a))) > 1e-3
 
@@ -325,9 +331,9 @@ def test_bfloat16_compute_keeps_float32_params_and_tracks_float32(bert):
     cfg, model, params = bert
     ids = _ids(6, (2, 10))
     half = bertjax.BertForPreTraining(cfg.replace(dtype="bfloat16"))
-    out = half.apply({"params": params}, ids)
+    out = jax.jit(half.apply)({"params": params}, ids)
     assert out["mlm_logits"].dtype == jnp.bfloat16
-    ref = model.apply({"params": params}, ids)["mlm_logits"]
+    ref = jax.jit(model.apply)({"params": params}, ids)["mlm_logits"]
     assert float(jnp.max(jnp.abs(out["mlm_logits"].astype(jnp.float32) - ref))) < 0.1
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(_init(half)))
 
@@ -336,12 +342,12 @@ def test_token_classification_and_sequence_classification_shapes(bert):
     cfg = bert[0]
     ids = _ids(7, (3, 8))
     seq = bertjax.BertForSequenceClassification(cfg, num_labels=1)
-    out = seq.apply({"params": _init(seq)}, ids)
+    out = jax.jit(seq.apply)({"params": _init(seq)}, ids)
     assert out.shape == (3, 1)
     tok = bertjax.BertForTokenClassification(cfg, num_labels=7)
     tok_params = _init(tok)
     assert "pooler" not in tok_params["bert"]
-    assert tok.apply({"params": tok_params}, ids).shape == (3, 8, 7)
+    assert jax.jit(tok.apply)({"params": tok_params}, ids).shape == (3, 8, 7)
 
 
 @pytest.mark.parametrize(
@@ -411,6 +417,7 @@ def test_fourier_position_rows_are_orthogonal_within_head_dim():
         _cfg(hidden_size=36, num_attention_heads=4, position_embedding_init="fourier")
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _first_layer_attention(cfg, params, ids):
     """Layer-0 attention probabilities [B, heads, T, S] computed from the parameters by hand."""
     model = bertjax.BertModel(cfg)
@@ -561,11 +568,12 @@ def test_cpu_attention_path_equals_dot_product_attention(bert):
         logits = m.apply({"params": p}, ids, attention_mask=attention_mask)["mlm_logits"]
         return jnp.sum(logits**2 * attention_mask[..., None])
 
-    np.testing.assert_allclose(loss(model, params), loss(fused, params), rtol=1e-5)
-    ours, theirs = (
-        jax.grad(lambda p: loss(model, p))(params),
-        jax.grad(lambda p: loss(fused, p))(params),
+    value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=1), static_argnums=0)
+    (ours_loss, ours), (theirs_loss, theirs) = (
+        value_and_grad(model, params),
+        value_and_grad(fused, params),
     )
+    np.testing.assert_allclose(ours_loss, theirs_loss, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -657,7 +665,9 @@ def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides,
         else jnp.asarray(np.arange(16)[None] < np.array([[16], [11], [7]]), jnp.int32)
     )
     positions = jnp.asarray([[1, 4, 4, 0], [2, 9, 3, 5], [6, 1, 0, 0]], jnp.int32)  # repeats, pads
-    params = nn.unbox(full.init(jax.random.key(0), ids, masked_positions=positions)["params"])
+    params = nn.unbox(
+        jax.jit(full.init)(jax.random.key(0), ids, masked_positions=positions)["params"]
+    )
     weights = jax.random.normal(jax.random.key(2), (3, 4, cfg.vocab_size))
 
     def loss(model, p):
@@ -671,8 +681,9 @@ def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides,
         total = jnp.sum(out["mlm_logits"] * weights)
         return total + (jnp.sum(out["nsp_logits"] ** 2) if nsp else 0.0), out
 
-    (_, want), want_grads = jax.value_and_grad(lambda p: loss(full, p), has_aux=True)(params)
-    (_, got), got_grads = jax.value_and_grad(lambda p: loss(sparse, p), has_aux=True)(params)
+    value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=1, has_aux=True), static_argnums=0)
+    (_, want), want_grads = value_and_grad(full, params)
+    (_, got), got_grads = value_and_grad(sparse, params)
     assert "sequence_output" in want and "sequence_output" not in got
     for key in ("mlm_logits", "nsp_logits") if nsp else ("mlm_logits",):
         scale = float(jnp.max(jnp.abs(want[key])))
@@ -698,7 +709,9 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
     full = bertjax.BertForPreTraining(cfg)
     sparse = full.clone(sparse_last_layer=True)
     ids, positions = _ids(3, (batch, length)), jnp.tile(jnp.arange(1, masked + 1), (batch, 1))
-    params = nn.unbox(full.init(jax.random.key(0), ids, masked_positions=positions)["params"])
+    params = nn.unbox(
+        jax.jit(full.init)(jax.random.key(0), ids, masked_positions=positions)["params"]
+    )
 
     def flops(model):
         fn = jax.jit(lambda p: model.apply({"params": p}, ids, masked_positions=positions))

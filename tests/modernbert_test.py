@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import jit_apply
 
 import bertjax
 from bertjax import convert, trainer
@@ -95,16 +96,15 @@ def _ours(kind, cfg, params, ids, mask):
     with jax.default_matmul_precision("highest"):
         if kind == "mlm":
             model = bertjax.BertForPreTraining(cfg, next_sentence=False)
-            return model.apply({"params": params}, *args, **kwargs)["mlm_logits"]
+            return jit_apply(model, {"params": params}, *args, **kwargs)["mlm_logits"]
         if kind == "base":
-            return bertjax.BertModel(cfg, add_pooler=False).apply(
-                {"params": params["bert"]}, *args, **kwargs
-            )[0]
+            model = bertjax.BertModel(cfg, add_pooler=False)
+            return jit_apply(model, {"params": params["bert"]}, *args, **kwargs)[0]
         model_cls = {
             "sequence": bertjax.BertForSequenceClassification,
             "token": bertjax.BertForTokenClassification,
         }[kind]
-        return model_cls(cfg, num_labels=3).apply({"params": params}, *args, **kwargs)
+        return jit_apply(model_cls(cfg, num_labels=3), {"params": params}, *args, **kwargs)
 
 
 def _theirs(model, kind, ids, mask):
@@ -157,7 +157,7 @@ def test_a_bertjax_model_exports_and_reads_back(tmp_path):
     ids, mask = _rows(24, seed=3)
     ids = ids % 64
     model = bertjax.BertForPreTraining(cfg, next_sentence=False)
-    params = model.init(jax.random.key(0), jnp.asarray(ids))["params"]
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(ids))["params"]
     convert.to_hf(cfg, params, str(tmp_path))
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]
@@ -210,7 +210,7 @@ def tiny():
         num_hidden_layers=4, hidden_dropout_prob=0.0,
     )  # fmt: skip
     model = bertjax.BertForPreTraining(cfg, next_sentence=False)
-    params = model.init(jax.random.key(1), jnp.ones((1, 8), jnp.int32))["params"]
+    params = jax.jit(model.init)(jax.random.key(1), jnp.ones((1, 8), jnp.int32))["params"]
     return cfg, model, params
 
 
@@ -222,9 +222,11 @@ def test_packed_rows_equal_separate_sequences(tiny):
     first, second = rng.integers(5, 64, 13), rng.integers(5, 64, 9)
     row = np.concatenate([first, second, np.zeros(2, int)])[None]
     segments = np.array([[1] * 13 + [2] * 9 + [0] * 2])
-    packed = model.apply({"params": params}, jnp.asarray(row), segment_ids=jnp.asarray(segments))
+    packed = jit_apply(
+        model, {"params": params}, jnp.asarray(row), segment_ids=jnp.asarray(segments)
+    )
     for seq, where in ((first, slice(0, 13)), (second, slice(13, 22))):
-        alone = model.apply({"params": params}, jnp.asarray(seq[None]))["mlm_logits"]
+        alone = jit_apply(model, {"params": params}, jnp.asarray(seq[None]))["mlm_logits"]
         np.testing.assert_allclose(packed["mlm_logits"][0, where], alone[0], atol=2e-5)
 
 
@@ -240,10 +242,10 @@ def test_sparse_last_layer_gives_the_full_models_logits(tiny, layers):
     where = jnp.asarray([[1, 5, 9, 17], [2, 3, 10, 12]])
     full = bertjax.BertForPreTraining(cfg, next_sentence=False)
     sparse = bertjax.BertForPreTraining(cfg, next_sentence=False, sparse_last_layer=True)
-    params = full.init(jax.random.key(2), jnp.asarray(ids))["params"]
+    params = jax.jit(full.init)(jax.random.key(2), jnp.asarray(ids))["params"]
     inputs = dict(attention_mask=jnp.asarray(mask), masked_positions=where)
-    want = full.apply({"params": params}, jnp.asarray(ids), **inputs)["mlm_logits"]
-    got = sparse.apply({"params": params}, jnp.asarray(ids), **inputs)["mlm_logits"]
+    want = jit_apply(full, {"params": params}, jnp.asarray(ids), **inputs)["mlm_logits"]
+    got = jit_apply(sparse, {"params": params}, jnp.asarray(ids), **inputs)["mlm_logits"]
     np.testing.assert_allclose(got, want, atol=2e-5 * float(jnp.abs(want).max()))
 
 
@@ -320,9 +322,10 @@ def test_prediction_head_init_is_the_training_code_s_and_hf_s_is_an_option():
             "modernbert-tiny", vocab_size=128, mask_token_id=4, init_scheme=scheme, **specials
         )
         layers = cfg.num_hidden_layers
-        mlm = bertjax.BertForPreTraining(cfg, next_sentence=False).init(jax.random.key(0), ids)
+        mlm_model = bertjax.BertForPreTraining(cfg, next_sentence=False)
+        mlm = jax.jit(mlm_model.init)(jax.random.key(0), ids)
         classifier = bertjax.BertForSequenceClassification(cfg, num_labels=2)
-        head = classifier.init(jax.random.key(1), ids)
+        head = jax.jit(classifier.init)(jax.random.key(1), ids)
         kernels = {
             head_type: mlm["params"]["mlm_head"]["transform"]["kernel"],
             "out": head["params"]["head"]["transform"]["kernel"],

@@ -39,7 +39,7 @@ def tiny():
     )
     model = bertjax.BertForPreTraining(cfg)
     ids = jnp.ones((2, 8), jnp.int32)
-    params = model.init(jax.random.key(0), ids)["params"]
+    params = jax.jit(model.init)(jax.random.key(0), ids)["params"]
     return model, params, ids
 
 
@@ -78,7 +78,7 @@ def test_accelerator_path_gives_the_cpu_paths_values_and_gradients(tiny, monkeyp
             out = model.apply({"params": p}, ids, attention_mask=jnp.ones_like(ids))
             return jnp.sum(jnp.sin(out["mlm_logits"])) + jnp.sum(out["nsp_logits"] ** 2)
 
-        return jax.value_and_grad(loss)(params)
+        return jax.jit(jax.value_and_grad(loss))(params)  # traced anew: reads on_cpu
 
     cpu_value, cpu_grad = value_and_grad()
     monkeypatch.setattr(platform, "on_cpu", lambda: False)

@@ -329,10 +329,15 @@ def test_lamb_matches_albert_reference_per_layer_and_expert(overrides):
             clip_norm=1.0,
         )
         tx = optim.make_optimizer(config, model_cfg, 256).tx
-        state, current = tx.init(params), params
+
+        @jax.jit  # one program per step instead of one per op and leaf shape
+        def step(g, state, current):
+            updates, state = tx.update(g, state, current)
+            return optax.apply_updates(current, updates), state
+
+        state, current = jax.jit(tx.init)(params), params
         for g in grads:
-            updates, state = tx.update(jax.tree.map(jnp.asarray, g), state, current)
-            current = optax.apply_updates(current, updates)
+            current, state = step(g, state, current)
         got = _split_variables(current, blocks)
         want = _reference_lamb(
             _split_variables(params, blocks),
@@ -359,7 +364,7 @@ def test_lamb_ratio_is_one_for_biases_and_layer_norms_and_per_slice_for_stacks()
         name="lamb", schedule="constant", warmup_fraction=0.0, learning_rate=lr, clip_norm=0.0
     )
     tx = optim.make_optimizer(config, model_cfg, 256).tx
-    updates = tx.update(grads, tx.init(params), params)[0]
+    updates = jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params)
     for (path, update), param, grad in zip(
         jax.tree_util.tree_leaves_with_path(updates),
         jax.tree.leaves(params),
@@ -408,8 +413,9 @@ def test_electra_convention_puts_the_heads_at_l_plus_2():
     with_decay = optim.make_optimizer(config, model_cfg, 256).tx
     config.layerwise_lr_decay = 1.0
     without = optim.make_optimizer(config, model_cfg, 256).tx
-    a = with_decay.update(grads, with_decay.init(params), params)[0]
-    b = without.update(grads, without.init(params), params)[0]
+    a, b = jax.jit(lambda g, p: [tx.update(g, tx.init(p), p)[0] for tx in (with_decay, without)])(
+        grads, params
+    )
     for path, value in jax.tree_util.tree_leaves_with_path(a):
         other = b
         for k in path:

@@ -30,13 +30,14 @@ SHRINK = [
     "--config.phases.extend.steps=6",
     "--config.phases.decay.steps=6",
     "--config.batch_warmup.tokens=3072",
-    "--config.checkpoint_every=2",
+    "--config.checkpoint_every=4",
     "--config.log_every=2",
     "--config.eval_every=1000",
     "--config.eval_batches=1",
     "--config.progress_bar=False",
     "--config.data.prefetch=1",
     "--config.fast_compile=True",
+    "--config.peak_flops_per_device=1e12",  # no CPU matmul peak measured at start (~1 s each)
 ]
 KILLER = (  # train.py, killed with SIGKILL right after step BERTJAX_TEST_KILL_AT (saved first)
     "import os, signal, sys, runpy\n"
@@ -180,9 +181,10 @@ def test_kill_inside_a_phase_and_in_the_next_resumes_bitwise(small_spm, tmp_path
     assert json.loads(done.stdout[done.stdout.index("{") :])["step"] == 24
     workdir = tmp_path / "killed"
     # step 5: in phase 1 while the batch grows (the step-4 checkpoint: batch 12 from step 4);
-    # step 15: inside phase 2. A kill at a phase's last step, saved, before the next phase
-    # begins: test_kill_at_the_switch_from_clm_to_mlm_resumes_bitwise.
-    for kill_at in (5, 15):
+    # step 17: inside phase 2 (steps 13-18; resumed from the step-16 checkpoint). A kill at a
+    # phase's last step, saved, before the next phase begins:
+    # test_kill_at_the_switch_from_clm_to_mlm_resumes_bitwise.
+    for kill_at in (5, 17):
         killed = _train(workdir, small_spm, kill_at)
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     finished = _train(workdir, small_spm)
@@ -207,6 +209,7 @@ CLM_MLM_SHRINK = [
     "--config.progress_bar=False",
     "--config.data.prefetch=1",
     "--config.fast_compile=True",
+    "--config.peak_flops_per_device=1e12",  # no CPU matmul peak measured at start (~1 s each)
 ]
 
 
