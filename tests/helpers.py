@@ -47,7 +47,7 @@ def child_env() -> dict:
     return env
 
 
-# ---- model code under jit (model, modernbert, moe, distill tests) ----
+# ---- model and optimizer code under jit (model, modernbert, optim tests) ----
 
 
 def jit_apply(module, variables, *args, **kwargs):
@@ -66,6 +66,23 @@ def jit_apply(module, variables, *args, **kwargs):
     }
     dynamic = {k: v for k, v in kwargs.items() if k not in static}
     return jax.jit(functools.partial(module.apply, **static))(variables, *args, **dynamic)
+
+
+def apply_steps(tx, params, grads):
+    """``params`` after one step of the optax transformation ``tx`` per tree in ``grads``, each
+    step one jitted program (eagerly: one program per op and leaf shape)."""
+    import jax
+    import optax
+
+    @jax.jit
+    def step(g, state, current):
+        updates, state = tx.update(g, state, current)
+        return optax.apply_updates(current, updates), state
+
+    state, current = jax.jit(tx.init)(params), params
+    for g in grads:
+        current, state = step(g, state, current)
+    return current
 
 
 # ---- train.py runs (trainer, electra, remote workdir tests) ----

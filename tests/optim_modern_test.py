@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import apply_steps
 
 import bertjax
 from bertjax import step
@@ -124,16 +125,7 @@ def test_stableadamw_matches_float64_reference_per_tensor_and_slice(overrides):
             clip_norm=0.0,
         )
         optimizer = optim.make_optimizer(config, model_cfg, 256)
-        tx = optimizer.tx
-
-        @jax.jit  # one program per step instead of one per op and leaf shape
-        def step(g, state, current):
-            updates, state = tx.update(g, state, current)
-            return optax.apply_updates(current, updates), state
-
-        state, current = jax.jit(tx.init)(params), params
-        for g in grads:
-            current, state = step(g, state, current)
+        current = apply_steps(optimizer.tx, params, grads)
         lrs = [float(optimizer.learning_rate_fn(t)) for t in range(len(grads))]
         assert lrs[0] == peak and lrs[-1] < peak
         want, clipped = _reference_stableadamw(

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import apply_steps
 
 import bertjax
 from bertjax import trainer
@@ -329,15 +330,7 @@ def test_lamb_matches_albert_reference_per_layer_and_expert(overrides):
             clip_norm=1.0,
         )
         tx = optim.make_optimizer(config, model_cfg, 256).tx
-
-        @jax.jit  # one program per step instead of one per op and leaf shape
-        def step(g, state, current):
-            updates, state = tx.update(g, state, current)
-            return optax.apply_updates(current, updates), state
-
-        state, current = jax.jit(tx.init)(params), params
-        for g in grads:
-            current, state = step(g, state, current)
+        current = apply_steps(tx, params, grads)
         got = _split_variables(current, blocks)
         want = _reference_lamb(
             _split_variables(params, blocks),

@@ -120,8 +120,8 @@ def _get(config, key: str):
 def test_every_key_of_every_recipe_can_be_set_on_the_command_line():
     """Each leaf of each configs/*.py set to a value of its declared type (all of a recipe's
     leaves in one parse, and alone where that parse does not hold it); the parsed config holds
-    exactly that value. A key whose default is a bare None (ml_collections
-    cannot type it) fails here: such keys are typed placeholders."""
+    exactly that value. A key whose default is a bare None (ml_collections cannot type it)
+    fails here: such keys are typed placeholders."""
     count = 0
     for path in RECIPES:
         overrides = []
