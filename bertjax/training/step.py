@@ -97,12 +97,16 @@ def abstract_train_state(
     init_batch = spec.objective.init_batch(model_cfg)
     rules = sharding.logical_axis_rules()
 
-    def init_variables(rng):
-        return spec.objective.init(model, {"params": rng, "dropout": rng}, init_batch)
+    # The model's init is traced once: `boxed_variables` (the variables with their logical axis
+    # names, for the shardings) is a jit, so the shape evaluations below and the init that
+    # `init_fn`'s jit compiles reuse its trace.
+    @jax.jit
+    def boxed_variables(rng):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            return spec.objective.init(model, {"params": rng, "dropout": rng}, init_batch)
 
     def init_fn(rng):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
-            variables = nn.unbox(init_variables(rng))
+        variables = nn.unbox(boxed_variables(rng))
         params = variables["params"]
         return TrainState(
             jnp.zeros((), jnp.int32),
@@ -115,12 +119,11 @@ def abstract_train_state(
         )
 
     rng_shape = jax.random.key(0)
-    boxed_variables = jax.eval_shape(init_variables, rng_shape)
-    boxed = boxed_variables["params"]
-    param_shardings = sharding.logical_to_shardings(boxed, mesh, rules)
+    boxed = jax.eval_shape(boxed_variables, rng_shape)
+    param_shardings = sharding.logical_to_shardings(boxed["params"], mesh, rules)
     frozen_shardings = (
-        sharding.logical_to_shardings(boxed_variables["frozen"], mesh, rules)
-        if boxed_variables.get("frozen") is not None
+        sharding.logical_to_shardings(boxed["frozen"], mesh, rules)
+        if boxed.get("frozen") is not None
         else None
     )
     shapes = jax.eval_shape(init_fn, rng_shape)
