@@ -113,6 +113,25 @@ def test_train_step_compiles_once_and_eval_agrees(single):
     assert all(float(m["nonfinite"]) == 0.0 for m in history)
 
 
+def test_a_fresh_state_traces_the_model_init_once(monkeypatch):
+    """The shardings (from the boxed variables), the state's shapes and the jitted init share one
+    trace of the model's init (it was traced twice: once more for the shardings)."""
+    calls = []
+    original = Pretraining.init
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pretraining, "init", counting)
+    mesh = _mesh((1, 1, 1))
+    state = step.init_train_state(
+        setup.step_config(), setup.tiny_model_config(), mesh, jax.random.key(0)
+    )
+    assert len(calls) == 1
+    assert int(state.step) == 0 and jax.tree.leaves(state.params)
+
+
 def test_nonfinite_loss_skips_the_update(single):
     mesh, state, steps = single
     before = jax.tree.map(np.asarray, (state.params, state.opt_state))
