@@ -1,8 +1,9 @@
 """BERT-tiny on the built-in corpus, MLM + NSP: the embedded default of `python train.py`.
 
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny
-Expect:  on a 2-core CPU about 3.5 minutes (3 min 22 s measured, fresh workdir, tokenizer
-         training included); held-out MLM accuracy (BERT's 15% masking) about 0.35:
+Expect:  on a 2-core CPU 3.5-4.5 minutes (3 min 22 s and 4 min 28 s measured on two draws of
+         the same VM kind, fresh workdir, tokenizer training included); held-out MLM accuracy
+         (BERT's 15% masking) about 0.35:
          0.227 at step 500, 0.283 at 1000, 0.336 at 2000, 0.348 at 3000, against a
          most-frequent-token baseline of 0.045;
          NSP accuracy 0.5-0.6 (256 held-out pairs). (transformers' PyTorch BERT-tiny reached 0.13
