@@ -88,6 +88,14 @@ def apply_steps(tx, params, grads):
 # ---- train.py runs (trainer, electra, remote workdir tests) ----
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every test run of train.py: no progress bar, one batch prefetched, XLA -O0 (these runs are
+# mostly compiling), no CPU matmul peak measured at start (~1 s each).
+QUIET_RUN = [
+    "--config.progress_bar=False",
+    "--config.data.prefetch=1",
+    "--config.fast_compile=True",
+    "--config.peak_flops_per_device=1e12",
+]
 SHRINK = [
     "--config.batch_size=8",
     "--config.data.max_seq_length=32",
@@ -98,10 +106,7 @@ SHRINK = [
     "--config.optim.warmup_steps=5",
     "--config.log_every=5",
     "--config.eval_every=0",
-    "--config.progress_bar=False",
-    "--config.data.prefetch=1",
-    "--config.fast_compile=True",  # XLA -O0: these runs are mostly compiling
-    "--config.peak_flops_per_device=1e12",  # no CPU matmul peak measured at start (~1 s each)
+    *QUIET_RUN,
 ]
 
 

@@ -13,7 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import xla_flags
+from helpers import QUIET_RUN, xla_flags
 
 from bertjax import trainer
 from bertjax.data import make_pipeline
@@ -22,22 +22,23 @@ from bertjax.training import phases, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "phases_tiny.py")
-# Phase 1: 12 steps at T=64, batches 4, 8, 12 for two steps each, then 16; phases 2 and 3: 6 steps.
-SHRINK = [
+# Both phased recipes' runs: a width-32 model, logs every 2 steps, no eval but the last.
+PHASE_RUN = [
     "--config.model.hidden_size=32",
     "--config.model.intermediate_size=48",
+    "--config.log_every=2",
+    "--config.eval_every=1000",
+    "--config.eval_batches=1",
+    *QUIET_RUN,
+]
+# Phase 1: 12 steps at T=64, batches 4, 8, 12 for two steps each, then 16; phases 2 and 3: 6 steps.
+SHRINK = [
     "--config.phases.pretrain.steps=12",
     "--config.phases.extend.steps=6",
     "--config.phases.decay.steps=6",
     "--config.batch_warmup.tokens=3072",
     "--config.checkpoint_every=4",
-    "--config.log_every=2",
-    "--config.eval_every=1000",
-    "--config.eval_batches=1",
-    "--config.progress_bar=False",
-    "--config.data.prefetch=1",
-    "--config.fast_compile=True",
-    "--config.peak_flops_per_device=1e12",  # no CPU matmul peak measured at start (~1 s each)
+    *PHASE_RUN,
 ]
 KILLER = (  # train.py, killed with SIGKILL right after step BERTJAX_TEST_KILL_AT (saved first)
     "import os, signal, sys, runpy\n"
@@ -198,18 +199,10 @@ def test_kill_inside_a_phase_and_in_the_next_resumes_bitwise(small_spm, tmp_path
 
 CLM_MLM = os.path.join(ROOT, "configs", "clm_mlm_tiny.py")
 CLM_MLM_SHRINK = [
-    "--config.model.hidden_size=32",
-    "--config.model.intermediate_size=48",
     "--config.phases.clm.steps=6",
     "--config.phases.mlm.steps=4",
     "--config.checkpoint_every=3",
-    "--config.log_every=2",
-    "--config.eval_every=1000",
-    "--config.eval_batches=1",
-    "--config.progress_bar=False",
-    "--config.data.prefetch=1",
-    "--config.fast_compile=True",
-    "--config.peak_flops_per_device=1e12",  # no CPU matmul peak measured at start (~1 s each)
+    *PHASE_RUN,
 ]
 
 
