@@ -160,6 +160,8 @@ def test_fine_tunes_from_the_checkpoint_and_exports_to_transformers(tmp_path):
     """`--config.init_from=DIR` takes the checkpoint with its own tokenizer.json (rows not padded
     by the file), trains a few steps, and the exported directory gives transformers the logits
     bertjax gives, on real text."""
+    from pydoc_data.topics import topics
+
     import jax
     import torch
     import transformers
@@ -167,8 +169,17 @@ def test_fine_tunes_from_the_checkpoint_and_exports_to_transformers(tmp_path):
     from bertjax.interop.checkpoints import CheckpointReader
     from bertjax.modeling.heads import BertForSequenceClassification
 
-    config = finetune.add_finetune_config(trainer.default_run_config(), "classification", 4)
+    for split, names in (("train", sorted(topics)[:16]), ("dev", sorted(topics)[16:24])):
+        with open(tmp_path / f"{split}.tsv", "w") as f:  # is the topic a statement's?
+            f.write("text\tlabel\n")
+            for name in names:
+                heading, _, body = topics[name].partition("\n")
+                f.write(f"{' '.join(body.split()[:40])}\t{int('statement' in heading)}\n")
+    config = finetune.add_finetune_config(trainer.default_run_config(), "classification", 2)
     config.init_from = MODEL
+    config.task.update(
+        source="files", train_file=str(tmp_path / "train.tsv"), dev_file=str(tmp_path / "dev.tsv")
+    )
     config.batch_size, config.num_train_steps = 8, 2
     config.eval_every, config.checkpoint_every, config.log_every = 2, 0, 1
     config.data.max_seq_length = 32
@@ -189,7 +200,7 @@ def test_fine_tunes_from_the_checkpoint_and_exports_to_transformers(tmp_path):
     rows = encode_pairs(tokenizer, texts, [""] * len(texts), 32)
     theirs = hf_tokenizer(texts, truncation=True, max_length=32, padding="max_length")
     np.testing.assert_array_equal(rows["input_ids"], theirs["input_ids"])
-    model = BertForSequenceClassification(cfg.replace(dtype="float32"), num_labels=4)
+    model = BertForSequenceClassification(cfg.replace(dtype="float32"), num_labels=2)
     ours = jax.jit(model.apply)({"params": params}, *(rows[k] for k in theirs))
     with torch.no_grad():
         expected = hf(**{k: torch.tensor(rows[k]) for k in theirs}).logits.numpy()
