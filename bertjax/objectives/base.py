@@ -199,6 +199,17 @@ class Objective(abc.ABC):
         return config
 
     @classmethod
+    def add_settings(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+        """Adds the settings of this objective that ``config.loss`` lacks, at their defaults
+        (values already there are kept): what makes ``--config.loss.objective=NAME
+        --config.loss.<its setting>=v`` work from any recipe (`registry.with_objective`)."""
+        with config.loss.unlocked():
+            for f in dataclasses.fields(cls):
+                if f.name in cls.extra_config_keys and f.name not in config.loss:
+                    config.loss[f.name] = _config_value(f)
+        return config
+
+    @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> Objective:
         """The objective a run config describes (``config.loss``, and ``config.data`` if any)."""
         return cls(**cls.settings(config))
