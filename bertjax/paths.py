@@ -37,9 +37,7 @@ def resolve(path: str, key: str = "", *, must_exist: bool = False) -> str:
     naming ``key`` (the setting it came from)."""
     if not path:
         return path
-    path = str(path)
-    if path.startswith("file://"):
-        path = path[len("file://") :]
+    path = _local(path)
     if not is_url(path):
         path = os.path.abspath(os.path.expanduser(path))
     if must_exist and not exists(path):
@@ -47,9 +45,15 @@ def resolve(path: str, key: str = "", *, must_exist: bool = False) -> str:
     return path
 
 
+def _local(path: str) -> str:
+    """``path`` without a file:// scheme (epath and local libraries take plain local paths)."""
+    path = str(path)
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
 def Path(path: str) -> epath.Path:  # noqa: N802 (a constructor, as epath.Path)
-    """The path type every file the run keeps goes through."""
-    return epath.Path(path)
+    """The path type every file the run keeps goes through (file:// URLs as local paths)."""
+    return epath.Path(_local(path))
 
 
 def exists(path: str) -> bool:
@@ -109,9 +113,10 @@ def cache_dir(configured: str = "") -> str:
 
 def local_copy(path: str, cache: str | None = None) -> str:
     """A local file with the content of ``path``: ``path`` itself when it is local, else a copy
-    under ``cache`` (default `cache_dir()`) keyed by the URL, made once."""
+    under ``cache`` (default `cache_dir()`) keyed by the URL, made once (a file:// URL is
+    local: its path)."""
     if not is_url(path):
-        return path
+        return _local(path)
     digest = hashlib.sha256(path.encode()).hexdigest()[:16]
     target = os.path.join(cache or cache_dir(), "downloads", digest, os.path.basename(path))
     if not os.path.isfile(target):

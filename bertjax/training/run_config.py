@@ -134,6 +134,7 @@ PATH_KEYS = (
     ("data.tokenizer_model", True),
     ("data.hf_vocab", True),
     ("data.similar_words_file", True),
+    ("data.store", False),  # a missing store's message (shard_format) says how to prepare it
     ("data.cache_dir", False),
     ("data.tfds_data_dir", False),
     ("task.train_file", True),
@@ -160,6 +161,10 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     if corpus and corpus != "builtin" and not corpus.startswith("tfds:"):
         parts = [p.strip() for p in corpus.split(",") if p.strip()]
         config.data.corpus = ",".join(paths.resolve(p) for p in parts)
+    if "data" in config and config.data.get("mixture"):
+        config.data.mixture = tuple(
+            (paths.resolve(url), weight) for url, weight in config.data.mixture
+        )
     return config
 
 
