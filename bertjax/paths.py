@@ -13,6 +13,7 @@ comes from `local_copy`, under the local cache directory (`cache_dir`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -111,13 +112,24 @@ def cache_dir(configured: str = "") -> str:
     return resolve(chosen)
 
 
+def _version(path: str) -> str:
+    """What changes when the object at URL ``path`` is rewritten: its size and its store's
+    version tag (generation, ETag or modification time, whichever the filesystem reports)."""
+    import fsspec
+
+    fs, inner = fsspec.core.url_to_fs(path)
+    info = fs.info(inner)
+    tags = ("generation", "ETag", "etag", "md5Hash", "LastModified", "updated", "mtime")
+    return json.dumps([info.get("size"), *(str(info.get(t, "")) for t in tags)])
+
+
 def local_copy(path: str, cache: str | None = None) -> str:
-    """A local file with the content of ``path``: ``path`` itself when it is local, else a copy
-    under ``cache`` (default `cache_dir()`) keyed by the URL, made once (a file:// URL is
-    local: its path)."""
+    """A local file with the content of ``path``: ``path`` itself when it is local (a file://
+    URL is local: its path), else a copy under ``cache`` (default `cache_dir()`) keyed by the URL
+    and the object's version, made once; a rewritten object gets a new copy."""
     if not is_url(path):
         return _local(path)
-    digest = hashlib.sha256(path.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{path} {_version(path)}".encode()).hexdigest()[:16]
     target = os.path.join(cache or cache_dir(), "downloads", digest, os.path.basename(path))
     if not os.path.isfile(target):
         os.makedirs(os.path.dirname(target), exist_ok=True)
