@@ -42,9 +42,12 @@ def default_data_config() -> ml_collections.ConfigDict:
     # How rows are formed (bertjax/data/samples.py): "nsp" | "sop" (sentence pairs with a label),
     # "pairs" (consecutive A, B of one document, no label: PERT), "full_sentences" |
     # "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise) | "token_windows"
-    # (the token stream cut every T - 2 tokens: a sharded store of any size starts from its
-    # manifest alone; the sentence plans read every shard's index first)
+    # (the token stream cut every T - 2 tokens, rows by index). Every plan starts a store of
+    # any size; the sentence plans read the index of the pieces their rows fall in
     c.sample_plan = "nsp"
+    # sentence plans: a plan per piece of about this many tokens of whole documents, so start-up
+    # and memory do not grow with the store (bertjax/data/piece_plans.py)
+    c.piece_tokens = 1 << 20
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
     # of it shuffled, targets are positions; needs config.loss.objective="pert") | "causal" (no
@@ -126,6 +129,8 @@ def validate(config) -> None:
         _fail("max_seq_length", c.max_seq_length, "must be >= 8")
     if c.sample_plan not in SAMPLE_PLANS:
         _fail("sample_plan", c.sample_plan, f"must be one of {SAMPLE_PLANS}")
+    if int(c.piece_tokens) < 1:
+        _fail("piece_tokens", c.piece_tokens, "must be >= 1 (tokens per piece of a sentence plan)")
     if c.sample_plan == "token_windows" and c.pack_rows:
         _fail("pack_rows", c.pack_rows, "token_windows rows are full already: set it False")
     if c.masking not in MASKINGS:

@@ -41,7 +41,8 @@ class _Blocks:
         self.cache: collections.OrderedDict = collections.OrderedDict()
         self.cached = 0
         self.lock = threading.Lock()
-        self.bytes_read = 0  # bytes fetched from storage so far
+        self.bytes_read = 0  # bytes fetched from storage so far (blocks, checksums, counts)
+        self.index_bytes_read = 0  # bytes of piece indexes fetched (documents, sentences)
 
     def sections(self, shards: list[int], name: str) -> list[bytes]:
         """One index section (index_layout's ``name``) of each of ``shards``, read at once."""
@@ -63,6 +64,23 @@ class _Blocks:
                     f"{len(body)}; the manifest says {self.shards[k]['bytes']} bytes: prepare "
                     "the store again (complete shards are kept)"
                 )
+        return bodies
+
+    def ranges(self, shards: list[int], name: str, starts, ends) -> list[bytes]:
+        """Byte ranges [start, end) of one index section of each of ``shards``, read at once."""
+        base = [self.layouts[k][name][0] for k in shards]
+        bodies = self.fs.cat_ranges(
+            [self.paths[k] for k in shards],
+            [b + s for b, s in zip(base, starts)],
+            [b + e for b, e in zip(base, ends)],
+        )
+        for k, body, start, end in zip(shards, bodies, starts, ends):
+            if isinstance(body, Exception) or len(body) != end - start:
+                raise fmt.StoreError(
+                    f"cannot read bytes [{start}, {end}) of the {name} of shard {self._name(k)} "
+                    f"({body!r:.200}): restore it or prepare the store again"
+                )
+            self.index_bytes_read += len(body)
         return bodies
 
     def fetch(self, keys: np.ndarray) -> list[bytes]:
@@ -279,6 +297,32 @@ class ShardedStore:
                     "is corrupted; delete it and rerun the prepare job to rewrite it"
                 )
         return bodies
+
+    def shard_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """([shards] documents, [shards] tokens) from the manifest."""
+        documents = np.asarray([s["documents"] for s in self.shards], np.int64)
+        return documents, np.asarray([s["tokens"] for s in self.shards], np.int64)
+
+    def piece_index(self, shard: int, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Documents first..end-1 of one shard: (their sentence offsets from 0 [n + 1], their
+        sentences' global token ranges [S, 2]), read as two ranges of the shard's index (not
+        checked against the index's CRC, which covers the whole region: checked for order)."""
+        if self._index is not None:
+            documents = self._index["documents"]
+            lo = int(sum(int(s["documents"]) for s in self.shards[:shard])) + first
+            docs = np.asarray(documents[lo : lo + end - first + 1], np.int64)
+            return docs - docs[0], self._index["sentences"][docs[0] : docs[-1]]
+        (docs,) = self.blocks.ranges([shard], "documents", [8 * first], [8 * (end + 1)])
+        docs = np.frombuffer(docs, "<i8").astype(np.int64)
+        lo, hi = int(docs[0]), int(docs[-1])
+        (sentences,) = self.blocks.ranges([shard], "sentences", [16 * lo], [16 * hi])
+        sentences = np.frombuffer(sentences, "<i8").reshape(-1, 2) + self.tokens.offsets[shard]
+        if np.any(np.diff(docs) < 0) or np.any(sentences[:, 1] < sentences[:, 0]):
+            raise fmt.StoreError(
+                f"shard {self.blocks._name(shard)}: its index is not in order at documents "
+                f"{first}..{end - 1}: the file is corrupted; delete it and rerun the prepare job"
+            )
+        return docs - lo, sentences
 
     @property
     def fingerprint(self) -> str:
