@@ -16,8 +16,8 @@ and gives each window `len(window) * R` rows, shuffled within the window (a seco
 `IndexShuffle`) and shared out over its pieces in proportion to their token estimates (from the
 manifest). Position p of the epoch is thus computed alone, from O(shards) numbers. A piece hands
 out units j = 0, 1, ... of its own shuffled plan (j modulo its size). R, the units per piece, is
-calibrated once per row length from epoch 0's plans of up to CALIBRATION_PIECES evenly spread
-pieces (rows per estimated token), so an epoch is about one pass over the store; a piece with
+calibrated once per row length from epoch 0's plans of the pieces of its first window (rows
+per token), so an epoch is about one pass over the store; a piece with
 more units than its share leaves the rest for the next epoch's (new) plan, a piece with fewer
 repeats some. Deviation from a whole-store plan: only these piece edges (measured in
 tests/data_plan_stats_test.py). A store of one piece (the built-in corpus) gives exactly the
@@ -35,7 +35,6 @@ from bertjax.data import keys, rows, samples
 from bertjax.data.index_shuffle import IndexShuffle
 
 WINDOW = 16  # pieces whose rows are shuffled together
-CALIBRATION_PIECES = 4  # pieces whose epoch-0 plans set the units per piece
 MAX_PIECE_TOKENS = 1 << 27  # a piece above this (documents this long) is refused
 _CACHE_PIECES = 4 * WINDOW  # piece plans kept per split
 
@@ -60,11 +59,6 @@ class Pieces:
         j, m, d = piece - int(self.first[shard]), int(self.per_shard[shard]), self.documents[shard]
         return shard, int(j * d // m), int((j + 1) * d // m)
 
-    def estimated_tokens(self, pieces: np.ndarray) -> np.ndarray:
-        """Tokens of each piece, estimated from its shard's mean document length."""
-        shard = np.searchsorted(self.first, pieces, side="right") - 1
-        return self.tokens[shard] / np.maximum(self.per_shard[shard], 1)
-
     def largest(self) -> tuple[int, float]:
         """(shard, estimated tokens) of the shard with the largest pieces."""
         per_piece = self.tokens / np.maximum(self.per_shard, 1)
@@ -84,6 +78,12 @@ class _PieceView:
         return len(self.documents) - 1
 
 
+def _piece_order(split, epoch: int, length: int) -> IndexShuffle:
+    """Epoch ``epoch``'s shuffle of the pieces."""
+    key = keys.row_keys(split.seed, epoch, f"{split.purpose}/pieces/{length}", np.zeros(1))
+    return IndexShuffle(len(split.pieces), int(key[0]))
+
+
 class PiecePlan:
     """One epoch of a sentence plan at one row length: ``locate`` and ``samples`` by position."""
 
@@ -91,8 +91,7 @@ class PiecePlan:
         self.split, self.length, self.epoch, self.r = split, length, epoch, units_per_piece
         self.pieces = split.pieces
         self.m = len(self.pieces)
-        key = keys.row_keys(split.seed, epoch, f"{split.purpose}/pieces/{length}", np.zeros(1))
-        self.piece_order = IndexShuffle(self.m, int(key[0]))
+        self.piece_order = _piece_order(split, epoch, length)
 
     def __len__(self) -> int:
         return self.m * self.r
@@ -114,28 +113,23 @@ class PiecePlan:
                     np.array([w]),
                 )  # fmt: skip
                 slot = IndexShuffle(size, int(key[0]))[slot]
-            weight = self.pieces.estimated_tokens(members)
+            weight = np.asarray(
+                [self.split.units(self.length, self.epoch, int(p)) for p in members], np.float64
+            )
+            if not weight.sum():
+                self._no_rows(members)
             bounds = np.floor(np.cumsum(weight) / weight.sum() * size).astype(np.int64)
             bounds[-1] = size
             which = np.searchsorted(bounds, slot, side="right")
             piece[chosen] = members[which]
             unit[chosen] = slot - np.concatenate([[0], bounds])[which]
-            for p in np.unique(piece[chosen]).tolist():  # a piece without rows lends its share
-                if not self.split.units(self.length, self.epoch, p):
-                    piece[chosen & (piece == p)] = self._lender(members, p)
         return piece, unit
 
     def _members(self, window: int) -> np.ndarray:
         """The pieces of one window of this epoch."""
         return self.piece_order[np.arange(window * WINDOW, min(self.m, (window + 1) * WINDOW))]
 
-    def _lender(self, members: np.ndarray, empty: int) -> int:
-        """The next piece of the window after ``empty`` that has rows."""
-        start = int(np.flatnonzero(members == empty)[0])
-        for k in range(1, len(members)):
-            candidate = int(members[(start + k) % len(members)])
-            if self.split.units(self.length, self.epoch, candidate):
-                return candidate
+    def _no_rows(self, members: np.ndarray):
         store, c = self.split.store, self.split.c
         raise ValueError(
             f"store {store.directory!r} ({store.split}): no piece of pieces {members.tolist()} "
@@ -191,6 +185,7 @@ class PieceSplit:
                 "(windows of the token stream, computed per row), or split the documents"
             )
         self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._views: collections.OrderedDict = collections.OrderedDict()
         self._units: dict[int, int] = {}
         self._lock = threading.RLock()
 
@@ -202,8 +197,7 @@ class PieceSplit:
                 self._cache.move_to_end(key)
                 return self._cache[key]
             c = self.c
-            shard, first, end = self.pieces.locate(piece)
-            view = _PieceView(self.store, *self.store.piece_index(shard, first, end))
+            view = self._view(piece)
             suffix = f"/{piece}" if piece else ""  # piece 0: the whole-store plan's keys
             plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}{suffix}")
             if c.sample_plan == "nsp" and view.num_documents < 2:
@@ -219,24 +213,43 @@ class PieceSplit:
                 self._cache.popitem(last=False)
             return self._cache[key]
 
+    def _view(self, piece: int) -> _PieceView:
+        """The index of one piece (two range reads of its shard), cached."""
+        with self._lock:
+            if piece in self._views:
+                self._views.move_to_end(piece)
+                return self._views[piece]
+            shard, first, end = self.pieces.locate(piece)
+            view = _PieceView(self.store, *self.store.piece_index(shard, first, end))
+            self._views[piece] = view
+            if len(self._views) > _CACHE_PIECES:
+                self._views.popitem(last=False)
+            return view
+
+    def tokens(self, piece: int) -> int:
+        """Tokens of one piece's documents, their [SEP]s included (from its index)."""
+        sentences = self._view(piece).sentences
+        return int(sentences[-1, 1] - sentences[0, 0] + 1) if len(sentences) else 0
+
     def units(self, length: int, epoch: int, piece: int) -> int:
         """Units (rows, or packed rows) of one piece's plan."""
         _, order, packing = self.piece(length, epoch, piece)
         return len(order) if packing is None else len(packing[0]) - 1
 
     def units_per_piece(self, length: int) -> int:
-        """R: units of epoch 0's plans per estimated token, over up to CALIBRATION_PIECES evenly
-        spread pieces, times the store's mean estimated tokens per piece."""
+        """R: units of epoch 0's plans per token over the pieces of its first window, times the
+        store's mean tokens per piece (from the manifest)."""
         if length not in self._units:
             m = len(self.pieces)
-            chosen = sorted({int(i) for i in np.linspace(0, m - 1, min(m, CALIBRATION_PIECES))})
+            # The pieces of epoch 0's first window: the first batch builds them anyway.
+            chosen = _piece_order(self, 0, length)[np.arange(min(m, WINDOW))].tolist()
             found = sum(self.units(length, 0, p) for p in chosen)
             if m == 1:
                 self._units[length] = found
             else:
-                estimate = self.pieces.estimated_tokens(np.asarray(chosen)).sum()
+                measured = max(1, sum(self.tokens(p) for p in chosen))
                 mean = self.pieces.tokens.sum() / m
-                self._units[length] = max(1, round(found / estimate * mean))
+                self._units[length] = max(1, round(found / measured * mean))
         return self._units[length]
 
     def epoch(self, length: int, epoch: int) -> PiecePlan:
