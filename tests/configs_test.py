@@ -172,4 +172,5 @@ def test_web_scale_recipes_start_from_a_sharded_store_without_every_shard_index(
         for s in manifest["splits"]["train"]["shards"]
     )
     assert store.blocks.index_bytes_read < index_bytes / 2
-    assert len(store.blocks.crcs) <= piece_plans.WINDOW < len(store.shards)
+    # a window of pieces per row length in use (two with mixed lengths), a shard each at most
+    assert len(store.blocks.crcs) <= 2 * piece_plans.WINDOW < len(store.shards)

@@ -11,7 +11,7 @@ cross a piece: NSP's random B comes from another document of the same piece (BER
 create_pretraining_data drew it from the same input file), FULL-SENTENCES rows do not run across
 a piece's last document, and each piece's last row is short.
 
-Order. Epoch e shuffles the pieces (`IndexShuffle`, keyed by e), groups them WINDOW at a time,
+Order. Epoch e shuffles the pieces (`IndexShuffle`, keyed by e), groups them WINDOW (4) at a time,
 and gives each window `len(window) * R` rows, shuffled within the window (a second keyed
 `IndexShuffle`) and shared out over its pieces in proportion to their token estimates (from the
 manifest). Position p of the epoch is thus computed alone, from O(shards) numbers. A piece hands
@@ -34,7 +34,7 @@ import numpy as np
 from bertjax.data import keys, rows, samples
 from bertjax.data.index_shuffle import IndexShuffle
 
-WINDOW = 16  # pieces whose rows are shuffled together
+WINDOW = 4  # pieces read together (BERT's run_pretraining.py interleaves min(4, files) files)
 MAX_PIECE_TOKENS = 1 << 27  # a piece above this (documents this long) is refused
 _CACHE_PIECES = 4 * WINDOW  # piece plans kept per split
 
