@@ -1,9 +1,10 @@
 """Reading one split of a sharded store (bertjax/data/shard_format.py) from a path or URL.
 
 Opening reads the manifest and each shard's index region (document and sentence offsets, token
-counts, block checksums), never the tokens; with ``index=False`` (the token_windows plan) only
-the manifest, and each shard's block checksums on its first read, so that the time to the first
-batch does not grow with the store. `tokens` and `word_starts` are column views that
+counts, block checksums), never the tokens; with ``index=False`` (the pipeline, every plan) only
+the manifest, then each shard's block checksums on its first read and the index ranges of the
+pieces a sentence plan builds (`piece_index`), so that the time to the first batch does not grow
+with the store. `tokens` and `word_starts` are column views that
 fetch, per gather, only the blocks holding the asked-for positions: adjacent
 blocks go in one range request, all of a gather's requests at once (fsspec `cat_ranges`), each
 block is checked against its CRC, and blocks stay in an LRU cache of bounded size. A host thus
@@ -200,8 +201,8 @@ class ShardedStore:
         index: bool = True,
     ):
         """``index=False`` opens from the manifest alone: the document and sentence index of
-        every shard is read on first use of `documents` / `sentences` (the sentence plans use
-        them; token_windows does not), block checksums per shard on its first read."""
+        every shard is read on first use of `documents` / `sentences` (the pipeline never asks:
+        it reads pieces, `piece_index`), block checksums per shard on its first read."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r}: must be one of {SPLITS}")
         self.url = self.directory = url.rstrip("/")
