@@ -92,6 +92,7 @@ class PiecePlan:
         self.pieces = split.pieces
         self.m = len(self.pieces)
         self.piece_order = _piece_order(split, epoch, length)
+        self._windows: dict[int, tuple] = {}
 
     def __len__(self) -> int:
         return self.m * self.r
@@ -104,26 +105,36 @@ class PiecePlan:
         piece, unit = np.empty_like(positions), np.empty_like(positions)
         for w in np.unique(window).tolist():
             chosen = window == w
-            members = self._members(w)
-            size = len(members) * self.r
-            slot = within[chosen]
-            if len(members) > 1:
-                key = keys.row_keys(
-                    self.split.seed, self.epoch, f"{self.split.purpose}/window/{self.length}",
-                    np.array([w]),
-                )  # fmt: skip
-                slot = IndexShuffle(size, int(key[0]))[slot]
-            weight = np.asarray(
-                [self.split.units(self.length, self.epoch, int(p)) for p in members], np.float64
-            )
-            if not weight.sum():
-                self._no_rows(members)
-            bounds = np.floor(np.cumsum(weight) / weight.sum() * size).astype(np.int64)
-            bounds[-1] = size
+            members, shuffle, bounds = self._window(w)
+            slot = within[chosen] if shuffle is None else shuffle[within[chosen]]
             which = np.searchsorted(bounds, slot, side="right")
             piece[chosen] = members[which]
             unit[chosen] = slot - np.concatenate([[0], bounds])[which]
         return piece, unit
+
+    def _window(self, w: int):
+        """(pieces, shuffle of its slots or None, end slot of each piece) of window ``w``: the
+        window's rows shared out in proportion to each piece's units (its plan, built here)."""
+        if w in self._windows:
+            return self._windows[w]
+        members = self._members(w)
+        size = len(members) * self.r
+        shuffle = None
+        if len(members) > 1:
+            purpose = f"{self.split.purpose}/window/{self.length}"
+            key = keys.row_keys(self.split.seed, self.epoch, purpose, np.array([w]))
+            shuffle = IndexShuffle(size, int(key[0]))
+        weight = np.asarray(
+            [self.split.units(self.length, self.epoch, int(p)) for p in members], np.float64
+        )
+        if not weight.sum():
+            self._no_rows(members)
+        bounds = np.floor(np.cumsum(weight) / weight.sum() * size).astype(np.int64)
+        bounds[-1] = size
+        if len(self._windows) >= 4:
+            self._windows.pop(next(iter(self._windows)))
+        self._windows[w] = (members, shuffle, bounds)
+        return self._windows[w]
 
     def _members(self, window: int) -> np.ndarray:
         """The pieces of one window of this epoch."""
@@ -186,6 +197,7 @@ class PieceSplit:
             )
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._views: collections.OrderedDict = collections.OrderedDict()
+        self._epochs: collections.OrderedDict = collections.OrderedDict()
         self._units: dict[int, int] = {}
         self._lock = threading.RLock()
 
@@ -253,4 +265,11 @@ class PieceSplit:
         return self._units[length]
 
     def epoch(self, length: int, epoch: int) -> PiecePlan:
-        return PiecePlan(self, length, epoch, self.units_per_piece(length))
+        """The epoch's PiecePlan (a few kept: each holds its windows' shares)."""
+        key = (length, epoch)
+        with self._lock:
+            if key not in self._epochs:
+                self._epochs[key] = PiecePlan(self, length, epoch, self.units_per_piece(length))
+                if len(self._epochs) > 4:
+                    self._epochs.popitem(last=False)
+            return self._epochs[key]

@@ -152,6 +152,8 @@ class Column:
         self.blocks, self.offsets, self.dtype = blocks, offsets, np.dtype(dtype)
         self.word_starts = word_starts
         self.shape = (int(offsets[-1]),)
+        self.counts = np.diff(offsets)  # tokens of each shard
+        self.itemsize = np.dtype(blocks.shards[0]["token_dtype"]).itemsize if blocks.shards else 2
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -165,12 +167,11 @@ class Column:
         flat = index.reshape(-1)
         shard = np.searchsorted(self.offsets, flat, side="right") - 1
         local = flat - self.offsets[shard]
-        itemsize = np.dtype(self.blocks.shards[0]["token_dtype"]).itemsize
+        itemsize = self.itemsize
         n = self.blocks.block_tokens
         block, within = np.divmod(local, n)
         if self.word_starts:  # after the block's tokens; the last block of a shard is shorter
-            counts = np.asarray([s["tokens"] for s in self.blocks.shards], np.int64)
-            byte = np.minimum(n, counts[shard] - block * n) * itemsize + within
+            byte = np.minimum(n, self.counts[shard] - block * n) * itemsize + within
         else:
             byte = within * itemsize
         if not flat.size:
