@@ -447,3 +447,40 @@ def test_mds_shards_import_into_a_store_of_the_same_tokens(tmp_path, builtin_spm
         np.testing.assert_array_equal(
             store.word_starts[np.arange(begin, end)], tok.word_starts(flat, lengths)
         )
+
+
+class _Latency(_Counting):
+    """A filesystem that counts requests and adds latency to each (a `cat_ranges` call is one
+    request, its ranges in flight together, as gcsfs's)."""
+
+    def __init__(self, fs, latency):
+        super().__init__(fs)
+        self.latency, self.requests = latency, 0
+
+    def cat_ranges(self, *args, **kwargs):
+        self.requests += 1
+        time.sleep(self.latency)
+        return super().cat_ranges(*args, **kwargs)
+
+
+def test_many_prefetch_threads_give_the_same_batches_one_request_each(prepared, monkeypatch):
+    """Batches computed on 8 threads at once, each read behind 20 ms per request, are the ones
+    computed in order; a batch's rows cost one request for both columns (tokens, word starts)."""
+    config, _, local = prepared
+    config = config.copy_and_resolve_references()
+    config.data.update(sample_plan="full_sentences", store_cache_bytes=4 << 10, store=local)
+    fs = _Latency(fmt.filesystem(local)[0], 0.02)
+    monkeypatch.setattr(shard_reader.fmt, "filesystem", lambda url: (fs, url))
+    runs = {}
+    for threads in (0, 8):
+        config.data.prefetch, config.data.prefetch_threads = threads, max(1, threads)
+        pipeline = make_pipeline(config, "", process_index=0, process_count=1)
+        pipeline.batch(0)
+        before = fs.requests
+        runs[threads] = [pipeline.batch(step) for step in range(1, 12)]
+        pipeline.close()
+        if not threads:
+            assert fs.requests - before <= 11 + 2  # one read a batch (+ a new window's pieces)
+    for batch, reference in zip(runs[8], runs[0]):
+        for key, value in reference.items():
+            np.testing.assert_array_equal(batch[key], value, err_msg=key)

@@ -88,6 +88,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.cache_dir = ""
     c.num_workers = 0  # tokenization processes while preparing the store (0 = in-process)
     c.prefetch = 2  # batches computed ahead in a background thread (0 = none)
+    # threads computing those batches at once: 1 computes them in order; a store behind tens of
+    # ms per request (gs://) keeps up only with many reads in flight (16-32, prefetch as many)
+    c.prefetch_threads = 1
     c.lock()  # a misspelled key is an error, not a new field
     return c
 
@@ -248,6 +251,8 @@ def validate(config) -> None:
             _fail(key, c[key], "must be > 0")
     if c.num_workers < 0:
         _fail("num_workers", c.num_workers, "must be >= 0")
+    if not 1 <= c.prefetch_threads <= max(1, c.prefetch):
+        _fail("prefetch_threads", c.prefetch_threads, "must be in [1, config.data.prefetch]")
     if c.prefetch < 0:
         _fail("prefetch", c.prefetch, "must be >= 0")
 

@@ -115,8 +115,14 @@ class PiecePlan:
     def _window(self, w: int):
         """(pieces, shuffle of its slots or None, end slot of each piece) of window ``w``: the
         window's rows shared out in proportion to each piece's units (its plan, built here)."""
-        if w in self._windows:
+        with self.split.lock:  # prefetch threads share the epoch
+            if w not in self._windows:
+                if len(self._windows) >= 4:
+                    self._windows.pop(next(iter(self._windows)))
+                self._windows[w] = self._share(w)
             return self._windows[w]
+
+    def _share(self, w: int):
         members = self._members(w)
         size = len(members) * self.r
         shuffle = None
@@ -131,10 +137,7 @@ class PiecePlan:
             self._no_rows(members)
         bounds = np.floor(np.cumsum(weight) / weight.sum() * size).astype(np.int64)
         bounds[-1] = size
-        if len(self._windows) >= 4:
-            self._windows.pop(next(iter(self._windows)))
-        self._windows[w] = (members, shuffle, bounds)
-        return self._windows[w]
+        return members, shuffle, bounds
 
     def _members(self, window: int) -> np.ndarray:
         """The pieces of one window of this epoch."""
@@ -199,12 +202,12 @@ class PieceSplit:
         self._views: collections.OrderedDict = collections.OrderedDict()
         self._epochs: collections.OrderedDict = collections.OrderedDict()
         self._units: dict[int, int] = {}
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
 
     def piece(self, length: int, epoch: int, piece: int):
         """(plan, order, packing or None) of one piece in one epoch at one row length."""
         key = (length, epoch, piece)
-        with self._lock:
+        with self.lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
@@ -227,7 +230,7 @@ class PieceSplit:
 
     def _view(self, piece: int) -> _PieceView:
         """The index of one piece (two range reads of its shard), cached."""
-        with self._lock:
+        with self.lock:
             if piece in self._views:
                 self._views.move_to_end(piece)
                 return self._views[piece]
@@ -267,7 +270,7 @@ class PieceSplit:
     def epoch(self, length: int, epoch: int) -> PiecePlan:
         """The epoch's PiecePlan (a few kept: each holds its windows' shares)."""
         key = (length, epoch)
-        with self._lock:
+        with self.lock:
             if key not in self._epochs:
                 self._epochs[key] = PiecePlan(self, length, epoch, self.units_per_piece(length))
                 if len(self._epochs) > 4:

@@ -152,7 +152,9 @@ class Pipeline(DataSource):
         )
         self._special_ids = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
         self._executor = (
-            concurrent.futures.ThreadPoolExecutor(1, "bertjax-data") if c.prefetch else None
+            concurrent.futures.ThreadPoolExecutor(c.prefetch_threads, "bertjax-data")
+            if c.prefetch
+            else None
         )
         self._futures: dict[int, concurrent.futures.Future] = {}
         self._futures_lock = threading.Lock()

@@ -161,33 +161,39 @@ class Column:
     def __getitem__(self, index) -> np.ndarray:
         if isinstance(index, slice):
             index = np.arange(*index.indices(len(self)), dtype=np.int64)
+        return self.gather(index, with_word_starts=False)[0]
+
+    def gather(self, index, with_word_starts: bool = True) -> tuple[np.ndarray, ...]:
+        """This column at ``index`` (and, ``with_word_starts``, the word starts there, from the
+        same blocks: one read for both columns of a row)."""
         index = np.asarray(index, np.int64)
         if index.size and (index.min() < 0 or index.max() >= len(self)):
             raise IndexError(f"index out of range for a column of {len(self)} tokens")
         flat = index.reshape(-1)
-        shard = np.searchsorted(self.offsets, flat, side="right") - 1
-        local = flat - self.offsets[shard]
-        itemsize = self.itemsize
-        n = self.blocks.block_tokens
-        block, within = np.divmod(local, n)
-        if self.word_starts:  # after the block's tokens; the last block of a shard is shorter
-            byte = np.minimum(n, self.counts[shard] - block * n) * itemsize + within
-        else:
-            byte = within * itemsize
+        wanted = (self.word_starts, True) if with_word_starts else (self.word_starts,)
         if not flat.size:
-            return np.zeros(index.shape, self.dtype)
+            return tuple(np.zeros(index.shape, np.uint8 if w else self.dtype) for w in wanted)
+        shard = np.searchsorted(self.offsets, flat, side="right") - 1
+        n = self.blocks.block_tokens
+        block, within = np.divmod(flat - self.offsets[shard], n)
         stride = int(block.max()) + 1  # (shard, block) as one int64: a fast 1-D unique
         combined, inverse = np.unique(shard * stride + block, return_inverse=True)
         keys = np.stack(np.divmod(combined, stride), 1)
         data = self.blocks.fetch(keys)
         starts = np.cumsum([0] + [len(d) for d in data])[:-1]
         buffer = np.frombuffer(b"".join(data), np.uint8)
-        position = starts[inverse.reshape(-1)] + byte
-        if self.dtype.itemsize == 1:
-            return buffer[position].reshape(index.shape)
-        width = self.dtype.itemsize
-        parts = buffer[position[:, None] + np.arange(width)].copy()
-        return parts.view(self.dtype.newbyteorder("<")).reshape(index.shape).astype(self.dtype)
+        base = starts[inverse.reshape(-1)]
+        out = []
+        for word_starts in wanted:
+            if word_starts:  # after the block's tokens; the last block of a shard is shorter
+                byte = np.minimum(n, self.counts[shard] - block * n) * self.itemsize + within
+                out.append(buffer[base + byte].reshape(index.shape))
+                continue
+            position = base + within * self.itemsize
+            parts = buffer[position[:, None] + np.arange(self.itemsize)].copy()
+            tokens = parts.view(np.dtype(f"<u{self.itemsize}")).reshape(index.shape)
+            out.append(tokens.astype(self.dtype))
+        return tuple(out)
 
 
 class ShardedStore:

@@ -1,0 +1,128 @@
+"""Finished (read, planned, masked) batches per second from a sharded store, beside the local
+memmap store of the same corpus, with and without 50 ms added to every request.
+
+`LatencyFS` wraps the local filesystem as object storage behaves: every `cat_ranges` call pays
+one round trip (its ranges are in flight together, as gcsfs's), every `cat_file` one; the block
+cache (config.data.store_cache_bytes) is 1 MiB, far smaller than the store, so rows keep
+fetching. The pipeline computes `prefetch` batches ahead on `prefetch_threads` threads; the
+rate is over steps 1..N after the first batch (global batch 32 on one host, as the trainer asks
+for them). The corpus is the built-in one four times over (~1.7 M tokens), prepared once into a
+sharded store of 1 MiB shards and into today's local store.
+
+  python benchmarks/reader_throughput.py                    # T=128 and 512, ~2 minutes
+  python benchmarks/reader_throughput.py --steps 100 --plans full_sentences
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bertjax import trainer  # noqa: E402
+from bertjax.data import beam_prepare, corpus, make_pipeline, shard_writer  # noqa: E402
+from bertjax.data import shard_format as fmt  # noqa: E402
+from bertjax.data.tokenizer import train_sentencepiece  # noqa: E402
+
+
+class LatencyFS:
+    """A filesystem that adds ``latency`` seconds to every request (a `cat_ranges` call is one
+    request, its ranges in flight together)."""
+
+    def __init__(self, fs, latency: float):
+        self.fs, self.latency, self.requests = fs, latency, 0
+
+    def _wait(self):
+        self.requests += 1
+        time.sleep(self.latency)
+
+    def cat_ranges(self, paths, starts, ends, **kwargs):
+        self._wait()
+        return self.fs.cat_ranges(paths, starts, ends, **kwargs)
+
+    def cat_file(self, path, *args, **kwargs):
+        self._wait()
+        return self.fs.cat_file(path, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+
+def _prepare(work: str, spm: str) -> tuple[str, str]:
+    """(corpus file, sharded store path)."""
+    docs = [d for _, d in corpus.iter_documents("builtin")]
+    path = os.path.join(work, "corpus.txt")
+    with open(path, "w") as f:
+        f.write(("\n\n".join("\n".join(d) for d in docs) + "\n") * 4)
+    config = trainer.default_run_config()
+    config.data.update(corpus=path, tokenizer_model=spm, shard_bytes=1 << 20)
+    out = os.path.join(work, "store")
+    items = shard_writer.work_items(config.data)
+    spec = beam_prepare.make_spec(config, out, items)
+    tok = shard_writer.local_tokenizer(spec)
+    shard_writer.write_manifest([shard_writer.prepare_item(spec, i, tok) for i in items], spec)
+    return path, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--lengths", default="128,512")
+    parser.add_argument("--plans", default="full_sentences,nsp,token_windows")
+    parser.add_argument("--threads", default="1,32")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="bertjax-reader-")
+    os.environ["BERTJAX_CACHE_DIR"] = os.path.join(work, "cache")
+    spm = train_sentencepiece(
+        (s for _, d in corpus.iter_documents("builtin") for s in d),
+        os.path.join(work, "spm"),
+        vocab_size=8000,
+    )
+    path, store = _prepare(work, spm)
+    real = fmt.filesystem
+    print("one host, global batch 32, block cache 1 MiB, shared 2-core CPU (compare within a run)")
+    print("| plan | T | store | latency ms | threads | tokens/s | requests/batch | first batch s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for plan in args.plans.split(","):
+        for length in (int(t) for t in args.lengths.split(",")):
+            runs = [("local memmap", "", 0, 1)]
+            for latency in (0, 50):
+                runs += [("sharded", store, latency, int(t)) for t in args.threads.split(",")]
+            for name, url, latency, threads in runs:
+                fake = None
+                if url:
+                    fs = LatencyFS(real(url)[0], latency / 1000)
+
+                    def patched(location, fs=fs):
+                        return fs, real(location)[1]
+
+                    fmt.filesystem = fake = patched
+                config = trainer.default_run_config()
+                config.batch_size = 32
+                config.data.update(corpus=path, tokenizer_model=spm, store=url,
+                                   store_cache_bytes=1 << 20, sample_plan=plan,
+                                   max_seq_length=length, max_predictions=length * 15 // 100,
+                                   prefetch=max(2, threads), prefetch_threads=threads)  # fmt: skip
+                start = time.perf_counter()
+                pipeline = make_pipeline(config, work, process_index=0, process_count=1)
+                pipeline.batch(0)
+                first = time.perf_counter() - start
+                before = fs.requests if fake else 0
+                start = time.perf_counter()
+                for step in range(1, args.steps + 1):
+                    pipeline.batch(step)
+                rate = 32 * length * args.steps / (time.perf_counter() - start)
+                requests = (fs.requests - before) / args.steps if fake else 0
+                pipeline.close()
+                fmt.filesystem = real
+                print(f"| {plan} | {length} | {name} | {latency} | {threads} | {rate:,.0f} | "
+                      f"{requests:.1f} | {first:.2f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
