@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -67,6 +69,34 @@ def _prepare(work: str, spm: str) -> tuple[str, str]:
     tok = shard_writer.local_tokenizer(spec)
     shard_writer.write_manifest([shard_writer.prepare_item(spec, i, tok) for i in items], spec)
     return path, out
+
+
+def hf_streaming(work: str, store_path: str, length: int, steps: int) -> float | None:
+    """Tokens/s of Hugging Face `datasets` streaming the same tokens as rows of T (the store's
+    token stream cut every T tokens, in a parquet file), shuffled in a buffer of 1000 rows, 32
+    rows a batch as numpy: reading only, no masking. None when `datasets` is not installed."""
+    try:
+        import datasets
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    from bertjax.data.shard_reader import ShardedStore
+    from bertjax.data.tokenizer import Tokenizer
+
+    manifest = fmt.read_manifest(store_path)
+    tok = Tokenizer(os.path.join(store_path, manifest["tokenizer_file"]))
+    tokens = ShardedStore(store_path, "train", tok, index=False).tokens
+    rows = np.asarray(tokens[np.arange(len(tokens) // length * length)]).reshape(-1, length)
+    path = os.path.join(work, f"rows{length}.parquet")
+    pq.write_table(pa.table({"input_ids": list(rows)}), path)
+    stream = datasets.load_dataset("parquet", data_files=path, split="train", streaming=True)
+    batches = stream.shuffle(seed=0, buffer_size=1000).iter(batch_size=32)
+    next(batches)
+    start = time.perf_counter()
+    for _, batch in zip(range(steps), batches):
+        np.asarray(batch["input_ids"], np.int32)
+    return 32 * length * steps / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -122,6 +152,10 @@ def main() -> None:
                 fmt.filesystem = real
                 print(f"| {plan} | {length} | {name} | {latency} | {threads} | {rate:,.0f} | "
                       f"{requests:.1f} | {first:.2f} |", flush=True)  # fmt: skip
+            rate = hf_streaming(work, store, length, args.steps)
+            if rate is not None and plan == args.plans.split(",")[0]:
+                print(f"| (HF datasets streaming, reading only) | {length} | parquet rows | 0 | "
+                      f"1 | {rate:,.0f} | - | - |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
