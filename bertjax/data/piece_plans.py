@@ -190,14 +190,7 @@ class PieceSplit:
         self.pieces = Pieces(*store.shard_counts(), data_config.piece_tokens)
         shard, largest = self.pieces.largest()
         if largest > MAX_PIECE_TOKENS:
-            raise ValueError(
-                f"store {store.directory!r} ({store.split}): shard {shard} holds "
-                f"{int(self.pieces.documents[shard])} document(s) of about "
-                f"{largest / 2**20:,.0f} M tokens per piece; sample_plan="
-                f"{data_config.sample_plan!r} plans over whole documents, so its start-up and "
-                "memory would grow with them: set config.data.sample_plan='token_windows' "
-                "(windows of the token stream, computed per row), or split the documents"
-            )
+            self._too_large(shard, int(self.pieces.documents[shard]), largest)
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._views: collections.OrderedDict = collections.OrderedDict()
         self._epochs: collections.OrderedDict = collections.OrderedDict()
@@ -228,6 +221,15 @@ class PieceSplit:
                 self._cache.popitem(last=False)
             return self._cache[key]
 
+    def _too_large(self, shard: int, documents: int, tokens: float):
+        raise ValueError(
+            f"store {self.store.directory!r} ({self.store.split}): shard {shard} holds "
+            f"{documents} document(s) of about {tokens / 2**20:,.0f} M tokens per piece; "
+            f"sample_plan={self.c.sample_plan!r} plans over whole documents, so its start-up "
+            "and memory would grow with them: set config.data.sample_plan='token_windows' "
+            "(windows of the token stream, computed per row), or split the documents"
+        )
+
     def _view(self, piece: int) -> _PieceView:
         """The index of one piece (two range reads of its shard), cached."""
         with self.lock:
@@ -236,6 +238,11 @@ class PieceSplit:
                 return self._views[piece]
             shard, first, end = self.pieces.locate(piece)
             view = _PieceView(self.store, *self.store.piece_index(shard, first, end))
+            if (
+                len(view.sentences)
+                and view.sentences[-1, 1] - view.sentences[0, 0] > MAX_PIECE_TOKENS
+            ):
+                self._too_large(shard, end - first, view.sentences[-1, 1] - view.sentences[0, 0])
             self._views[piece] = view
             if len(self._views) > _CACHE_PIECES:
                 self._views.popitem(last=False)
@@ -259,7 +266,7 @@ class PieceSplit:
             # The pieces of epoch 0's first window: the first batch builds them anyway.
             chosen = _piece_order(self, 0, length)[np.arange(min(m, WINDOW))].tolist()
             found = sum(self.units(length, 0, p) for p in chosen)
-            if m == 1:
+            if m <= 1:
                 self._units[length] = found
             else:
                 measured = max(1, sum(self.tokens(p) for p in chosen))
