@@ -130,6 +130,8 @@ class PiecePlan:
             purpose = f"{self.split.purpose}/window/{self.length}"
             key = keys.row_keys(self.split.seed, self.epoch, purpose, np.array([w]))
             shuffle = IndexShuffle(size, int(key[0]))
+            if size <= 1 << 22:  # its values, once: a lookup per row afterwards
+                shuffle = shuffle[np.arange(size)]
         weight = np.asarray(
             [self.split.units(self.length, self.epoch, int(p)) for p in members], np.float64
         )
