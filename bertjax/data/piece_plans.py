@@ -11,17 +11,21 @@ cross a piece: NSP's random B comes from another document of the same piece (BER
 create_pretraining_data drew it from the same input file), FULL-SENTENCES rows do not run across
 a piece's last document, and each piece's last row is short.
 
-Order. Epoch e shuffles the pieces (`IndexShuffle`, keyed by e), groups them WINDOW (4) at a time,
-and gives each window `len(window) * R` rows, shuffled within the window (a second keyed
-`IndexShuffle`) and shared out over its pieces in proportion to their token estimates (from the
-manifest). Position p of the epoch is thus computed alone, from O(shards) numbers. A piece hands
-out units j = 0, 1, ... of its own shuffled plan (j modulo its size). R, the units per piece, is
-calibrated once per row length from epoch 0's plans of the pieces of its first window (rows
-per token), so an epoch is about one pass over the store; a piece with
-more units than its share leaves the rest for the next epoch's (new) plan, a piece with fewer
-repeats some. Deviation from a whole-store plan: only these piece edges (measured in
-tests/data_plan_stats_test.py). A store of one piece (the built-in corpus) gives exactly the
-whole-store plan of samples.py and its permutation.
+Order. Epoch e shuffles the pieces (`IndexShuffle`, keyed by e) and groups them WINDOW (4) at a
+time (BERT's run_pretraining.py read 4 files at once); a window gets `len(window) * R` rows,
+shuffled within the window (a second keyed `IndexShuffle`) and shared out over its pieces in
+proportion to their units (rows, or packed rows) in this epoch, so each unit of a window is read
+about equally often. Every host reads all 4 pieces of a window over its life, so building their
+plans to share the rows out costs it nothing more. Position p of the epoch is computed alone,
+from O(shards) numbers and its window's pieces. A piece hands out units j = 0, 1, ... of its own
+shuffled plan (j modulo its size). R is calibrated once per row length on epoch 0's first window
+(units per token, times the store's mean tokens per piece), so an epoch is about one pass over
+the store: a piece with more units than its share leaves the rest for the next epoch's (new)
+plan, one with fewer repeats some. Deviation from a whole-store plan: these piece edges and
+windows of equal size (measured: tests/data_plan_stats_test.py, benchmarks/plan_stats.py). A
+store of one piece (the built-in corpus) gives exactly the whole-store plan of samples.py and
+its permutation. A piece of over MAX_PIECE_TOKENS tokens (documents that long) is refused with
+a message naming token_windows.
 """
 
 from __future__ import annotations
