@@ -91,6 +91,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # threads computing those batches at once: 1 computes them in order; a store behind tens of
     # ms per request (gs://) keeps up only with many reads in flight (16-32, prefetch as many)
     c.prefetch_threads = 1
+    # processes computing prefetched batches instead (0 = threads of this process); each opens
+    # the store itself: more cores for planning and masking (benchmarks/reader_throughput.py)
+    c.workers = 0
     c.lock()  # a misspelled key is an error, not a new field
     return c
 
@@ -253,6 +256,8 @@ def validate(config) -> None:
         _fail("num_workers", c.num_workers, "must be >= 0")
     if not 1 <= c.prefetch_threads <= max(1, c.prefetch):
         _fail("prefetch_threads", c.prefetch_threads, "must be in [1, config.data.prefetch]")
+    if c.workers < 0 or (c.workers and c.prefetch < c.workers):
+        _fail("workers", c.workers, "must be >= 0 and at most config.data.prefetch")
     if c.prefetch < 0:
         _fail("prefetch", c.prefetch, "must be >= 0")
 

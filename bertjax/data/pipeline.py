@@ -157,6 +157,7 @@ class Pipeline(DataSource):
             else None
         )
         self._futures: dict[int, concurrent.futures.Future] = {}
+        self._in_workers = False
         self._futures_lock = threading.Lock()
 
     @property
@@ -337,7 +338,8 @@ class Pipeline(DataSource):
                 self._futures.pop(old).cancel()
             for ahead in range(step + 1, step + 1 + self.c.prefetch):
                 if ahead not in self._futures:
-                    self._futures[ahead] = self._executor.submit(self.compute_batch, ahead)
+                    work = _worker_batch if self._in_workers else self.compute_batch
+                    self._futures[ahead] = self._executor.submit(work, ahead)
         return future.result() if future is not None else self.compute_batch(step)
 
     def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
@@ -354,10 +356,41 @@ class Pipeline(DataSource):
             )  # fmt: skip
             yield self.mask_rows(rows_i, self._eval_mask_spec)
 
+    def start_workers(self, workdir: str) -> None:
+        """Prefetched batches computed in config.data.workers processes (spawned), each with its
+        own pipeline of this config, instead of threads: the same batches, more cores."""
+        import multiprocessing
+
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor = concurrent.futures.ProcessPoolExecutor(
+            self.c.workers,
+            mp_context=multiprocessing.get_context("spawn"),  # fork is unsafe with JAX's threads
+            initializer=_start_worker,
+            initargs=(self.config, workdir, self.process_index, self.process_count),
+        )
+        self._in_workers = True
+
     def close(self):
         """Stops background prefetching."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+_WORKER: Pipeline | None = None  # a worker process's own pipeline (Pipeline.start_workers)
+
+
+def _start_worker(config, workdir: str, process_index: int, process_count: int) -> None:
+    global _WORKER
+    config = config.copy_and_resolve_references()
+    config.data.workers, config.data.prefetch = 0, 0
+    _WORKER = make_pipeline(
+        config, workdir, process_index=process_index, process_count=process_count
+    )
+
+
+def _worker_batch(step: int) -> dict[str, np.ndarray]:
+    return _WORKER.compute_batch(step)
 
 
 def make_pipeline(
@@ -411,7 +444,7 @@ def make_pipeline(
             "use a bigger corpus or change config.data.heldout_fraction"
         )
     similar = similarity.load(c.similar_words_file, tokenizer) if c.correction else None
-    return Pipeline(
+    pipeline = Pipeline(
         config,
         tokenizer,
         store,
@@ -420,3 +453,6 @@ def make_pipeline(
         similar=similar,
         eval_store=eval_store if eval_store.num_documents else None,
     )
+    if c.workers:
+        pipeline.start_workers(workdir)
+    return pipeline
