@@ -4,10 +4,11 @@ memmap store of the same corpus, with and without 50 ms added to every request.
 `LatencyFS` wraps the local filesystem as object storage behaves: every `cat_ranges` call pays
 one round trip (its ranges are in flight together, as gcsfs's), every `cat_file` one; the block
 cache (config.data.store_cache_bytes) is 1 MiB, far smaller than the store, so rows keep
-fetching. The pipeline computes `prefetch` batches ahead on `prefetch_threads` threads; the
-rate is over steps 1..N after the first batch (global batch 32 on one host, as the trainer asks
-for them). The corpus is the built-in one four times over (~1.7 M tokens), prepared once into a
-sharded store of 1 MiB shards and into today's local store.
+fetching. The pipeline computes `prefetch` batches ahead on `prefetch_threads` threads (or, with
+--workers, in `workers` processes); the rate is over N steps after the first 20 (global batch 32
+on one host, as the trainer asks for them). The corpus is the built-in one four times over
+(~1.7 M tokens), prepared once into a sharded store of 1 MiB shards and into today's local
+store.
 
   python benchmarks/reader_throughput.py                    # T=128 and 512, ~2 minutes
   python benchmarks/reader_throughput.py --steps 100 --plans full_sentences
@@ -30,6 +31,8 @@ from bertjax import trainer  # noqa: E402
 from bertjax.data import beam_prepare, corpus, make_pipeline, shard_writer  # noqa: E402
 from bertjax.data import shard_format as fmt  # noqa: E402
 from bertjax.data.tokenizer import train_sentencepiece  # noqa: E402
+
+WARM = 20  # steps before the timed ones
 
 
 class LatencyFS:
@@ -105,6 +108,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="128,512")
     parser.add_argument("--plans", default="full_sentences,nsp,token_windows")
     parser.add_argument("--threads", default="1,32")
+    parser.add_argument("--workers", default="", help="also with these config.data.workers")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bertjax-reader-")
     os.environ["BERTJAX_CACHE_DIR"] = os.path.join(work, "cache")
@@ -120,10 +124,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for plan in args.plans.split(","):
         for length in (int(t) for t in args.lengths.split(",")):
-            runs = [("local memmap", "", 0, 1)]
+            runs = [("local memmap", "", 0, 1, 0)]
             for latency in (0, 50):
-                runs += [("sharded", store, latency, int(t)) for t in args.threads.split(",")]
-            for name, url, latency, threads in runs:
+                runs += [("sharded", store, latency, int(t), 0) for t in args.threads.split(",")]
+            for w in (int(w) for w in args.workers.split(",") if w):
+                runs.append((f"sharded, {w} worker processes", store, 0, 1, w))
+            for name, url, latency, threads, workers in runs:
                 fake = None
                 if url:
                     fs = LatencyFS(real(url)[0], latency / 1000)
@@ -137,14 +143,17 @@ def main() -> None:
                 config.data.update(corpus=path, tokenizer_model=spm, store=url,
                                    store_cache_bytes=1 << 20, sample_plan=plan,
                                    max_seq_length=length, max_predictions=length * 15 // 100,
-                                   prefetch=max(2, threads), prefetch_threads=threads)  # fmt: skip
+                                   prefetch=max(2, threads, 4 * workers),
+                                   prefetch_threads=threads, workers=workers)  # fmt: skip
                 start = time.perf_counter()
                 pipeline = make_pipeline(config, work, process_index=0, process_count=1)
                 pipeline.batch(0)
                 first = time.perf_counter() - start
+                for step in range(1, WARM + 1):  # worker processes started and warm
+                    pipeline.batch(step)
                 before = fs.requests if fake else 0
                 start = time.perf_counter()
-                for step in range(1, args.steps + 1):
+                for step in range(WARM + 1, WARM + args.steps + 1):
                     pipeline.batch(step)
                 rate = 32 * length * args.steps / (time.perf_counter() - start)
                 requests = (fs.requests - before) / args.steps if fake else 0
