@@ -21,7 +21,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import causal, data_config, keys, masking, piece_plans, rows, samples, similarity
+from bertjax.data import (
+    causal,
+    data_config,
+    keys,
+    masking,
+    piece_plans,
+    rows,
+    samples,
+    similarity,
+    workers,
+)
 from bertjax.data.batch_plan import BatchPlan
 from bertjax.data.index_shuffle import IndexShuffle
 from bertjax.data.schedule import LengthSchedule
@@ -338,7 +348,7 @@ class Pipeline(DataSource):
                 self._futures.pop(old).cancel()
             for ahead in range(step + 1, step + 1 + self.c.prefetch):
                 if ahead not in self._futures:
-                    work = _worker_batch if self._in_workers else self.compute_batch
+                    work = workers.compute_batch if self._in_workers else self.compute_batch
                     self._futures[ahead] = self._executor.submit(work, ahead)
         return future.result() if future is not None else self.compute_batch(step)
 
@@ -357,17 +367,11 @@ class Pipeline(DataSource):
             yield self.mask_rows(rows_i, self._eval_mask_spec)
 
     def start_workers(self, workdir: str) -> None:
-        """Prefetched batches computed in config.data.workers processes (spawned), each with its
-        own pipeline of this config, instead of threads: the same batches, more cores."""
-        import multiprocessing
-
+        """Prefetched batches computed in config.data.workers processes (data/workers.py)."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-        self._executor = concurrent.futures.ProcessPoolExecutor(
-            self.c.workers,
-            mp_context=multiprocessing.get_context("spawn"),  # fork is unsafe with JAX's threads
-            initializer=_start_worker,
-            initargs=(self.config, workdir, self.process_index, self.process_count),
+        self._executor = workers.process_pool(
+            self.config, workdir, self.process_index, self.process_count
         )
         self._in_workers = True
 
@@ -375,22 +379,6 @@ class Pipeline(DataSource):
         """Stops background prefetching."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-_WORKER: Pipeline | None = None  # a worker process's own pipeline (Pipeline.start_workers)
-
-
-def _start_worker(config, workdir: str, process_index: int, process_count: int) -> None:
-    global _WORKER
-    config = config.copy_and_resolve_references()
-    config.data.workers, config.data.prefetch = 0, 0
-    _WORKER = make_pipeline(
-        config, workdir, process_index=process_index, process_count=process_count
-    )
-
-
-def _worker_batch(step: int) -> dict[str, np.ndarray]:
-    return _WORKER.compute_batch(step)
 
 
 def make_pipeline(
