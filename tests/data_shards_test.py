@@ -86,8 +86,8 @@ def _worker(process_id, processes, devices, workdir, store, config, port=0):
 def killed_and_resumed(prepared, tmp_path_factory):
     """Two processes (one device each) train from the gs:// store and are killed with SIGKILL
     after their first checkpoint; one process with two devices resumes them. Beside it, one
-    uninterrupted process trains on today's local-cache store of the same files."""
-    config, url, _ = prepared
+    uninterrupted process trains on a local copy of the same store."""
+    config, url, local = prepared
     workdir = f"{url}-run"
     port = _free_port()
     procs = []
@@ -110,7 +110,7 @@ def killed_and_resumed(prepared, tmp_path_factory):
     assert not paths.exists(f"{workdir}/checkpoints/{TRAIN_STEPS}/state/commit_success.txt")
     reference = str(tmp_path_factory.mktemp("local_store_run"))
     runs = []
-    for where, store in ((workdir, url), (reference, "")):
+    for where, store in ((workdir, url), (reference, local)):
         command, env = _worker(0, 1, 2, where, store, config)
         log = tmp_path_factory.getbasetemp() / f"store_worker_{len(runs)}.log"
         runs.append((subprocess.Popen(command, env=env, stdout=open(log, "w"),
@@ -121,9 +121,9 @@ def killed_and_resumed(prepared, tmp_path_factory):
 
 
 def test_a_killed_two_process_store_run_resumes_on_one_process(killed_and_resumed):
-    """The batches are the same whatever the process count (the test above), so the resumed run
-    ends where the uninterrupted local-store run does; only the reduction order of the two-process
-    steps (gloo) differs, hence a tolerance and not bitwise equality."""
+    """The batches are the same whatever the process count and copy of the store (the tests
+    below), so the resumed run ends where the uninterrupted run on the local copy does; only the
+    reduction order of the two-process steps (gloo) differs, hence a tolerance, not equality."""
     workdir, reference = killed_and_resumed
     import jax
 
