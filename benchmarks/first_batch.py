@@ -1,126 +1,159 @@
-"""Time to the first batch of a sharded store against the corpus size: does a host's start-up
-grow with the corpus? (issue 34: it must not; MaxText's Grain path starts in ~6 s on 64 hosts.)
+"""Time to the first batch and bytes read against the store size, for every sample plan: does a
+host's start-up grow with the corpus? (It must not: DESIGN.md "Start-up never grows".)
 
-For each size, the built-in corpus repeated into 4 files is prepared once into a sharded store
-on local disk (the Beam job's units in one process, `shard_writer.prepare_item`), then one host
-(process 0 of --hosts) times, in a fresh pipeline each:
+Each store is synthetic (`SyntheticStore`): a filesystem that computes every byte asked for, of
+shards of up to 2^27 tokens whose documents are 5 sentences of 51 tokens and a [SEP], so a store
+of any size costs nothing to make. For each size and plan, one host (process 0 of --hosts) times a
+fresh `make_pipeline(...)` and `batch(0)` (global batch 256, T=128), and reports the bytes it read
+from the store, the manifest included, and the bytes of piece indexes and plans it holds.
 
-- open: the manifest and every shard's index region (`ShardedStore`), and what it holds in
-  memory (document and sentence offsets, block CRCs);
-- plan: epoch 0's sample plan (`full_sentences` rows at T=128, and BERT's `nsp` pairs), built from
-  the whole sentence index, and its arrays' bytes;
-- first batch: the rows of step 0 of this host, read and masked;
-- token_windows: the same from a fresh pipeline with `sample_plan="token_windows"`, which opens
-  from the manifest alone (no sentence index, no plan arrays; block checksums of the shards its
-  rows touch): its whole start-up, and the bytes it read.
-
-The last columns extrapolate linearly (per token of this run's largest size) to a 2T-token
-corpus, the ModernBERT recipe's.
-
-  python benchmarks/first_batch.py                 # 4, 16 and 64 MB (~2 minutes)
-  python benchmarks/first_batch.py --mbs 8,32 --hosts 64
+  python benchmarks/first_batch.py                         # 2 M .. 2^42 tokens, every plan
+  python benchmarks/first_batch.py --tokens 2e6,1e8 --plans nsp,full_sentences --hosts 64
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
+import zlib
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from store_throughput import _corpus  # noqa: E402  (the same repeated built-in corpus)
-
 from bertjax import trainer  # noqa: E402
-from bertjax.data import beam_prepare, corpus, make_pipeline, shard_reader, shard_writer  # noqa: E402
-from bertjax.data.samples import make_plan  # noqa: E402
+from bertjax.data import corpus, make_pipeline  # noqa: E402
+from bertjax.data import shard_format as fmt  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
-TARGET_TOKENS = 2e12  # ModernBERT's 2T-token recipe
+DOC, SENTENCE, SENTENCES, BLOCK, FIRST_ID = 256, 51, 5, 16 << 10, 10
+SHARD_TOKENS = 1 << 27  # 0.4 GB of data a shard, about the prepare job's default 0.5 GiB
+PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm", "packed",
+         "token_windows")  # fmt: skip
+
+
+class SyntheticStore:
+    """A filesystem of ``tokens`` tokens in shards of SHARD_TOKENS (the last shorter), computed on
+    the fly; it counts the bytes it serves."""
+
+    def __init__(self, tok, tokens: int):
+        self.served = 0
+        q = np.arange(BLOCK) % DOC
+        ids = np.where(q == DOC - 1, tok.sep_id, FIRST_ID + q)
+        self.block = ids.astype("<u2").tobytes() + np.ones(BLOCK, np.uint8).tobytes()
+        self.crc = zlib.crc32(self.block)
+        sizes = [SHARD_TOKENS] * (tokens // SHARD_TOKENS) + [tokens % SHARD_TOKENS]
+        self.entries, self.layouts = {}, {}
+        shards = []
+        for k, size in enumerate(s for s in sizes if s):
+            size -= size % BLOCK  # whole blocks of whole documents
+            entry = {"documents": size // DOC, "sentences": size // DOC * SENTENCES, "tokens": size}
+            layout = fmt.index_layout(entry, tok.vocab_size, BLOCK, 2)
+            path = f"train/{k:06d}.shard"
+            self.layouts[path] = layout
+            shards.append(dict(entry, path=path, bytes=layout["file_bytes"], sha256="",
+                               index_crc32=0))  # fmt: skip
+        eval_shard = dict(shards[0], path="eval/000000.shard")
+        self.layouts[eval_shard["path"]] = self.layouts[shards[0]["path"]]
+        self.manifest = json.dumps({
+            "format_version": fmt.FORMAT_VERSION, "tokenizer_fingerprint": tok.fingerprint(),
+            "tokenizer_file": "tokenizer/spm.model", "language": "en", "lowercase": True,
+            "vocab_size": tok.vocab_size, "token_dtype": "uint16", "block_tokens": BLOCK,
+            "splits": {"train": {"shards": shards}, "eval": {"shards": [eval_shard]}},
+        }).encode()  # fmt: skip
+
+    def _elements(self, name, lo, hi) -> bytes:
+        i = np.arange(lo, hi, dtype=np.int64)
+        if name == "documents":
+            return (i * SENTENCES).astype("<i8").tobytes()
+        if name == "sentences":
+            start = (i // 2 // SENTENCES) * DOC + (i // 2 % SENTENCES) * SENTENCE
+            return (start + SENTENCE * (i % 2)).astype("<i8").tobytes()
+        if name == "token_counts":
+            return np.ones(len(i), "<i8").tobytes()
+        return np.full(len(i), self.crc, "<u4").tobytes()
+
+    def _range(self, path, start, end) -> bytes:
+        layout, out = self.layouts[path.split("store/", 1)[1]], []
+        for name, size in (("documents", 8), ("sentences", 8), ("token_counts", 8),
+                           ("block_crc32", 4)):  # fmt: skip
+            lo, hi = layout[name]
+            a, b = max(start, lo), min(end, hi)
+            if a < b:
+                first, last = (a - lo) // size, -(-(b - lo) // size)
+                out.append(self._elements(name, first, last)[a - lo - first * size :][: b - a])
+        index = layout["index_bytes"]
+        if end > index:
+            first = max(start, index) - index
+            skip = first % len(self.block)
+            count = (end - index - first + skip) // len(self.block) + 1
+            out.append((self.block * count)[skip : skip + end - index - first])
+        self.served += end - start
+        return b"".join(out)
+
+    def cat_file(self, path):
+        self.served += len(self.manifest)
+        return self.manifest
+
+    def cat_ranges(self, paths, starts, ends):
+        return [self._range(p, s, e) for p, s, e in zip(paths, starts, ends)]
+
+
+def held_bytes(pipeline) -> int:
+    """Bytes of the piece indexes and plans the host holds (0 for token_windows)."""
+    pieces = pipeline._split.pieces
+    if pieces is None:
+        return 0
+    total = sum(v.documents.nbytes + v.sentences.nbytes for v in pieces._views.values())
+    for plan, order, packing in pieces._cache.values():
+        total += order.nbytes + sum(getattr(plan, n).nbytes for n in ("a_start", "a_end",
+                                    "b_start", "b_end", "label"))  # fmt: skip
+        total += sum(a.nbytes for a in packing) if packing else 0
+    return total
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mbs", default="4,16,64", help="corpus sizes in MB")
+    parser.add_argument("--tokens", default="2e6,1.6e7,1.28e8,1.024e9,4.398e12")
+    parser.add_argument("--plans", default=",".join(PLANS))
     parser.add_argument("--hosts", type=int, default=8, help="process count (this is host 0)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bertjax-first-batch-")
-    os.environ["BERTJAX_CACHE_DIR"] = os.path.join(work, "cache")
     spm = train_sentencepiece(
         (s for _, d in corpus.iter_documents("builtin") for s in d),
         os.path.join(work, "spm"),
-        vocab_size=8000,
+        vocab_size=400,
     )
     tok = Tokenizer(spm, num_threads=1)
-    print(f"one host of {args.hosts}, batch 256 global, T=128, local disk; shared 2-core CPU")
-    print(
-        "| corpus MB | tokens | sentences | open s | index MiB | plan s (full_sentences) | "
-        "plan s (nsp) | plan MiB | first batch s | total s | token_windows total s | "
-        "token_windows KiB read |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    rows = []
-    for mb in (float(x) for x in args.mbs.split(",")):
-        config = trainer.default_run_config()
-        os.makedirs(os.path.join(work, f"corpus{mb:g}"))
-        config.data.corpus = _corpus(os.path.join(work, f"corpus{mb:g}"), mb)
-        config.data.tokenizer_model = spm
-        config.data.shard_bytes = 4 << 20
-        out = os.path.join(work, f"store{mb:g}")
-        items = shard_writer.work_items(config.data)
-        spec = beam_prepare.make_spec(config, out, items)
-        shard_writer.write_manifest([shard_writer.prepare_item(spec, i, tok) for i in items], spec)
-        start = time.perf_counter()
-        store = shard_reader.ShardedStore(out, "train", tok)
-        opened = time.perf_counter() - start
-        index_bytes = store.documents.nbytes + store.sentences.nbytes
-        index_bytes += sum(c.nbytes for c in store.blocks.crcs.values())
-        tokens, sentences = len(store.tokens), len(store.sentences)
-        plans = {}
-        for plan_name in ("full_sentences", "nsp"):
+    print(f"one host of {args.hosts}, batch 256 global, T=128, synthetic store (shards of 2^27 "
+          "tokens); shared 2-core CPU")  # fmt: skip
+    print("| plan | tokens | shards | start-up + first batch s | MiB read | MiB held |")
+    print("|---|---|---|---|---|---|")
+    for plan in args.plans.split(","):
+        for tokens in (int(float(t)) for t in args.tokens.split(",")):
+            fake = SyntheticStore(tok, tokens)
+            fmt.filesystem = lambda url, fake=fake: (fake, url.split("://", 1)[-1])
+            config = trainer.default_run_config()
+            config.batch_size = 256
+            config.data.update(store="synthetic://store", tokenizer_model=spm, prefetch=0,
+                               max_seq_length=128, max_predictions=20)  # fmt: skip
+            if plan == "packed":
+                config.data.update(sample_plan="full_sentences", pack_rows=True)
+            else:
+                config.data.sample_plan = plan
             start = time.perf_counter()
-            plan = make_plan(store, plan_name, 128, 0.1, np.random.default_rng(0))
-            plans[plan_name] = (time.perf_counter() - start, plan)
-        plan_bytes = sum(
-            getattr(plans["full_sentences"][1], f).nbytes
-            for f in ("a_start", "a_end", "b_start", "b_end", "label")
-        )
-        c = config.copy_and_resolve_references()
-        c.batch_size, c.data.store, c.data.prefetch = 256, out, 0
-        c.data.update(max_seq_length=128, sample_plan="full_sentences", max_predictions=20)
-        start = time.perf_counter()
-        pipeline = make_pipeline(c, work, process_index=0, process_count=args.hosts)
-        pipeline.batch(0)
-        total = time.perf_counter() - start
-        first = total - opened - plans["full_sentences"][0]
-        c.data.sample_plan = "token_windows"
-        start = time.perf_counter()
-        windows = make_pipeline(c, work, process_index=0, process_count=args.hosts)
-        windows.batch(0)
-        windows_total = time.perf_counter() - start
-        windows_read = windows.store.blocks.bytes_read
-        rows.append((tokens, opened, index_bytes, plans["full_sentences"][0], plan_bytes, total))
-        print(
-            f"| {mb:g} | {tokens:,} | {sentences:,} | {opened:.2f} | {index_bytes / 2**20:.1f} | "
-            f"{plans['full_sentences'][0]:.2f} | {plans['nsp'][0]:.2f} | "
-            f"{plan_bytes / 2**20:.1f} | {max(first, 0.0):.2f} | {total:.2f} | "
-            f"{windows_total:.2f} | {windows_read / 2**10:,.0f} |",
-            flush=True,
-        )
-    tokens, opened, index_bytes, plan_s, plan_bytes, total = rows[-1]
-    scale = TARGET_TOKENS / tokens
-    print(
-        f"\nlinear extrapolation to {TARGET_TOKENS:.0e} tokens (x{scale:,.0f} the largest size), "
-        f"per host: open {opened * scale / 3600:,.0f} h, index {index_bytes * scale / 2**40:,.1f} "
-        f"TiB, full_sentences plan {plan_s * scale / 3600:,.0f} h and "
-        f"{plan_bytes * scale / 2**40:,.1f} TiB; start-up total {total * scale / 3600:,.0f} h "
-        "(sentence plans); token_windows: flat, see its column"
-    )
+            pipeline = make_pipeline(config, work, process_index=0, process_count=args.hosts)
+            pipeline.batch(0)
+            took = time.perf_counter() - start
+            shards = len(pipeline.store.shards)
+            print(f"| {plan} | {tokens:.3g} | {shards:,} | {took:.2f} | "
+                  f"{fake.served / 2**20:,.1f} | {held_bytes(pipeline) / 2**20:,.1f} |",
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """ALBERT-base (Lan et al. 2020): 128-dim factorized embeddings, one shared layer, SOP,
 n-gram masking (n <= 3, p ~ 1/n), LAMB at batch 4096.
 
+Data:    sample_plan="sop": ALBERT's sentence-order pairs (the paper's input), planned per ~1
+         M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
+         starts from its manifest and each host reads only its own pieces' index.
 Run:     python train.py --config=configs/albert_base.py --workdir=DIR \
              --config.data.corpus='/data/*.txt'
 Expect:  12M parameters; SOP accuracy well above 0.5 within the first 10k steps; MLM

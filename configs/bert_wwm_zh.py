@@ -1,5 +1,8 @@
 """Chinese BERT-wwm (Cui et al. 2019): whole-word masking with jieba word boundaries, MLM + NSP.
 
+Data:    sample_plan="nsp": BERT's sentence pairs with NSP labels (the paper's input), planned per
+         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
+         starts from its manifest and each host reads only its own pieces' index.
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/bert_wwm_zh.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt'

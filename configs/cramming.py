@@ -22,6 +22,9 @@ skips it), learned positions start sinusoidal (cramming: a fixed sinusoid times 
 scale), and its GLU gates the first half where cramming gates the second (the same family of
 functions; only pretrained weights would care).
 
+Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
+         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
+         starts from its manifest and each host reads only its own pieces' index.
 Run:     python train.py --config=configs/cramming.py --workdir=DIR \
              --config.data.corpus='/data/pile/*.txt'
 Expect:  the GLUE scores the paper reports for one GPU-day; not reproduced here (no

@@ -1,5 +1,8 @@
 """Masked diffusion LM (LLaDA/MDLM) with a BERT-base-sized encoder, for accelerators.
 
+Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
+         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
+         starts from its manifest and each host reads only its own pieces' index.
 Run:     python train.py --config=configs/diffusion_base.py --workdir=DIR \
              --config.data.corpus='/data/*.txt'
          python -m bertjax.diffusion --workdir=DIR --prompt="..." --answer_length=64 \

@@ -10,6 +10,9 @@ their length and targets their positions; with BERT's character vocabulary this 
 characters"); a random word is a word of the similarity file with as many pieces (random pieces
 when it lists none of that length). See bertjax/data/similarity.py and masking._correct_words.
 
+Data:    sample_plan="sop": ALBERT's sentence-order pairs (the paper's input), planned per ~1
+         M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
+         starts from its manifest and each host reads only its own pieces' index.
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/macbert_zh.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt' \

@@ -13,6 +13,9 @@ architecture is the modernbert-base preset (22 layers, 768 wide, GeGLU 1152, win
 third layer global, no biases, attention-output dropout 0.1). Rows are packed (RoPE positions
 restart in each document), as ModernBERT unpads.
 
+Data:    sample_plan="full_sentences", packed: RoBERTa's FULL-SENTENCES rows of whole sentences,
+         planned per ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store
+         of any size starts from its manifest and each host reads only its own pieces' index.
 Run:     python train.py --config=configs/modernbert_base.py --workdir=gs://BUCKET/modernbert \
              --config.data.corpus='/data/*.txt' \
              --config.data.hf_vocab=/models/ModernBERT-base/tokenizer.json

@@ -9,6 +9,9 @@ initialised from ModernBERT-base by centre tiling (``config.init_from`` a base c
 one centred and wrapped; bertjax/interop/tiling.py). The paper's large run also restarted at
 5e-5 after 900B tokens (5e-4 proved too high); this recipe keeps the yamls' phase-1 value.
 
+Data:    sample_plan="full_sentences", packed: RoBERTa's FULL-SENTENCES rows of whole sentences,
+         planned per ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store
+         of any size starts from its manifest and each host reads only its own pieces' index.
 Run:     python train.py --config=configs/modernbert_large.py --workdir=gs://BUCKET/mb_large \
              --config.data.corpus='/data/*.txt' \
              --config.data.hf_vocab=/models/ModernBERT-base/tokenizer.json \

@@ -19,6 +19,9 @@ size, steps and learning rate; the keys below repeat configs/macbert_zh.py's (LA
 Choice of this project: the position head is BERT's MLM transform scored against every
 position's final hidden state (bertjax/objectives/pert.py).
 
+Data:    sample_plan="pairs": consecutive [CLS] A [SEP] B [SEP] pairs (PERT's input), planned per ~1
+         M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
+         starts from its manifest and each host reads only its own pieces' index.
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/pert_zh.py --workdir=DIR \\
              --config.data.corpus='/data/zh/*.txt'

@@ -1,6 +1,9 @@
 """Long-context Chinese RoBERTa: 1024 positions, whole-word masking, full-sentence rows of
 mixed lengths (25% 128 / 50% 512 / 25% 1024 tokens, chosen per step), no NSP.
 
+Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
+         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
+         starts from its manifest and each host reads only its own pieces' index.
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/roberta_zh_long.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt'

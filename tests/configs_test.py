@@ -94,3 +94,83 @@ def test_config_runs_shrunken(name, zh_files, small_spm, tmp_path):
         assert ("eval/nsp_accuracy" in summary) == pairs
     else:  # diffusion, fine-tuning, distillation report their own held-out metrics
         assert any(key.startswith("eval/") for key in summary), sorted(summary)
+
+
+WEB_SCALE = (  # the recipes written for web-scale corpora (every one of them: a sentence plan)
+    "albert_base",
+    "bert_base",
+    "bert_large",
+    "bert_wwm_zh",
+    "clm_mlm_base",
+    "cramming",
+    "diffusion_base",
+    "distilbert",
+    "electra_base",
+    "electra_small",
+    "macbert_zh",
+    "modernbert_base",
+    "modernbert_large",
+    "pert_zh",
+    "roberta_base",
+    "roberta_zh_long",
+)
+
+
+def _prepare(config, output, shard_bytes):
+    """A sharded store of the config's corpus in small shards, as the Beam job's units make it."""
+    from bertjax.data import beam_prepare, shard_writer
+
+    config.data.shard_bytes, config.data.block_tokens = shard_bytes, 256
+    items = shard_writer.work_items(config.data)
+    spec = beam_prepare.make_spec(config, output, items)
+    tok = shard_writer.local_tokenizer(spec)
+    records = [shard_writer.prepare_item(spec, item, tok) for item in items]
+    return shard_writer.write_manifest(records, spec)
+
+
+@pytest.fixture(scope="module")
+def sharded_stores(zh_files, small_spm, tmp_path_factory):
+    """{language: a sharded store URL}: the built-in corpus, and the Chinese test corpus."""
+    root = tmp_path_factory.mktemp("sharded_recipes")
+    stores = {}
+    from bertjax.data import corpus
+
+    zh = root / "zh.txt"  # the Chinese test corpus three times over: ~50 shards
+    zh.write_text(open(zh_files[0], encoding="utf-8").read() * 3, encoding="utf-8")
+    en = root / "en.txt"  # 300 built-in documents: ~50 shards
+    docs = [doc for _, (_, doc) in zip(range(300), corpus.iter_documents("builtin"))]
+    en.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+    for language, name, shard_bytes in (("en", "bert_base", 4 << 10), ("zh", "bert_wwm_zh", 400)):
+        config = _smoke(name, (str(zh), zh_files[1]), small_spm)
+        config.data.corpus = str(en) if language == "en" else config.data.corpus
+        stores[language] = str(root / language)
+        _prepare(config, stores[language], shard_bytes)
+    return stores
+
+
+@pytest.mark.parametrize("name", WEB_SCALE)
+def test_web_scale_recipes_start_from_a_sharded_store_without_every_shard_index(
+    name, zh_files, small_spm, sharded_stores
+):
+    """Each recipe's `:smoke` variant, its own sample plan, on a store of many shards: the first
+    batch reads the indexes of one window of pieces, never the whole store's."""
+    from bertjax.data import make_pipeline, piece_plans
+    from bertjax.data import shard_format as fmt
+
+    assert set(WEB_SCALE) <= set(CONFIGS)
+    config = _smoke(name, zh_files, small_spm)
+    config.data.store, config.data.tokenizer_model = sharded_stores[config.data.language], ""
+    pipeline = make_pipeline(config, "", process_index=0, process_count=1)
+    batch = pipeline.batch(0)
+    assert batch["input_ids"].shape[0] == pipeline.step_batch_size(0)
+    store = pipeline.store
+    assert store._index is None  # the whole index was never loaded
+    assert len(store.shards) > 2 * piece_plans.WINDOW
+    manifest = fmt.read_manifest(config.data.store)
+    index_bytes = sum(
+        fmt.index_layout(s, manifest["vocab_size"], manifest["block_tokens"], 2)["index_bytes"]
+        for s in manifest["splits"]["train"]["shards"]
+    )
+    assert store.blocks.index_bytes_read < index_bytes / 2
+    # a window of pieces per row length in use (two with mixed lengths), a shard each at most
+    assert len(store.blocks.crcs) <= 2 * piece_plans.WINDOW < len(store.shards)

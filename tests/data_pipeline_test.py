@@ -265,3 +265,17 @@ def test_smoothed_unigram_masking_counts_the_store_and_favours_rare_tokens(spm_p
     assert weighted < plain - 1.0, (weighted, plain)
     for a, b in zip(p.eval_batches(2), uniform.eval_batches(2)):
         np.testing.assert_array_equal(a["masked_positions"], b["masked_positions"])
+
+
+def test_batches_from_a_worker_process_are_the_in_process_ones(spm_path, workdir):
+    """config.data.workers: prefetched batches computed in a spawned process (its own pipeline
+    of the same config) equal those computed here, in any order of asking."""
+    here = _pipeline(spm_path, workdir)
+    pool = _pipeline(spm_path, workdir, prefetch=2, workers=1)
+    try:
+        for step in (0, 1, 2, 5, 3):
+            _equal(pool.batch(step), here.batch(step))
+    finally:
+        pool.close()
+    with pytest.raises(ValueError, match="config.data.workers"):
+        _pipeline(spm_path, workdir, prefetch=1, workers=2)

@@ -19,7 +19,15 @@ from helpers import final_params as _final_params
 from helpers import free_port as _free_port
 
 from bertjax import paths, trainer
-from bertjax.data import beam_prepare, corpus, make_pipeline, mds_import, mixture, shard_reader
+from bertjax.data import (
+    beam_prepare,
+    corpus,
+    make_pipeline,
+    mds_import,
+    mixture,
+    piece_plans,
+    shard_reader,
+)
 from bertjax.data import shard_format as fmt
 from bertjax.data.shard_reader import ShardedStore
 from bertjax.data.tokenizer import Tokenizer
@@ -78,8 +86,8 @@ def _worker(process_id, processes, devices, workdir, store, config, port=0):
 def killed_and_resumed(prepared, tmp_path_factory):
     """Two processes (one device each) train from the gs:// store and are killed with SIGKILL
     after their first checkpoint; one process with two devices resumes them. Beside it, one
-    uninterrupted process trains on today's local-cache store of the same files."""
-    config, url, _ = prepared
+    uninterrupted process trains on a local copy of the same store."""
+    config, url, local = prepared
     workdir = f"{url}-run"
     port = _free_port()
     procs = []
@@ -102,7 +110,7 @@ def killed_and_resumed(prepared, tmp_path_factory):
     assert not paths.exists(f"{workdir}/checkpoints/{TRAIN_STEPS}/state/commit_success.txt")
     reference = str(tmp_path_factory.mktemp("local_store_run"))
     runs = []
-    for where, store in ((workdir, url), (reference, "")):
+    for where, store in ((workdir, url), (reference, local)):
         command, env = _worker(0, 1, 2, where, store, config)
         log = tmp_path_factory.getbasetemp() / f"store_worker_{len(runs)}.log"
         runs.append((subprocess.Popen(command, env=env, stdout=open(log, "w"),
@@ -113,9 +121,9 @@ def killed_and_resumed(prepared, tmp_path_factory):
 
 
 def test_a_killed_two_process_store_run_resumes_on_one_process(killed_and_resumed):
-    """The batches are the same whatever the process count (the test above), so the resumed run
-    ends where the uninterrupted local-store run does; only the reduction order of the two-process
-    steps (gloo) differs, hence a tolerance and not bitwise equality."""
+    """The batches are the same whatever the process count and copy of the store (the tests
+    below), so the resumed run ends where the uninterrupted run on the local copy does; only the
+    reduction order of the two-process steps (gloo) differs, hence a tolerance, not equality."""
     workdir, reference = killed_and_resumed
     import jax
 
@@ -141,27 +149,46 @@ def _batches(config, store, steps, index, count):
     return pipeline, [pipeline.batch(step) for step in steps]
 
 
-@pytest.mark.parametrize("plan", ["nsp", "token_windows"])
-def test_store_batches_equal_the_local_store_on_every_host_count(prepared, plan):
-    """token_windows opens from the manifest: no shard's sentence index is read."""
-    config, url, _ = prepared
+PLANS = {  # every sample plan, and the causal and diffusion rows built on them
+    "nsp": {},
+    "sop": {},
+    "pairs": {},
+    "full_sentences": {},
+    "doc_sentences": {},
+    "mlm": {},
+    "packed": {"sample_plan": "full_sentences", "pack_rows": True},
+    "causal": {"sample_plan": "full_sentences", "masking": "causal"},
+    "diffusion": {"sample_plan": "doc_sentences", "masking": "diffusion"},
+    "token_windows": {},
+}
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_store_batches_are_equal_on_every_host_count_from_a_path_or_a_url(prepared, plan):
+    """The same batches from the gs:// store on 2 hosts as from its local copy on 1, in epochs
+    0 and 1, with pieces of a few shards' documents (many windows); no plan reads the whole
+    index. token_windows also equals today's local-cache store."""
+    config, url, local = prepared
     config = config.copy_and_resolve_references()
     config.data.sample_plan = plan
-    steps = [0, 1, 250]  # 250: a later epoch (the plan differs per epoch)
-    _, whole = _batches(config, "", steps, 0, 1)  # today's path: tokenized into the local cache
-    for count in (1, 2):
-        hosts = [_batches(config, url, steps, i, count) for i in range(count)]
-        for step, reference in enumerate(whole):
+    config.data.update(PLANS[plan])
+    config.data.piece_tokens = 1500
+    one, whole = _batches(config, local, [0, 1], 0, 1)
+    steps = [0, 1, one.steps_per_epoch + 1]
+    whole.append(one.batch(steps[-1]))
+    if plan != "token_windows":
+        assert len(one._split.pieces.pieces) > 3 * piece_plans.WINDOW
+    hosts = [_batches(config, url, steps, i, 2) for i in range(2)]
+    for step, reference in enumerate(whole):
+        for key, value in reference.items():
+            joined = np.concatenate([host[1][step][key] for host in hosts])
+            np.testing.assert_array_equal(joined, value, err_msg=f"{key} step {steps[step]}")
+    assert all(p.store._index is None for p in (one, *(h[0] for h in hosts)))
+    if plan == "token_windows":  # today's path: tokenized into the local cache
+        _, cached = _batches(config, "", steps, 0, 1)
+        for reference, batch in zip(whole, cached):
             for key, value in reference.items():
-                joined = np.concatenate([host[1][step][key] for host in hosts])
-                np.testing.assert_array_equal(joined, value, err_msg=f"{key} {count} hosts")
-        assert all((host[0].store._index is None) == (plan == "token_windows") for host in hosts)
-    if plan == "token_windows":
-        return
-    pipeline, _ = _batches(config, url, [], 0, 1)
-    local_pipeline, _ = _batches(config, "", [], 0, 1)
-    np.testing.assert_array_equal(pipeline.token_counts(), local_pipeline.token_counts())
-    np.testing.assert_array_equal(pipeline.unigram_log_prior(), local_pipeline.unigram_log_prior())
+                np.testing.assert_array_equal(batch[key], value, err_msg=key)
 
 
 class _Counting:
@@ -420,3 +447,40 @@ def test_mds_shards_import_into_a_store_of_the_same_tokens(tmp_path, builtin_spm
         np.testing.assert_array_equal(
             store.word_starts[np.arange(begin, end)], tok.word_starts(flat, lengths)
         )
+
+
+class _Latency(_Counting):
+    """A filesystem that counts requests and adds latency to each (a `cat_ranges` call is one
+    request, its ranges in flight together, as gcsfs's)."""
+
+    def __init__(self, fs, latency):
+        super().__init__(fs)
+        self.latency, self.requests = latency, 0
+
+    def cat_ranges(self, *args, **kwargs):
+        self.requests += 1
+        time.sleep(self.latency)
+        return super().cat_ranges(*args, **kwargs)
+
+
+def test_many_prefetch_threads_give_the_same_batches_one_request_each(prepared, monkeypatch):
+    """Batches computed on 8 threads at once, each read behind 20 ms per request, are the ones
+    computed in order; a batch's rows cost one request for both columns (tokens, word starts)."""
+    config, _, local = prepared
+    config = config.copy_and_resolve_references()
+    config.data.update(sample_plan="full_sentences", store_cache_bytes=4 << 10, store=local)
+    fs = _Latency(fmt.filesystem(local)[0], 0.02)
+    monkeypatch.setattr(shard_reader.fmt, "filesystem", lambda url: (fs, url))
+    runs = {}
+    for threads in (0, 8):
+        config.data.prefetch, config.data.prefetch_threads = threads, max(1, threads)
+        pipeline = make_pipeline(config, "", process_index=0, process_count=1)
+        pipeline.batch(0)
+        before = fs.requests
+        runs[threads] = [pipeline.batch(step) for step in range(1, 12)]
+        pipeline.close()
+        if not threads:
+            assert fs.requests - before <= 11 + 2  # one read a batch (+ a new window's pieces)
+    for batch, reference in zip(runs[8], runs[0]):
+        for key, value in reference.items():
+            np.testing.assert_array_equal(batch[key], value, err_msg=key)

@@ -42,9 +42,12 @@ def default_data_config() -> ml_collections.ConfigDict:
     # How rows are formed (bertjax/data/samples.py): "nsp" | "sop" (sentence pairs with a label),
     # "pairs" (consecutive A, B of one document, no label: PERT), "full_sentences" |
     # "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise) | "token_windows"
-    # (the token stream cut every T - 2 tokens: a sharded store of any size starts from its
-    # manifest alone; the sentence plans read every shard's index first)
+    # (the token stream cut every T - 2 tokens, rows by index). Every plan starts a store of
+    # any size; the sentence plans read the index of the pieces their rows fall in
     c.sample_plan = "nsp"
+    # sentence plans: a plan per piece of about this many tokens of whole documents, so start-up
+    # and memory do not grow with the store (bertjax/data/piece_plans.py)
+    c.piece_tokens = 1 << 20
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
     # of it shuffled, targets are positions; needs config.loss.objective="pert") | "causal" (no
@@ -85,6 +88,12 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.cache_dir = ""
     c.num_workers = 0  # tokenization processes while preparing the store (0 = in-process)
     c.prefetch = 2  # batches computed ahead in a background thread (0 = none)
+    # threads computing those batches at once: 1 computes them in order; a store behind tens of
+    # ms per request (gs://) keeps up only with many reads in flight (16-32, prefetch as many)
+    c.prefetch_threads = 1
+    # processes computing prefetched batches instead (0 = threads of this process); each opens
+    # the store itself: more cores for planning and masking (benchmarks/reader_throughput.py)
+    c.workers = 0
     c.lock()  # a misspelled key is an error, not a new field
     return c
 
@@ -126,6 +135,8 @@ def validate(config) -> None:
         _fail("max_seq_length", c.max_seq_length, "must be >= 8")
     if c.sample_plan not in SAMPLE_PLANS:
         _fail("sample_plan", c.sample_plan, f"must be one of {SAMPLE_PLANS}")
+    if int(c.piece_tokens) < 1:
+        _fail("piece_tokens", c.piece_tokens, "must be >= 1 (tokens per piece of a sentence plan)")
     if c.sample_plan == "token_windows" and c.pack_rows:
         _fail("pack_rows", c.pack_rows, "token_windows rows are full already: set it False")
     if c.masking not in MASKINGS:
@@ -243,6 +254,10 @@ def validate(config) -> None:
             _fail(key, c[key], "must be > 0")
     if c.num_workers < 0:
         _fail("num_workers", c.num_workers, "must be >= 0")
+    if not 1 <= c.prefetch_threads <= max(1, c.prefetch):
+        _fail("prefetch_threads", c.prefetch_threads, "must be in [1, config.data.prefetch]")
+    if c.workers < 0 or (c.workers and c.prefetch < c.workers):
+        _fail("workers", c.workers, "must be >= 0 and at most config.data.prefetch")
     if c.prefetch < 0:
         _fail("prefetch", c.prefetch, "must be >= 0")
 

@@ -5,8 +5,10 @@ The global batch of a step is a pure function of (config, seed, step): with row 
 ordinal r of the step among steps of that length (see schedule.py), epoch = r // steps_per_epoch(T)
 and the step takes positions (r % steps_per_epoch(T)) * B + [0, B) of that epoch's shuffled plan.
 Rows are masked with keys (seed, epoch, step * B + row), so any host/worker/prefetch split and any
-restart give the same rows, and each epoch masks differently. An epoch's size is fixed by epoch 0's
-plan; a later epoch with fewer samples wraps around (NSP plans vary slightly per epoch).
+restart give the same rows, and each epoch masks differently. The sentence plans are built per
+piece of the store and read in a two-level stateless shuffle (piece_plans.py): a host builds only
+the pieces its rows fall in, whatever the store's size; an epoch's size is fixed from epoch 0's
+plans, and a piece with fewer units in a later epoch wraps around (NSP plans vary per epoch).
 """
 
 from __future__ import annotations
@@ -14,13 +16,22 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import logging
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import causal, data_config, keys, masking, rows, samples, similarity
+from bertjax.data import (
+    causal,
+    data_config,
+    keys,
+    masking,
+    piece_plans,
+    rows,
+    samples,
+    similarity,
+    workers,
+)
 from bertjax.data.batch_plan import BatchPlan
 from bertjax.data.index_shuffle import IndexShuffle
 from bertjax.data.schedule import LengthSchedule
@@ -32,8 +43,8 @@ _CACHE_SIZE = 4  # (length, epoch) plans kept in memory
 
 
 class _Split:
-    """Plans, their shuffled order and (optionally) packing for one split, cached per (length,
-    epoch)."""
+    """The epochs of one split: token_windows plans (rows by index) cached per (length, epoch);
+    the sentence plans per piece (piece_plans.py)."""
 
     def __init__(self, store: Store, config, batch_size: int, purpose: str):
         self.store, self.c, self.seed, self.batch_size, self.purpose = (
@@ -46,9 +57,14 @@ class _Split:
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self._sizes: dict[int, int] = {}
+        self.pieces = None
+        if self.c.sample_plan != "token_windows":
+            self.pieces = piece_plans.PieceSplit(store, self.c, self.seed, purpose)
 
     def epoch(self, length: int, epoch: int):
-        """(plan, order of its samples, packed row starts or None) of one epoch at one length."""
+        """token_windows: (plan, order, None); a sentence plan: its PiecePlan."""
+        if self.pieces is not None:
+            return self.pieces.epoch(length, epoch)
         key = (length, epoch)
         with self._lock:
             if key in self._cache:
@@ -58,20 +74,17 @@ class _Split:
             plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}")
             plan = samples.make_plan(self.store, c.sample_plan, length, c.short_seq_prob, plan_rng)
             purpose = f"{self.purpose}/order/{length}"
-            if c.sample_plan == "token_windows":  # rows by index: no array the size of the epoch
-                key = int(keys.row_keys(self.seed, epoch, purpose, np.zeros(1, np.int64))[0])
-                order = IndexShuffle(len(plan), key)
-            else:
-                order = keys.generator(self.seed, epoch, purpose).permutation(len(plan))
-            packing = rows.pack(plan.lengths(), order, length) if c.pack_rows else None
-            self._cache[key] = (plan, order, packing)
+            # rows by index: no array the size of the epoch
+            key_order = int(keys.row_keys(self.seed, epoch, purpose, np.zeros(1, np.int64))[0])
+            self._cache[key] = (plan, IndexShuffle(len(plan), key_order), None)
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
             return self._cache[key]
 
     def num_units(self, length: int, epoch: int) -> int:
-        plan, order, packing = self.epoch(length, epoch)
-        return len(order) if packing is None else len(packing[0]) - 1
+        if self.pieces is not None:
+            return len(self.pieces.epoch(length, epoch))
+        return len(self.epoch(length, epoch)[1])
 
     def steps_per_epoch(self, length: int) -> int:
         if length not in self._sizes:
@@ -149,9 +162,12 @@ class Pipeline(DataSource):
         )
         self._special_ids = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
         self._executor = (
-            concurrent.futures.ThreadPoolExecutor(1, "bertjax-data") if c.prefetch else None
+            concurrent.futures.ThreadPoolExecutor(c.prefetch_threads, "bertjax-data")
+            if c.prefetch
+            else None
         )
         self._futures: dict[int, concurrent.futures.Future] = {}
+        self._in_workers = False
         self._futures_lock = threading.Lock()
 
     @property
@@ -240,44 +256,36 @@ class Pipeline(DataSource):
 
     def _epoch_rows(self, split: _Split, length: int, epoch: int, within: np.ndarray) -> dict:
         """Rows at positions ``within`` of one epoch's order (wrapping around its units)."""
-        plan, order, packing = split.epoch(length, epoch)
         units = within % split.num_units(length, epoch)
         store, tok = split.store, self.tokenizer
-        if packing is None:
+        if split.pieces is None:  # token_windows
+            plan, order, _ = split.epoch(length, epoch)
             chosen = order[units]
-            cols = (
-                plan.a_start[chosen],
-                plan.a_end[chosen],
-                plan.b_start[chosen],
-                plan.b_end[chosen],
-            )
+            cols = tuple(getattr(plan, n)[chosen] for n in ("a_start", "a_end", "b_start", "b_end"))
             out = rows.pair_rows(
                 store.tokens, store.word_starts, tok.special, cols, length, self._special_ids
             )
             out["next_sentence_label"] = plan.label[chosen]
-        else:
-            row_starts, packed, offsets = packing
-            counts = row_starts[units + 1] - row_starts[units]
-            index = np.concatenate([np.arange(row_starts[u], row_starts[u + 1]) for u in units])
-            chosen = packed[index]
-            cols = (
-                plan.a_start[chosen],
-                plan.a_end[chosen],
-                plan.b_start[chosen],
-                plan.b_end[chosen],
+            return out
+        cols, row_of_sample, offsets = split.epoch(length, epoch).samples(units)
+        if not self.c.pack_rows:
+            out = rows.pair_rows(
+                store.tokens, store.word_starts, tok.special, cols[:4], length, self._special_ids
             )
-            out = rows.packed_rows(
-                store.tokens,
-                store.word_starts,
-                tok.special,
-                cols,
-                length,
-                self._special_ids,
-                np.repeat(np.arange(len(units)), counts),
-                offsets[index],
-                len(units),
-            )
-            out["next_sentence_label"] = np.zeros(len(units), np.int32)
+            out["next_sentence_label"] = cols[4].astype(np.int32)
+            return out
+        out = rows.packed_rows(
+            store.tokens,
+            store.word_starts,
+            tok.special,
+            cols[:4],
+            length,
+            self._special_ids,
+            row_of_sample,
+            offsets,
+            len(units),
+        )
+        out["next_sentence_label"] = np.zeros(len(units), np.int32)
         return out
 
     def mask_rows(self, out: dict[str, np.ndarray], spec=None) -> dict[str, np.ndarray]:
@@ -340,7 +348,8 @@ class Pipeline(DataSource):
                 self._futures.pop(old).cancel()
             for ahead in range(step + 1, step + 1 + self.c.prefetch):
                 if ahead not in self._futures:
-                    self._futures[ahead] = self._executor.submit(self.compute_batch, ahead)
+                    work = workers.compute_batch if self._in_workers else self.compute_batch
+                    self._futures[ahead] = self._executor.submit(work, ahead)
         return future.result() if future is not None else self.compute_batch(step)
 
     def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
@@ -356,6 +365,15 @@ class Pipeline(DataSource):
                 "eval-mask",
             )  # fmt: skip
             yield self.mask_rows(rows_i, self._eval_mask_spec)
+
+    def start_workers(self, workdir: str) -> None:
+        """Prefetched batches computed in config.data.workers processes (data/workers.py)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor = workers.process_pool(
+            self.config, workdir, self.process_index, self.process_count
+        )
+        self._in_workers = True
 
     def close(self):
         """Stops background prefetching."""
@@ -398,20 +416,12 @@ def make_pipeline(
         from bertjax.data.shard_reader import ShardedStore
 
         tokenizer = prepare.store_tokenizer(config)
-        index = c.sample_plan != "token_windows"  # the others plan over every sentence
+        # Opened from the manifest alone: token_windows rows are computed by index, the
+        # sentence plans read the index of the pieces their rows fall in (piece_plans.py).
         store, eval_store = (
-            ShardedStore(c.store, s, tokenizer, c.store_cache_bytes, index=index)
+            ShardedStore(c.store, s, tokenizer, c.store_cache_bytes, index=False)
             for s in (split, "eval")
         )
-        if index and len(store.tokens) > 1e9:
-            logging.warning(
-                "store %s: %d tokens; sample_plan=%r plans over every sentence, so each host "
-                "holds the whole sentence index and start-up grows with the store; "
-                "config.data.sample_plan='token_windows' starts from the manifest alone",
-                c.store,
-                len(store.tokens),
-                c.sample_plan,
-            )
     else:
         tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
         store, eval_store = prepare.load_store(config, tokenizer, split)
@@ -422,7 +432,7 @@ def make_pipeline(
             "use a bigger corpus or change config.data.heldout_fraction"
         )
     similar = similarity.load(c.similar_words_file, tokenizer) if c.correction else None
-    return Pipeline(
+    pipeline = Pipeline(
         config,
         tokenizer,
         store,
@@ -431,3 +441,6 @@ def make_pipeline(
         similar=similar,
         eval_store=eval_store if eval_store.num_documents else None,
     )
+    if c.workers:
+        pipeline.start_workers(workdir)
+    return pipeline

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertjax.data.shard_reader import Column
+
 
 def pair_rows(
     tokens: np.ndarray,
@@ -31,7 +33,11 @@ def pair_rows(
     # sharded store reads no block but the row's.
     source = np.where(in_a, a0 + t - 1, np.where(in_b, b0 + t - la - 2, a0))
     text = in_a | in_b
-    input_ids = np.where(text, tokens[source], pad_id).astype(np.int32)
+    if isinstance(tokens, Column):  # a sharded store: both columns from one read of the blocks
+        token_ids, starts = tokens.gather(source)
+    else:
+        token_ids, starts = tokens[source], word_starts[source]
+    input_ids = np.where(text, token_ids, pad_id).astype(np.int32)
     input_ids[sep] = sep_id
     input_ids[:, 0] = cls_id
     real = text | sep
@@ -40,7 +46,7 @@ def pair_rows(
         "input_ids": input_ids,
         "token_type_ids": (in_b | (sep & (t > la + 1))).astype(np.int32),
         "attention_mask": real.astype(np.int32),
-        "word_starts": text & (word_starts[source] > 0),
+        "word_starts": text & (starts > 0),
         # Document [SEP]s stored inside FULL-SENTENCES segments are special too.
         "maskable": text & ~special[input_ids],
     }

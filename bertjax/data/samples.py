@@ -34,8 +34,9 @@ A plan lists, per sample, segment A = tokens[a_start:a_end), segment B = tokens[
   documents (the stored [SEP] between them stays, unmaskable), as Megatron-LM's and MaxText's
   pretraining rows; each epoch shifts the cut points by a keyed offset in [0, max_len - 2). A row
   is computed from its index alone (`TokenWindows`), so the plan needs only the store's token
-  count: a sharded store starts from its manifest, whatever its size (samples.py's other plans
-  walk every sentence of the store).
+  count. The other plans walk every sentence of the store they are given: the pipeline gives
+  them one piece of the store at a time (piece_plans.py), so every plan starts from a sharded
+  store's manifest, whatever its size.
 """
 
 from __future__ import annotations

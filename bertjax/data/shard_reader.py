@@ -1,9 +1,10 @@
 """Reading one split of a sharded store (bertjax/data/shard_format.py) from a path or URL.
 
 Opening reads the manifest and each shard's index region (document and sentence offsets, token
-counts, block checksums), never the tokens; with ``index=False`` (the token_windows plan) only
-the manifest, and each shard's block checksums on its first read, so that the time to the first
-batch does not grow with the store. `tokens` and `word_starts` are column views that
+counts, block checksums), never the tokens; with ``index=False`` (the pipeline, every plan) only
+the manifest, then each shard's block checksums on its first read and the index ranges of the
+pieces a sentence plan builds (`piece_index`), so that the time to the first batch does not grow
+with the store. `tokens` and `word_starts` are column views that
 fetch, per gather, only the blocks holding the asked-for positions: adjacent
 blocks go in one range request, all of a gather's requests at once (fsspec `cat_ranges`), each
 block is checked against its CRC, and blocks stay in an LRU cache of bounded size. A host thus
@@ -41,7 +42,8 @@ class _Blocks:
         self.cache: collections.OrderedDict = collections.OrderedDict()
         self.cached = 0
         self.lock = threading.Lock()
-        self.bytes_read = 0  # bytes fetched from storage so far
+        self.bytes_read = 0  # bytes fetched from storage so far (blocks, checksums, counts)
+        self.index_bytes_read = 0  # bytes of piece indexes fetched (documents, sentences)
 
     def sections(self, shards: list[int], name: str) -> list[bytes]:
         """One index section (index_layout's ``name``) of each of ``shards``, read at once."""
@@ -63,6 +65,23 @@ class _Blocks:
                     f"{len(body)}; the manifest says {self.shards[k]['bytes']} bytes: prepare "
                     "the store again (complete shards are kept)"
                 )
+        return bodies
+
+    def ranges(self, shards: list[int], name: str, starts, ends) -> list[bytes]:
+        """Byte ranges [start, end) of one index section of each of ``shards``, read at once."""
+        base = [self.layouts[k][name][0] for k in shards]
+        bodies = self.fs.cat_ranges(
+            [self.paths[k] for k in shards],
+            [b + s for b, s in zip(base, starts)],
+            [b + e for b, e in zip(base, ends)],
+        )
+        for k, body, start, end in zip(shards, bodies, starts, ends):
+            if isinstance(body, Exception) or len(body) != end - start:
+                raise fmt.StoreError(
+                    f"cannot read bytes [{start}, {end}) of the {name} of shard {self._name(k)} "
+                    f"({body!r:.200}): restore it or prepare the store again"
+                )
+            self.index_bytes_read += len(body)
         return bodies
 
     def fetch(self, keys: np.ndarray) -> list[bytes]:
@@ -133,6 +152,8 @@ class Column:
         self.blocks, self.offsets, self.dtype = blocks, offsets, np.dtype(dtype)
         self.word_starts = word_starts
         self.shape = (int(offsets[-1]),)
+        self.counts = np.diff(offsets)  # tokens of each shard
+        self.itemsize = np.dtype(blocks.shards[0]["token_dtype"]).itemsize if blocks.shards else 2
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -140,34 +161,39 @@ class Column:
     def __getitem__(self, index) -> np.ndarray:
         if isinstance(index, slice):
             index = np.arange(*index.indices(len(self)), dtype=np.int64)
+        return self.gather(index, with_word_starts=False)[0]
+
+    def gather(self, index, with_word_starts: bool = True) -> tuple[np.ndarray, ...]:
+        """This column at ``index`` (and, ``with_word_starts``, the word starts there, from the
+        same blocks: one read for both columns of a row)."""
         index = np.asarray(index, np.int64)
         if index.size and (index.min() < 0 or index.max() >= len(self)):
             raise IndexError(f"index out of range for a column of {len(self)} tokens")
         flat = index.reshape(-1)
-        shard = np.searchsorted(self.offsets, flat, side="right") - 1
-        local = flat - self.offsets[shard]
-        itemsize = np.dtype(self.blocks.shards[0]["token_dtype"]).itemsize
-        n = self.blocks.block_tokens
-        block, within = np.divmod(local, n)
-        if self.word_starts:  # after the block's tokens; the last block of a shard is shorter
-            counts = np.asarray([s["tokens"] for s in self.blocks.shards], np.int64)
-            byte = np.minimum(n, counts[shard] - block * n) * itemsize + within
-        else:
-            byte = within * itemsize
+        wanted = (self.word_starts, True) if with_word_starts else (self.word_starts,)
         if not flat.size:
-            return np.zeros(index.shape, self.dtype)
+            return tuple(np.zeros(index.shape, np.uint8 if w else self.dtype) for w in wanted)
+        shard = np.searchsorted(self.offsets, flat, side="right") - 1
+        n = self.blocks.block_tokens
+        block, within = np.divmod(flat - self.offsets[shard], n)
         stride = int(block.max()) + 1  # (shard, block) as one int64: a fast 1-D unique
         combined, inverse = np.unique(shard * stride + block, return_inverse=True)
         keys = np.stack(np.divmod(combined, stride), 1)
         data = self.blocks.fetch(keys)
         starts = np.cumsum([0] + [len(d) for d in data])[:-1]
         buffer = np.frombuffer(b"".join(data), np.uint8)
-        position = starts[inverse.reshape(-1)] + byte
-        if self.dtype.itemsize == 1:
-            return buffer[position].reshape(index.shape)
-        width = self.dtype.itemsize
-        parts = buffer[position[:, None] + np.arange(width)].copy()
-        return parts.view(self.dtype.newbyteorder("<")).reshape(index.shape).astype(self.dtype)
+        base = starts[inverse.reshape(-1)]
+        out = []
+        for word_starts in wanted:
+            if word_starts:  # after the block's tokens; the last block of a shard is shorter
+                byte = np.minimum(n, self.counts[shard] - block * n) * self.itemsize + within
+                out.append(buffer[base + byte].reshape(index.shape))
+                continue
+            position = base + within * self.itemsize
+            parts = buffer[position[:, None] + np.arange(self.itemsize)].copy()
+            tokens = parts.view(np.dtype(f"<u{self.itemsize}")).reshape(index.shape)
+            out.append(tokens.astype(self.dtype))
+        return tuple(out)
 
 
 class ShardedStore:
@@ -182,8 +208,8 @@ class ShardedStore:
         index: bool = True,
     ):
         """``index=False`` opens from the manifest alone: the document and sentence index of
-        every shard is read on first use of `documents` / `sentences` (the sentence plans use
-        them; token_windows does not), block checksums per shard on its first read."""
+        every shard is read on first use of `documents` / `sentences` (the pipeline never asks:
+        it reads pieces, `piece_index`), block checksums per shard on its first read."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r}: must be one of {SPLITS}")
         self.url = self.directory = url.rstrip("/")
@@ -279,6 +305,32 @@ class ShardedStore:
                     "is corrupted; delete it and rerun the prepare job to rewrite it"
                 )
         return bodies
+
+    def shard_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """([shards] documents, [shards] tokens) from the manifest."""
+        documents = np.asarray([s["documents"] for s in self.shards], np.int64)
+        return documents, np.asarray([s["tokens"] for s in self.shards], np.int64)
+
+    def piece_index(self, shard: int, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Documents first..end-1 of one shard: (their sentence offsets from 0 [n + 1], their
+        sentences' global token ranges [S, 2]), read as two ranges of the shard's index (not
+        checked against the index's CRC, which covers the whole region: checked for order)."""
+        if self._index is not None:
+            documents = self._index["documents"]
+            lo = int(sum(int(s["documents"]) for s in self.shards[:shard])) + first
+            docs = np.asarray(documents[lo : lo + end - first + 1], np.int64)
+            return docs - docs[0], self._index["sentences"][docs[0] : docs[-1]]
+        (docs,) = self.blocks.ranges([shard], "documents", [8 * first], [8 * (end + 1)])
+        docs = np.frombuffer(docs, "<i8").astype(np.int64)
+        lo, hi = int(docs[0]), int(docs[-1])
+        (sentences,) = self.blocks.ranges([shard], "sentences", [16 * lo], [16 * hi])
+        sentences = np.frombuffer(sentences, "<i8").reshape(-1, 2) + self.tokens.offsets[shard]
+        if np.any(np.diff(docs) < 0) or np.any(sentences[:, 1] < sentences[:, 0]):
+            raise fmt.StoreError(
+                f"shard {self.blocks._name(shard)}: its index is not in order at documents "
+                f"{first}..{end - 1}: the file is corrupted; delete it and rerun the prepare job"
+            )
+        return docs - lo, sentences
 
     @property
     def fingerprint(self) -> str:

@@ -328,6 +328,17 @@ class Store:
         """Sentence index range [first, last + 1) of document `doc`."""
         return int(self.documents[doc]), int(self.documents[doc + 1])
 
+    def shard_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """([1] documents, [1] tokens): a local store is one shard (bertjax/data/piece_plans.py)."""
+        return np.array([self.num_documents]), np.array([len(self.tokens)])
+
+    def piece_index(self, shard: int, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Documents first..end-1: (their sentence offsets from 0 [n + 1], their sentences'
+        token ranges [S, 2])."""
+        documents = np.asarray(self.documents[first : end + 1], np.int64)
+        sentences = np.asarray(self.sentences[documents[0] : documents[-1]], np.int64)
+        return documents - documents[0], sentences.reshape(-1, 2)
+
     def token_counts(self, max_tokens: int | None = None, chunk: int = 1 << 24) -> np.ndarray:
         """[V] int64 occurrences of each token id: of every token, or (``max_tokens``) of an
         evenly strided sample of at most that many."""

@@ -1,0 +1,39 @@
+"""Batches computed in worker processes (config.data.workers): each spawned process holds its own
+pipeline of the run's config, so prefetched batches use more cores than this process's GIL
+allows, and are the same batches (a batch is a function of the config and the step)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+
+import numpy as np
+
+_PIPELINE = None  # this worker process's own pipeline
+
+
+def _start(config, workdir: str, process_index: int, process_count: int) -> None:
+    from bertjax.data.pipeline import make_pipeline
+
+    global _PIPELINE
+    config = config.copy_and_resolve_references()
+    config.data.workers, config.data.prefetch = 0, 0
+    _PIPELINE = make_pipeline(
+        config, workdir, process_index=process_index, process_count=process_count
+    )
+
+
+def compute_batch(step: int) -> dict[str, np.ndarray]:
+    """The worker's batch of ``step`` (run in the worker)."""
+    return _PIPELINE.compute_batch(step)
+
+
+def process_pool(config, workdir: str, process_index: int, process_count: int):
+    """config.data.workers spawned processes (fork is unsafe once JAX's threads exist), each
+    opening the store and tokenizer of ``config`` itself."""
+    return concurrent.futures.ProcessPoolExecutor(
+        config.data.workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start,
+        initargs=(config, workdir, process_index, process_count),
+    )
