@@ -24,8 +24,10 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.ops import attention as attention_ops
@@ -170,6 +172,14 @@ def _cpu_blocked(spec, q, k, v, mask, keep, rate, bias):
     )
 
 
+def _activation_partition() -> PartitionSpec | None:
+    """The [B, T, N, H] activations' sharding on the mesh being compiled for (from the logical
+    axis rules in force), or None outside a mesh: a Mosaic kernel runs inside ``shard_map``."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return None
+    return nn.logical_to_mesh_axes(("act_batch", "act_len", "act_heads", "act_kv"))
+
+
 def _splash(spec, q, k, v, mask, keep, rate, bias):
     interpret = platform.current() != "tpu"  # forced elsewhere (the tests): Pallas interpret
     return splash.attention(
@@ -181,6 +191,7 @@ def _splash(spec, q, k, v, mask, keep, rate, bias):
         spec.half_window,
         interpret=interpret,
         causal=spec.causal,
+        partition=_activation_partition(),
     )
 
 
