@@ -20,6 +20,7 @@ faster from T=4096, and this path is for speed).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -255,6 +256,19 @@ KERNELS: tuple[Kernel, ...] = (
 KERNEL_NAMES = tuple(kernel.name for kernel in KERNELS)
 BY_NAME = {kernel.name: kernel for kernel in KERNELS}
 _logged: set = set()
+_recorders: list = []
+
+
+@contextlib.contextmanager
+def recording():
+    """Yields a list that collects (spec, kernel name) of every attention traced inside the
+    block (the kernel each layer got, for `python -m bertjax.compile`)."""
+    record: list = []
+    _recorders.append(record)
+    try:
+        yield record
+    finally:
+        _recorders.remove(record)
 
 
 def choose(spec: AttentionSpec, implementation: str | None = None) -> Kernel:
@@ -298,6 +312,8 @@ def attend(
     """Softmax attention [B, T, N, H] as ``spec`` describes, by the kernel `choose` picks
     (logged once per description)."""
     kernel = choose(spec, implementation)
+    for record in _recorders:
+        record.append((spec, kernel.name))
     if (kernel.name, spec) not in _logged:
         _logged.add((kernel.name, spec))
         logging.info("attention: the %s kernel for %s", kernel.name, spec)

@@ -82,6 +82,14 @@ def kernel(
     )
 
 
+def _dividing(axes, size: int):
+    """``axes`` (mesh axis names of one dimension) if they split ``size`` evenly on the current
+    mesh, else None (that dimension replicated inside shard_map)."""
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    shape = jax.sharding.get_abstract_mesh().shape
+    return axes if size % math.prod(shape[name] for name in names) == 0 else None
+
+
 def attention(
     q_BTNH: Array,
     k_BTNH: Array,
@@ -102,6 +110,8 @@ def attention(
         batch_axes, length_axes, head_axes, _ = (*partition, None, None, None, None)[:4]
         if length_axes is not None:
             raise ValueError(f"splash attention cannot shard the sequence axis: {partition}")
+        batch_axes = _dividing(batch_axes, q_BTNH.shape[0])  # e.g. the init's batch of 1
+        head_axes = _dividing(head_axes, q_BTNH.shape[2])
         rows, rows_and_heads = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None, head_axes)
         local = functools.partial(
             attention, half_window=half_window, interpret=interpret, causal=causal
