@@ -103,6 +103,13 @@ def _train_flops(config, objective, model_cfg, rows: int) -> float:
     return per_sequence * rows
 
 
+def _program_key(c, model_cfg) -> str:
+    """What decides a step's program (the LR schedule and RoPE bases are only constants)."""
+    model = {k: v for k, v in model_cfg.to_dict().items() if "rope_theta" not in k}
+    optimizer = (c.optim.name, c.optim.grad_accum_steps)
+    return repr((model, c.batch_size, c.data.to_dict(), c.mesh.to_dict(), optimizer))
+
+
 def compile_run(config, topology: str, vocab_size: int = 0, eval_step: bool = True) -> dict:
     """Compiles ``config``'s train step (every phase) and eval step for the TPU slice
     ``topology`` (`chips.parse_slice`); returns what each program holds (`hlo`), per chip."""
@@ -118,10 +125,18 @@ def compile_run(config, topology: str, vocab_size: int = 0, eval_step: bool = Tr
         "vocab_size": vocab,
         "programs": [],
     }
+    compiled_shapes = {}
     for phase in phases.plan_phases(config):
         c = phase.config
         objective = objectives.make_objective(c)
         model_cfg = model_config(c, _Ids(vocab))
+        # A phase that changes only the schedule (or RoPE bases) compiles the program of an
+        # earlier one with other constants: its memory, FLOPs and collectives are that one's.
+        shapes = _program_key(c, model_cfg)
+        if shapes in compiled_shapes:
+            earlier = compiled_shapes[shapes]
+            report["programs"].append(dict(earlier, phase=phase.name, same_as=earlier["phase"]))
+            continue
         mesh = sharding.make_mesh(c.mesh, devices)
         state, _, _ = step_lib.abstract_train_state(c, model_cfg, mesh)
         rows = int(c.batch_size)
@@ -155,6 +170,8 @@ def compile_run(config, topology: str, vocab_size: int = 0, eval_step: bool = Tr
                 "remat": str(c.model.get("remat", "")),
             }
             report["programs"].append(summary)
+            if kind == "train":
+                compiled_shapes[shapes] = summary
     return report
 
 
