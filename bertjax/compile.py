@@ -99,7 +99,8 @@ def main(argv):
     try:
         report = compile_run(_CONFIG.value, _TOPOLOGY.value, _VOCAB.value, not _NO_EVAL.value)
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=1) if _JSON.value else format_report(report))
     return 0 if all(p["headroom"] >= 0.10 for p in report["programs"]) else 1
 
