@@ -1,6 +1,8 @@
 """ALBERT-base (Lan et al. 2020): 128-dim factorized embeddings, one shared layer, SOP,
 n-gram masking (n <= 3, p ~ 1/n), LAMB at batch 4096.
 
+Slice:   v5p-128 (64 chips for batch 4096 x 512; ALBERT trained on 64-512 TPU v3 chips)
+         check it: python -m bertjax.compile --config=configs/albert_base.py --topology=v5p-128
 Run:     python train.py --config=configs/albert_base.py --workdir=DIR \
              --config.data.corpus='/data/*.txt'
 Expect:  12M parameters; SOP accuracy well above 0.5 within the first 10k steps; MLM

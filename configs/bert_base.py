@@ -2,6 +2,8 @@
 first 90% at 128 tokens (20 predictions), the last 10% at 512 (76), one linear schedule over both
 (AdamW 1e-4, 10k warmup steps; google-research/bert README and paper §A.2).
 
+Slice:   v5e-16 (BERT-base trained on 16 TPU chips, 4 Cloud TPUs)
+         check it: python -m bertjax.compile --config=configs/bert_base.py --topology=v5e-16
 Run:     python train.py --config=configs/bert_base.py --workdir=gs://BUCKET/bert_base \
              --config.data.corpus='/data/wiki/*.txt'
 Expect:  900k steps at 256 x 128 then 100k at 256 x 512 (phase "seq512" continues the schedule:

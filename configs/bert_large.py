@@ -1,5 +1,7 @@
 """BERT-large with BERT's two length phases: 90% of steps at 128 tokens, then 512.
 
+Slice:   v5e-64 (BERT-large trained on 64 TPU chips)
+         check it: python -m bertjax.compile --config=configs/bert_large.py --topology=v5e-64
 Run:     python train.py --config=configs/bert_large.py --workdir=DIR \
              --config.data.corpus='/data/*.txt'
 Expect:  each phase compiles once (the length of every step is known ahead); MLM accuracy

@@ -1,5 +1,7 @@
 """Chinese BERT-wwm (Cui et al. 2019): whole-word masking with jieba word boundaries, MLM + NSP.
 
+Slice:   v5p-32 (16 chips for batch 2560 x 128; the source trained on a TPU v3)
+         check it: python -m bertjax.compile --config=configs/bert_wwm_zh.py --topology=v5p-32
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/bert_wwm_zh.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt'

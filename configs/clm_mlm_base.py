@@ -13,6 +13,8 @@ budget (`phases.clm.steps`, `phases.mlm.steps`: change them to pick another spli
 size, not a number from the paper) and ModernBERT-base's optimizer (configs/modernbert_base.py);
 one LR schedule spans both phases (warmup, then linear decay to 0 at step 42k).
 
+Slice:   v5p-128 (64 chips for batch 1152 x 2048)
+         check it: python -m bertjax.compile --config=configs/clm_mlm_base.py --topology=v5p-128
 Run:     python train.py --config=configs/clm_mlm_base.py --workdir=gs://BUCKET/clm_mlm_base \
              --config.data.corpus='/data/*.txt' \
              --config.data.hf_vocab=/models/ModernBERT-base/tokenizer.json

@@ -1,5 +1,7 @@
 """Masked diffusion LM (LLaDA/MDLM) with a BERT-base-sized encoder, for accelerators.
 
+Slice:   v5e-16 (16 chips for batch 256 x 512)
+         check it: python -m bertjax.compile --config=configs/diffusion_base.py --topology=v5e-16
 Run:     python train.py --config=configs/diffusion_base.py --workdir=DIR \
              --config.data.corpus='/data/*.txt'
          python -m bertjax.diffusion --workdir=DIR --prompt="..." --answer_length=64 \

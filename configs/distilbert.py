@@ -1,6 +1,8 @@
 """DistilBERT-style distillation of the BERT-tiny default (configs/bert_tiny.py) into a 1-layer
 student.
 
+Slice:   v5e-4 (4 chips; DistilBERT trained on 8 V100s)
+         check it: python -m bertjax.compile --config=configs/distilbert.py --topology=v5e-4
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny   # the teacher
          python train.py --config=configs/distilbert.py --workdir=workdir/distilbert \
              --config.loss.teacher=workdir/bert_tiny

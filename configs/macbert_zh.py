@@ -10,6 +10,8 @@ their length and targets their positions; with BERT's character vocabulary this 
 characters"); a random word is a word of the similarity file with as many pieces (random pieces
 when it lists none of that length). See bertjax/data/similarity.py and masking._correct_words.
 
+Slice:   v5p-32 (16 chips for batch 2560 x 128; the source trained on TPU v3)
+         check it: python -m bertjax.compile --config=configs/macbert_zh.py --topology=v5p-32
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/macbert_zh.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt' \

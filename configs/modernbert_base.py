@@ -13,6 +13,8 @@ architecture is the modernbert-base preset (22 layers, 768 wide, GeGLU 1152, win
 third layer global, no biases, attention-output dropout 0.1). Rows are packed (RoPE positions
 restart in each document), as ModernBERT unpads.
 
+Slice:   v5p-128 (64 chips for batch 4608 x 1024; the paper used 8 H100s with accumulation)
+         check it: python -m bertjax.compile --config=configs/modernbert_base.py --topology=v5p-128
 Run:     python train.py --config=configs/modernbert_base.py --workdir=gs://BUCKET/modernbert \
              --config.data.corpus='/data/*.txt' \
              --config.data.hf_vocab=/models/ModernBERT-base/tokenizer.json

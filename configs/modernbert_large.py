@@ -9,6 +9,8 @@ initialised from ModernBERT-base by centre tiling (``config.init_from`` a base c
 one centred and wrapped; bertjax/interop/tiling.py). The paper's large run also restarted at
 5e-5 after 900B tokens (5e-4 proved too high); this recipe keeps the yamls' phase-1 value.
 
+Slice:   v5p-16 (8 chips, as the paper's 8 H100s; batches 4928, 616, 624 split 8 ways)
+         check it: python -m bertjax.compile --config=configs/modernbert_large.py --topology=v5p-16
 Run:     python train.py --config=configs/modernbert_large.py --workdir=gs://BUCKET/mb_large \
              --config.data.corpus='/data/*.txt' \
              --config.data.hf_vocab=/models/ModernBERT-base/tokenizer.json \

@@ -19,6 +19,8 @@ size, steps and learning rate; the keys below repeat configs/macbert_zh.py's (LA
 Choice of this project: the position head is BERT's MLM transform scored against every
 position's final hidden state (bertjax/objectives/pert.py).
 
+Slice:   v5e-16 (16 chips for batch 256 x 512)
+         check it: python -m bertjax.compile --config=configs/pert_zh.py --topology=v5e-16
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/pert_zh.py --workdir=DIR \\
              --config.data.corpus='/data/zh/*.txt'

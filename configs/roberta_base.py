@@ -4,6 +4,8 @@ The optimizer is the paper's Table 9 (base): peak LR 6e-4 at batch 8k, 24k warmu
 linear decay over 500k steps, Adam b2 0.98, eps 1e-6, weight decay 0.01, no gradient clipping
 (fairseq's RoBERTa pretraining config: clip_norm 0).
 
+Slice:   v5p-128 (64 chips for batch 8192 x 512; RoBERTa trained on V100 GPUs)
+         check it: python -m bertjax.compile --config=configs/roberta_base.py --topology=v5p-128
 Run:     python train.py --config=configs/roberta_base.py --workdir=DIR \
              --config.data.corpus='/data/*.txt'
 Expect:  peak LR 6e-4 at batch 8192 (a smaller --config.batch_size scales it by the square root

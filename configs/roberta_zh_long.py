@@ -1,6 +1,8 @@
 """Long-context Chinese RoBERTa: 1024 positions, whole-word masking, full-sentence rows of
 mixed lengths (25% 128 / 50% 512 / 25% 1024 tokens, chosen per step), no NSP.
 
+Slice:   v5e-16 (16 chips for batch 256 x 1024)
+         check it: python -m bertjax.compile --config=configs/roberta_zh_long.py --topology=v5e-16
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/roberta_zh_long.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt'
