@@ -18,9 +18,13 @@ from absl import app, flags, logging
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "bert_tiny.py")
 
 if __name__ == "__main__":
-    from bertjax.training.runtime import reexec_with_hugepage_malloc
+    from bertjax.training.runtime import (
+        default_to_cpu_without_accelerator,
+        reexec_with_hugepage_malloc,
+    )
 
     reexec_with_hugepage_malloc()
+    default_to_cpu_without_accelerator()  # no TPU runtime start-up on a CPU host with libtpu
     from bertjax.training.run_config import check_config_overrides
 
     check_config_overrides(sys.argv, DEFAULT_CONFIG)  # before config_flags applies them

@@ -10,6 +10,7 @@ training/    the step, optimizers, sharding, checkpoints, the trainer, metrics, 
 evaluation/  suites of fine-tuning runs above the trainer: GLUE (`python -m bertjax.glue`)
 data/        corpus -> tokenizer -> token store -> sample plans -> masking -> batches
 interop/     Hugging Face weights both ways; read-only bertjax checkpoints
+aot/         compiles for a TPU slice on any host (`python -m bertjax.compile`): memory, roofline
 
 The public faces: `bertjax.BertConfig` and the models below, `bertjax.convert` (from_hf,
 to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertjax.diffusion`,

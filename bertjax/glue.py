@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bertjax.training.runtime import reexec_with_hugepage_malloc
+    from bertjax.training import runtime
 
-    reexec_with_hugepage_malloc()  # as train.py (bertjax/training/runtime.py)
+    runtime.reexec_with_hugepage_malloc()  # as train.py (bertjax/training/runtime.py)
+    runtime.default_to_cpu_without_accelerator()
     main()

@@ -5,6 +5,8 @@ first 90% at 128 tokens (20 predictions), the last 10% at 512 (76), one linear s
 Data:    sample_plan="nsp": BERT's sentence pairs with NSP labels (the paper's input), planned per
          ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
          starts from its manifest and each host reads only its own pieces' index.
+Slice:   v5e-16 (BERT-base trained on 16 TPU chips, 4 Cloud TPUs)
+         check it: python -m bertjax.compile --config=configs/bert_base.py --topology=v5e-16
 Run:     python train.py --config=configs/bert_base.py --workdir=gs://BUCKET/bert_base \
              --config.data.corpus='/data/wiki/*.txt'
 Expect:  900k steps at 256 x 128 then 100k at 256 x 512 (phase "seq512" continues the schedule:

@@ -25,6 +25,8 @@ functions; only pretrained weights would care).
 Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
          ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
          starts from its manifest and each host reads only its own pieces' index.
+Slice:   v5e-8 (8 chips for batch 8192 x 128; the paper: one GPU for a day)
+         check it: python -m bertjax.compile --config=configs/cramming.py --topology=v5e-8
 Run:     python train.py --config=configs/cramming.py --workdir=DIR \
              --config.data.corpus='/data/pile/*.txt'
 Expect:  the GLUE scores the paper reports for one GPU-day; not reproduced here (no

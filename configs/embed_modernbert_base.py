@@ -13,6 +13,9 @@ scale (50 = temperature 0.02, BGE's) are bertjax's choices here, not taken from 
 The pairs are not shipped: name them per phase (JSONL or Parquet with query / positive /
 negatives fields, local or gs://); the defaults are the built-in pairs so the recipe runs as is.
 
+Slice:   v5p-128 (64 chips for contrastive batch 16384)
+         check it: python -m bertjax.compile --topology=v5p-128 \\
+             --config=configs/embed_modernbert_base.py
 Run:     python train.py --config=configs/embed_modernbert_base.py --workdir=gs://BUCKET/embed \
              --config.init_from=/models/ModernBERT-base \
              --config.phases.weak.set.pairs.source=gs://BUCKET/pairs/weak.parquet \

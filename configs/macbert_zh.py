@@ -13,6 +13,8 @@ when it lists none of that length). See bertjax/data/similarity.py and masking._
 Data:    sample_plan="sop": ALBERT's sentence-order pairs (the paper's input), planned per ~1
          M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
          starts from its manifest and each host reads only its own pieces' index.
+Slice:   v5p-32 (16 chips for batch 2560 x 128; the source trained on TPU v3)
+         check it: python -m bertjax.compile --config=configs/macbert_zh.py --topology=v5p-32
 Run:     pip install 'bertjax[zh]'
          python train.py --config=configs/macbert_zh.py --workdir=DIR \
              --config.data.corpus='/data/zh/*.txt' \

@@ -207,6 +207,7 @@ HEAVIEST_FIRST = (
     "hf_saves_test",
     "convert_test",
     "attention_kernels_test",
+    "compile_test",
     "optim_modern_test",
     "embedding_test",
     "optim_test",

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import default_data_config, make_pipeline
+from bertjax.data.batch_spec import pipeline_batch_shapes
 
 KEYS = (
     "input_ids",
@@ -54,9 +55,18 @@ def _equal(a, b):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+def _shapes_as_declared(batch, data, held_out=False):
+    """`batch_spec.pipeline_batch_shapes` (the ahead-of-time compile's batch) is what came."""
+    rows, length = batch["input_ids"].shape
+    want = pipeline_batch_shapes(data, rows, length, held_out)
+    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == want
+
+
 def test_batch_keys_shapes_and_sequence_format(spm_path, workdir):
     p = _pipeline(spm_path, workdir)
     b = p.batch(0)
+    _shapes_as_declared(b, p.c)
+    _shapes_as_declared(next(p.eval_batches(1)), p.c, held_out=True)
     assert set(b) == set(KEYS)
     for key in KEYS[:3]:
         assert b[key].shape == (16, 64) and b[key].dtype == np.int32
@@ -213,6 +223,7 @@ def test_packed_rows_have_numbered_segments(spm_path, workdir, objective):
     p = _pipeline(spm_path, workdir, sample_plan=objective, pack_rows=True, masking="whole_word")
     b = p.batch(2)
     seg = b["segment_ids"]
+    _shapes_as_declared(b, p.c)
     assert seg.shape == (16, 64) and (b["next_sentence_label"] == 0).all()
     np.testing.assert_array_equal(seg > 0, b["attention_mask"] == 1)
     unpacked = _pipeline(spm_path, workdir, sample_plan=objective, masking="whole_word").batch(2)
@@ -234,7 +245,9 @@ def test_packed_rows_have_numbered_segments(spm_path, workdir, objective):
 
 
 def test_diffusion_and_sop_and_full_sentences(spm_path, workdir):
-    d = _pipeline(spm_path, workdir, sample_plan="full_sentences", masking="diffusion").batch(0)
+    diffusion = _pipeline(spm_path, workdir, sample_plan="full_sentences", masking="diffusion")
+    d = diffusion.batch(0)
+    _shapes_as_declared(d, diffusion.c)
     assert (
         d["masked_positions"].shape == (16, 64)
         and 0 < d["mask_ratio"].min() < d["mask_ratio"].max() < 1

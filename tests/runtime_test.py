@@ -111,3 +111,18 @@ def test_tunables_keep_freed_memory_mapped():
     # 3 x 256 MiB faulted in again: 3 x 128 faults in 2 MiB pages (numpy madvises big arrays
     # for huge pages), ~196k in 4 KiB pages.
     assert faults("") > 3 * 100
+
+
+def test_cpu_platform_default_only_without_accelerator_and_user_setting(monkeypatch):
+    monkeypatch.setattr(runtime.sys, "platform", "linux")
+    monkeypatch.setattr(runtime, "accelerator_present", lambda: False)
+    environ = {}
+    runtime.default_to_cpu_without_accelerator(environ)
+    assert environ == {"JAX_PLATFORMS": "cpu"}
+    environ = {"JAX_PLATFORMS": "tpu"}  # the user's choice stands
+    runtime.default_to_cpu_without_accelerator(environ)
+    assert environ == {"JAX_PLATFORMS": "tpu"}
+    monkeypatch.setattr(runtime, "accelerator_present", lambda: True)
+    environ = {}
+    runtime.default_to_cpu_without_accelerator(environ)
+    assert environ == {}

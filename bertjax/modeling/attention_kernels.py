@@ -20,12 +20,15 @@ faster from T=4096, and this path is for speed).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.ops import attention as attention_ops
@@ -170,6 +173,14 @@ def _cpu_blocked(spec, q, k, v, mask, keep, rate, bias):
     )
 
 
+def _activation_partition() -> PartitionSpec | None:
+    """The [B, T, N, H] activations' sharding on the mesh being compiled for (from the logical
+    axis rules in force), or None outside a mesh: a Mosaic kernel runs inside ``shard_map``."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return None
+    return nn.logical_to_mesh_axes(("act_batch", "act_len", "act_heads", "act_kv"))
+
+
 def _splash(spec, q, k, v, mask, keep, rate, bias):
     interpret = platform.current() != "tpu"  # forced elsewhere (the tests): Pallas interpret
     return splash.attention(
@@ -181,6 +192,7 @@ def _splash(spec, q, k, v, mask, keep, rate, bias):
         spec.half_window,
         interpret=interpret,
         causal=spec.causal,
+        partition=_activation_partition(),
     )
 
 
@@ -244,6 +256,19 @@ KERNELS: tuple[Kernel, ...] = (
 KERNEL_NAMES = tuple(kernel.name for kernel in KERNELS)
 BY_NAME = {kernel.name: kernel for kernel in KERNELS}
 _logged: set = set()
+_recorders: list = []
+
+
+@contextlib.contextmanager
+def recording():
+    """Yields a list that collects (spec, kernel name) of every attention traced inside the
+    block (the kernel each layer got, for `python -m bertjax.compile`)."""
+    record: list = []
+    _recorders.append(record)
+    try:
+        yield record
+    finally:
+        _recorders.remove(record)
 
 
 def choose(spec: AttentionSpec, implementation: str | None = None) -> Kernel:
@@ -287,6 +312,8 @@ def attend(
     """Softmax attention [B, T, N, H] as ``spec`` describes, by the kernel `choose` picks
     (logged once per description)."""
     kernel = choose(spec, implementation)
+    for record in _recorders:
+        record.append((spec, kernel.name))
     if (kernel.name, spec) not in _logged:
         _logged.add((kernel.name, spec))
         logging.info("attention: the %s kernel for %s", kernel.name, spec)

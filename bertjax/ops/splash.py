@@ -15,9 +15,11 @@ Rows are padded up to a multiple of 128 (the kernel's lane width; the blocks are
 rows, whichever divides the padded length, no larger than it) with invisible keys, then cut back.
 The head dimension is unconstrained here (on a TPU, 64 and multiples of 128 are the usual ones).
 
-On a multi-device TPU mesh the call is a plain ``pallas_call`` under ``vmap``, which GSPMD does not
-partition: a batch-sharded run would want it inside ``shard_map`` over the batch axes (not done;
-not measured on a TPU).
+A Mosaic kernel is not partitioned by GSPMD ("Mosaic kernels cannot be automatically
+partitioned"): with ``partition`` (the [B, T, N, H] activations' `PartitionSpec`; the caller
+resolves its logical names) the call runs inside ``jax.shard_map`` over the mesh being compiled
+for, each device on its own rows (the batch axes) and heads (the tensor axis), which is exact:
+attention mixes neither rows nor heads. The sequence axis must not be sharded.
 
 A query row with no visible key (a padding query of a packed row, segment 0) returns a finite
 but meaningless value, the mean of the values over the key blocks the kernel visited (the dense
@@ -27,11 +29,13 @@ anywhere. Padding queries of unpacked rows see the real keys (as BERT's) and mat
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec
 
 Array = jax.Array
 
@@ -78,6 +82,14 @@ def kernel(
     )
 
 
+def _dividing(axes, size: int):
+    """``axes`` (mesh axis names of one dimension) if they split ``size`` evenly on the current
+    mesh, else None (that dimension replicated inside shard_map)."""
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    shape = jax.sharding.get_abstract_mesh().shape
+    return axes if size % math.prod(shape[name] for name in names) == 0 else None
+
+
 def attention(
     q_BTNH: Array,
     k_BTNH: Array,
@@ -87,10 +99,29 @@ def attention(
     half_window: int,
     interpret: bool = False,
     causal: bool = False,
+    partition: PartitionSpec | None = None,
 ) -> Array:
     """Softmax attention [B, T, N, H] of aligned rows under the segments ([B, T] each, an
     `AttentionMask`'s), a local half-window (0: global) and ``causal`` by the splash kernel;
-    ``interpret``: Pallas interpret mode (any backend, slow; the tests' CPU check)."""
+    ``interpret``: Pallas interpret mode (any backend, slow; the tests' CPU check);
+    ``partition``: the inputs' and output's sharding over the current mesh's axes (batch and
+    heads only), run under ``shard_map`` (None: a plain call, for one device or no mesh)."""
+    if partition is not None:
+        batch_axes, length_axes, head_axes, _ = (*partition, None, None, None, None)[:4]
+        if length_axes is not None:
+            raise ValueError(f"splash attention cannot shard the sequence axis: {partition}")
+        batch_axes = _dividing(batch_axes, q_BTNH.shape[0])  # e.g. the init's batch of 1
+        head_axes = _dividing(head_axes, q_BTNH.shape[2])
+        rows, rows_and_heads = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None, head_axes)
+        local = functools.partial(
+            attention, half_window=half_window, interpret=interpret, causal=causal
+        )
+        return jax.shard_map(
+            local,
+            in_specs=(rows_and_heads, rows_and_heads, rows_and_heads, rows, rows),
+            out_specs=rows_and_heads,
+            check_vma=False,  # pallas_call states no replication rule
+        )(q_BTNH, k_BTNH, v_BTNH, query_segments, key_segments)
     batch, length, heads, head_dim = q_BTNH.shape
     if k_BTNH.shape[1] != length or v_BTNH.shape[1] != length:
         raise ValueError(f"splash attention needs aligned rows: T={length}, S={k_BTNH.shape[1]}")

@@ -20,6 +20,11 @@ glibc reads tunables once, at start-up, so `reexec_with_hugepage_malloc` restart
 interpreter (same pid, same command line) with the tunables added. train.py and the benchmarks
 call it first thing. ``BERTJAX_HUGEPAGE_MALLOC=0`` turns it off; a GLIBC_TUNABLES that already
 names any of these tunables is left as the user set it.
+
+`default_to_cpu_without_accelerator` sets ``JAX_PLATFORMS=cpu`` on a Linux host with no GPU or
+TPU device file, unless the user set it: with libtpu installed (the ``tpu`` and ``test`` extras,
+for `python -m bertjax.compile`) JAX otherwise starts the TPU runtime on every CPU run, which
+finds no chip, prints a screen of warnings and adds ~0.5 s to start-up.
 """
 
 from __future__ import annotations
@@ -46,6 +51,14 @@ _ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9
 def accelerator_present() -> bool:
     """A GPU (/dev/nvidiaN) or TPU (/dev/accelN, /dev/vfio/N) device file exists on this host."""
     return any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
+
+
+def default_to_cpu_without_accelerator(environ=os.environ) -> None:
+    """``JAX_PLATFORMS=cpu`` where the user left it unset and a Linux host has no accelerator
+    device file (see the module docstring). Call before jax is imported."""
+    if "JAX_PLATFORMS" not in environ and sys.platform.startswith("linux"):
+        if not accelerator_present():
+            environ["JAX_PLATFORMS"] = "cpu"
 
 
 def hugepage_malloc_supported() -> bool:
