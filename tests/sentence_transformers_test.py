@@ -109,8 +109,11 @@ def test_sentence_transformers_round_trip(family, tmp_path):
     embedder = embed.load(source)
     assert embedder.pooling == (("mean",) if family == "bert" else ("cls",))
     assert embedder.normalize == (family == "bert")
-    got = embedder.encode(TEXTS, batch_size=4)  # two batches, the second padded
+    got = embedder.encode(TEXTS, batch_size=4)  # packed rows
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    embedder.packed = False  # length buckets of at most 4 rows: two batches, in input order
+    np.testing.assert_allclose(embedder.encode(TEXTS, batch_size=4), want, atol=1e-5, rtol=1e-5)
+    embedder.packed = True
     exported = str(tmp_path / "exported")
     embedder.export(exported)
     again = SentenceTransformer(exported, device="cpu").encode(TEXTS, convert_to_numpy=True)

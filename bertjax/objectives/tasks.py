@@ -171,6 +171,36 @@ def _load_examples(task, split: str, tokens: bool) -> list[dict]:
     )
 
 
+def pair_ids(
+    tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, length: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each text's ``[CLS] a [SEP] (b [SEP])`` ids and token types, at most ``length`` long; the
+    longer side is cut first. ``pairs`` None: single texts."""
+    n = len(texts)
+    pairs = [""] * n if pairs is None else list(pairs)
+    firsts = tokenizer.encode(list(texts))
+    seconds = tokenizer.encode(pairs) if any(pairs) else [np.zeros(0, np.int32)] * n
+    ids_out, types_out = [], []
+    cls, sep = np.int32(tokenizer.cls_id), np.int32(tokenizer.sep_id)
+    for i, (a, b) in enumerate(zip(firsts, seconds)):
+        budget = length - 2 - (1 if len(b) or pairs[i] else 0)
+        keep_a, keep_b = len(a), len(b)
+        while keep_a + keep_b > budget:  # longest first, one token at a time (ties: a)
+            if keep_a >= keep_b:
+                keep_a -= 1
+            else:
+                keep_b -= 1
+        parts = [[cls], a[:keep_a], [sep]]
+        if pairs[i]:
+            parts += [b[:keep_b], [sep]]
+        ids = np.concatenate(parts).astype(np.int32)
+        types = np.zeros(len(ids), np.int32)
+        types[keep_a + 2 :] = 1
+        ids_out.append(ids)
+        types_out.append(types)
+    return ids_out, types_out
+
+
 def encode_pairs(tokenizer, texts: Sequence[str], pairs: Sequence[str], length: int) -> dict:
     """[CLS] a [SEP] (b [SEP]) rows, padded to ``length``; the longer side is cut first."""
     n = len(texts)
@@ -179,18 +209,7 @@ def encode_pairs(tokenizer, texts: Sequence[str], pairs: Sequence[str], length: 
         "token_type_ids": np.zeros((n, length), np.int32),
         "attention_mask": np.zeros((n, length), np.int32),
     }
-    firsts = tokenizer.encode(list(texts))
-    seconds = tokenizer.encode([p for p in pairs]) if any(pairs) else [np.zeros(0, np.int32)] * n
-    for i, (a, b) in enumerate(zip(firsts, seconds)):
-        a, b = list(a), list(b)
-        budget = length - 2 - (1 if len(b) or pairs[i] else 0)
-        while len(a) + len(b) > budget:
-            (a if len(a) >= len(b) else b).pop()
-        ids = [tokenizer.cls_id] + a + [tokenizer.sep_id]
-        types = [0] * len(ids)
-        if pairs[i]:
-            ids += b + [tokenizer.sep_id]
-            types += [1] * (len(b) + 1)
+    for i, (ids, types) in enumerate(zip(*pair_ids(tokenizer, texts, pairs, length))):
         rows["input_ids"][i, : len(ids)] = ids
         rows["token_type_ids"][i, : len(ids)] = types
         rows["attention_mask"][i, : len(ids)] = 1
