@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import jax
 import numpy as np
 
 from bertjax.data import length_batches
@@ -51,7 +52,8 @@ def apply_sorted(
         pending.append((batch, fn(input_ids, token_types, mask)))  # dispatched, not awaited
     results: list = [None] * len(ids)
     for batch, out in pending:
-        out = np.asarray(out)
+        out = jax.tree.map(np.asarray, out)  # an array or a tuple of arrays, [B, ...] each
         for row, text in zip(batch.rows, batch.texts):
-            results[text] = out[row, : lengths[text]] if per_token else out[row]
+            end = lengths[text] if per_token else None
+            results[text] = jax.tree.map(lambda x, r=row, e=end: x[r, :e] if e else x[r], out)
     return results

@@ -10,13 +10,11 @@ Built-in tasks (offline, from CPython's own docstrings): bertjax/objectives/buil
 
 from __future__ import annotations
 
-import csv
-import json
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
+from bertjax.data import records
 from bertjax.objectives import glue_tasks
 from bertjax.objectives.builtin_tasks import (  # noqa: F401 (re-exported)
     BUILTIN_TASKS,
@@ -31,14 +29,11 @@ from bertjax.objectives.builtin_tasks import (  # noqa: F401 (re-exported)
 
 
 def _read_rows(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"task file {path!r} does not exist")
-    with open(path, encoding="utf-8", newline="") as f:
-        if path.endswith((".jsonl", ".json")):
-            return [json.loads(line) for line in f if line.strip()]
-        if path.endswith((".tsv", ".csv")):
-            return list(csv.DictReader(f, delimiter="\t" if path.endswith(".tsv") else ","))
-    raise ValueError(f"task file {path!r}: expected .tsv, .csv, .jsonl (or .conll/.txt for tokens)")
+    if not path.endswith(records.READ_FORMATS):
+        raise ValueError(
+            f"task file {path!r}: expected .tsv, .csv, .jsonl, .parquet (or .conll/.txt for tokens)"
+        )
+    return list(records.iter_records(path, "task file"))
 
 
 def _read_conll(path: str) -> list[dict]:
