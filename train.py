@@ -2,7 +2,8 @@
 
 With no arguments it runs the embedded default (configs/bert_tiny.py): BERT-tiny,
 SentencePiece trained on the built-in corpus, MLM + NSP, on whatever devices JAX sees.
-Override any config key on the command line: --config.optim.learning_rate=5e-4.
+Override any config key on the command line: --config.optim.learning_rate=5e-4; switching the
+objective (--config.loss.objective=distill) makes its settings keys (--config.loss.temperature=3).
 On Linux it first restarts itself with glibc malloc on transparent huge pages
 (bertjax/training/runtime.py; ~1.3-1.5x faster steps on CPU; BERTJAX_HUGEPAGE_MALLOC=0 turns it
 off).
@@ -13,7 +14,6 @@ import os
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "bert_tiny.py")
 
@@ -23,10 +23,14 @@ if __name__ == "__main__":
     reexec_with_hugepage_malloc()
     from bertjax.training.run_config import check_config_overrides
 
-    check_config_overrides(sys.argv, DEFAULT_CONFIG)  # before DEFINE_config_file applies them
+    check_config_overrides(sys.argv, DEFAULT_CONFIG)  # before config_flags applies them
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", DEFAULT_CONFIG, "Run config file (a get_config() -> ConfigDict).", lock_config=True
+from bertjax.training.run_config import define_config_flag  # noqa: E402 (after the re-exec)
+
+# config_flags' locked --config file flag; the recipe comes ready for the objective that
+# --config.loss.objective names, so that objective's settings are --config.loss keys
+_CONFIG = define_config_flag(
+    "config", DEFAULT_CONFIG, "Run config file (a get_config() -> ConfigDict)."
 )
 _WORKDIR = flags.DEFINE_string(
     "workdir",

@@ -30,14 +30,13 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m bertjax.glue`: absl flags --glue_dir, --workdir and a config file with
     --config.KEY=VALUE overrides (an unknown key stops with the keys that exist)."""
     from absl import app, flags, logging
-    from ml_collections import config_flags
 
-    from bertjax.training.run_config import check_config_overrides
+    from bertjax.training.run_config import check_config_overrides, define_config_flag
 
     argv = list(sys.argv if argv is None else argv)
     check_config_overrides(argv, DEFAULT_CONFIG)  # before config_flags applies the overrides
-    config = config_flags.DEFINE_config_file(
-        "config", DEFAULT_CONFIG, "GLUE recipe (a get_config() -> ConfigDict).", lock_config=True
+    config = define_config_flag(
+        "config", DEFAULT_CONFIG, "GLUE recipe (a get_config() -> ConfigDict).", sys_argv=argv
     )
     glue_dir = flags.DEFINE_string(
         "glue_dir", "", "GLUE download script's folder (CoLA/, SST-2/, ...); '' = TFDS glue/*."

@@ -13,6 +13,7 @@ comes from `local_copy`, under the local cache directory (`cache_dir`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -37,9 +38,7 @@ def resolve(path: str, key: str = "", *, must_exist: bool = False) -> str:
     naming ``key`` (the setting it came from)."""
     if not path:
         return path
-    path = str(path)
-    if path.startswith("file://"):
-        path = path[len("file://") :]
+    path = _local(path)
     if not is_url(path):
         path = os.path.abspath(os.path.expanduser(path))
     if must_exist and not exists(path):
@@ -47,9 +46,15 @@ def resolve(path: str, key: str = "", *, must_exist: bool = False) -> str:
     return path
 
 
+def _local(path: str) -> str:
+    """``path`` without a file:// scheme (epath and local libraries take plain local paths)."""
+    path = str(path)
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
 def Path(path: str) -> epath.Path:  # noqa: N802 (a constructor, as epath.Path)
-    """The path type every file the run keeps goes through."""
-    return epath.Path(path)
+    """The path type every file the run keeps goes through (file:// URLs as local paths)."""
+    return epath.Path(_local(path))
 
 
 def exists(path: str) -> bool:
@@ -107,12 +112,24 @@ def cache_dir(configured: str = "") -> str:
     return resolve(chosen)
 
 
+def _version(path: str) -> str:
+    """What changes when the object at URL ``path`` is rewritten: its size and its store's
+    version tag (generation, ETag or modification time, whichever the filesystem reports)."""
+    import fsspec
+
+    fs, inner = fsspec.core.url_to_fs(path)
+    info = fs.info(inner)
+    tags = ("generation", "ETag", "etag", "md5Hash", "LastModified", "updated", "mtime")
+    return json.dumps([info.get("size"), *(str(info.get(t, "")) for t in tags)])
+
+
 def local_copy(path: str, cache: str | None = None) -> str:
-    """A local file with the content of ``path``: ``path`` itself when it is local, else a copy
-    under ``cache`` (default `cache_dir()`) keyed by the URL, made once."""
+    """A local file with the content of ``path``: ``path`` itself when it is local (a file://
+    URL is local: its path), else a copy under ``cache`` (default `cache_dir()`) keyed by the URL
+    and the object's version, made once; a rewritten object gets a new copy."""
     if not is_url(path):
-        return path
-    digest = hashlib.sha256(path.encode()).hexdigest()[:16]
+        return _local(path)
+    digest = hashlib.sha256(f"{path} {_version(path)}".encode()).hexdigest()[:16]
     target = os.path.join(cache or cache_dir(), "downloads", digest, os.path.basename(path))
     if not os.path.isfile(target):
         os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -147,6 +147,37 @@ def gcs_bucket():
                 os.environ[key] = value
 
 
+@pytest.fixture(scope="session")
+def s3_bucket():
+    """A local S3 server (moto's, in a thread of this process) that s3fs, and so epath and
+    fsspec, speak; yields ``s3://BUCKET``. Its address goes into this process's environment."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    previous = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        import s3fs
+
+        s3fs.S3FileSystem().mkdir("bertjax-test")
+        yield "s3://bertjax-test"
+    finally:
+        server.stop()
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 # Test modules, heaviest first (summed --durations of a full run on the 2-core machine). xdist
 # hands whole modules to its workers (loadscope) in collection order; by default it would order
 # them by test count, which left the few-test, minute-long modules (notebooks, benchmarks, the

@@ -53,6 +53,8 @@ def test_layout_round_trips_sentences_with_a_sep_after_each_document(tmp_path, t
         "tokens": len(s.tokens),
         "empty_sentences_dropped": 0,
         "empty_documents_dropped": 0,
+        "unk_tokens": 0,
+        "special_tokens": 0,
     }
     docs = [d for _, d in corpus.iter_documents(str(path))]
     for d, doc in enumerate(docs):

@@ -13,6 +13,7 @@ chain (fine-tuning and GLUE from the default job's workdir) share the copy's ``w
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -211,6 +212,46 @@ def test_blocks_to_run_are_marked_and_install_blocks_are_not():
             assert block.language in ("bash", "sh", "python"), block.name
             assert "pytest" not in block.text and "gcloud" not in block.text, block.name
             assert "srun" not in block.text, block.name
+
+
+RESULTS = os.path.join(ROOT, "benchmarks", "results.md")
+
+
+def heading_anchors(markdown: str) -> set:
+    """The anchors GitHub gives a markdown file's headings: lower case, every character but
+    letters, digits, ``_``, ``-`` and spaces dropped, spaces to ``-``; a repeated one gets
+    ``-1``, ``-2``, ...; ``#`` lines inside fenced code blocks are not headings."""
+    anchors, seen, fenced = set(), collections.Counter(), False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = re.match(r"#{1,6} (.+)", line)
+        if fenced or not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+        seen[slug] += 1
+    return anchors
+
+
+def test_links_to_results_sections_resolve():
+    """README's links into benchmarks/results.md, and results.md's index, name headings that
+    exist (GitHub's anchors); a reworded topic heading fails here, not for a reader."""
+    with open(README) as f:
+        readme = f.read()
+    with open(RESULTS) as f:
+        results = f.read()
+    anchors = heading_anchors(results)
+    cited = re.findall(r"\]\(benchmarks/results\.md#([^)\s]+)\)", readme)
+    index = re.findall(r"\]\(#([^)\s]+)\)", results)
+    assert len(set(cited)) >= 8 and len(index) >= 10  # the links are there to check
+    assert not [a for a in cited if a not in anchors], sorted(anchors)
+    assert not [a for a in index if a not in anchors], sorted(anchors)
+    assert "benchmarks/results.md`" not in readme  # a citation is a link to its section
+    assert heading_anchors("# A: b's (c)\n## A: b's (c)\n```\n# no\n```\n") == {
+        "a-bs-c",
+        "a-bs-c-1",
+    }
 
 
 def test_parsing_joins_continuations_drops_comments_and_splits_chains():

@@ -14,10 +14,12 @@ from ml_collections import config_dict, config_flags
 
 from bertjax import paths, trainer
 from bertjax.interop.checkpoints import CheckpointReader
+from bertjax.objectives import OBJECTIVES, validate_loss_config, with_objective
 from bertjax.objectives.finetune import add_finetune_config
 from bertjax.training.run_config import (
     check_config_overrides,
     config_path,
+    define_config_flag,
     model_config,
     resolve_paths,
 )
@@ -74,14 +76,12 @@ def test_paths_are_resolved_once_and_a_missing_one_is_named(tmp_path, monkeypatc
 def _parse(path: str, *overrides: str, checked: bool = False) -> ml_collections.ConfigDict:
     """The config train.py builds from ``--config=path`` and ``overrides``: the unknown-key check
     (unless ``checked``: done already), then ml_collections' own override machinery
-    (config_flags, locked as in train.py)."""
+    (config_flags with train.py's `define_config_flag`, locked)."""
     argv = ["train.py", f"--config={path}", *overrides]
     if not checked:
         check_config_overrides(argv, DEFAULT)
     values = flags.FlagValues()
-    holder = config_flags.DEFINE_config_file(
-        "config", DEFAULT, flag_values=values, sys_argv=argv, lock_config=True
-    )
+    holder = define_config_flag("config", DEFAULT, "", flag_values=values, sys_argv=argv)
     values(argv)
     return holder.value
 
@@ -126,6 +126,8 @@ def test_every_key_of_every_recipe_can_be_set_on_the_command_line():
     for path in RECIPES:
         overrides = []
         for key, value, kind in _leaves(trainer.load_config_file(path)):
+            if key == "loss.objective":  # a registered name (the next test chooses each one)
+                continue
             new = _other_value(value, kind)
             overrides.append((key, new, repr(new) if kind is tuple else str(new)))
         # train.py's unknown-key check passes every key of the recipe (once, all together)
@@ -160,6 +162,42 @@ def test_every_key_of_every_recipe_can_be_set_on_the_command_line():
     with pytest.raises(flags.Error, match="config.x"):
         config_flags.DEFINE_config_dict("config", untyped, flag_values=values, sys_argv=argv)
         values(argv)
+
+
+def test_every_objective_setting_is_a_key_once_the_command_line_chooses_the_objective():
+    """``--config=configs/bert_tiny.py --config.loss.objective=X --config.loss.<setting>=v`` for
+    every setting of every registered objective (each objective's in one parse): the unknown-key
+    check passes, the parsed config holds v, `validate_loss_config` accepts it and X reads v. A
+    misspelled setting still stops, listing X's settings among the keys; switching away from a
+    recipe's objective drops the settings only it reads."""
+    checked = 0
+    for name, cls in sorted(OBJECTIVES.items()):
+        loss = with_objective(trainer.load_config_file(DEFAULT), name).loss
+        chosen = {}
+        for key in cls.extra_config_keys:
+            new = _other_value(loss[key], loss.get_type(key))
+            chosen[key] = (new, repr(new) if isinstance(new, tuple) else str(new))
+        overrides = [f"--config.loss.objective={name}"]
+        overrides += [f"--config.loss.{key}={text}" for key, (_, text) in chosen.items()]
+        check_config_overrides(["train.py", f"--config={DEFAULT}", *overrides], DEFAULT)
+        config = _parse(DEFAULT, *overrides, checked=True)
+        assert config.loss.objective == name
+        validate_loss_config(config.loss)
+        settings = cls.settings(config)
+        for key, (new, _) in chosen.items():
+            assert config.loss[key] == new and settings[key] == new, (name, key)
+            checked += 1
+        if chosen:
+            key = next(iter(chosen))
+            with pytest.raises(SystemExit, match=f"config.loss has no '{key}x'.*'{key}'"):
+                check_config_overrides(["train.py", *overrides, f"--config.loss.{key}x=1"], DEFAULT)
+    assert checked >= 20  # distill, electra, embedding, fine-tuning: the walk did walk them
+    with pytest.raises(SystemExit, match="objective='mlm'.*one of .*'pretraining'"):
+        check_config_overrides(["train.py", "--config.loss.objective=mlm"], DEFAULT)
+    electra = os.path.join(ROOT, "configs", "electra_tiny.py")
+    back = _parse(electra, "--config.loss.objective=pretraining")
+    validate_loss_config(back.loss)
+    assert "discriminator_weight" not in back.loss and back.loss.mlm_weight == 1.0
 
 
 def test_optional_model_fields_from_the_command_line(tmp_path, small_spm):
@@ -204,6 +242,15 @@ def test_optional_model_fields_from_the_command_line(tmp_path, small_spm):
             ["train.py", "--config=configs/finetune_glue.py", "--config.init_from=no/run"],
             "error: config.init_from='{cwd}/no/run' does not exist",
         ),
+        (  # the chosen objective's setting reached the run (config_flags in train.py)
+            [
+                "train.py",
+                "--config=configs/bert_tiny.py",
+                "--config.loss.objective=distill",
+                "--config.loss.teacher=no/teacher",
+            ],
+            "error: config.loss.teacher='{cwd}/no/teacher' does not exist",
+        ),
         (
             ["-m", "bertjax.glue", "--glue_dir=no_glue", "--workdir=w"],
             "error: --glue_dir='{cwd}/no_glue' is not a directory",
@@ -217,7 +264,7 @@ def test_optional_model_fields_from_the_command_line(tmp_path, small_spm):
             "error: --workdir='{cwd}/no/run' is not a directory",
         ),
     ],
-    ids=["train", "glue-dir", "glue-init-from", "diffusion"],
+    ids=["train", "train-objective-setting", "glue-dir", "glue-init-from", "diffusion"],
 )
 def test_a_missing_path_is_one_line_from_every_command(command, line, tmp_path):
     """Run from another directory: relative paths are the current directory's, ~ is expanded,

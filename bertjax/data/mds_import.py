@@ -149,8 +149,15 @@ def _chunk(tokenizer, ids: np.ndarray):
     """encode_chunk's tuple for one pre-tokenized document of one sentence."""
     ids = np.asarray(ids, np.int64)
     lengths = np.array([len(ids)], np.int64)
+    unknown = int((ids == tokenizer.unk_id).sum())
+    counts = {
+        "empty_sentences_dropped": int(not len(ids)),
+        "empty_documents_dropped": int(not len(ids)),
+        "unk_tokens": unknown,
+        "special_tokens": int(tokenizer.special[ids].sum()) - unknown,
+    }
     if not len(ids):
-        return np.zeros(0, np.int64), np.zeros(0, np.uint8), lengths[:0], lengths[:0], 1, 1
+        return np.zeros(0, np.int64), np.zeros(0, np.uint8), lengths[:0], lengths[:0], counts
     starts = tokenizer.word_starts(ids, lengths)
     tokens = np.append(ids, tokenizer.sep_id)
-    return tokens, np.append(starts, True).astype(np.uint8), lengths, np.ones(1, np.int64), 0, 0
+    return tokens, np.append(starts, True).astype(np.uint8), lengths, np.ones(1, np.int64), counts

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 
 from bertjax import paths
 from bertjax.data import corpus as corpus_lib
-from bertjax.data.store import FORMAT_VERSION, Store, prepare_store
+from bertjax.data.store import FORMAT_VERSION, Store, prepare_store, token_shares
 from bertjax.data.text import CorpusStats, is_heldout
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
@@ -139,10 +140,19 @@ def load_store(config, tokenizer: Tokenizer, split: str) -> tuple[Store, Store]:
             stats=stats,
             num_workers=c.num_workers,
         )
-    return (
+    stores = (
         Store(directory, split, tokenizer, description),
         Store(directory, "eval", tokenizer, description),
     )
+    _report_shares(directory, stores[0].meta["splits"]["train"])
+    return stores
+
+
+def _report_shares(store: str, counts: dict) -> None:
+    """Logs the store's [UNK] and special-token shares; a warning when [UNK] is common."""
+    line, suspicious = token_shares(counts)
+    if line:
+        (logging.warning if suspicious else logging.info)("store %s: %s", store, line)
 
 
 def store_tokenizer(config) -> Tokenizer:
@@ -161,6 +171,7 @@ def store_tokenizer(config) -> Tokenizer:
             paths.local_copy(kept, cache), language=c.language, lowercase=manifest["lowercase"]
         )
     shard_format.check_tokenizer(c.store, manifest, tokenizer)
+    _report_shares(c.store, manifest["splits"]["train"])
     return tokenizer
 
 

@@ -25,6 +25,8 @@ from bertjax.data.store import CHUNK_CHARS, SPLITS, encode_chunk
 from bertjax.data.text import CorpusStats, is_heldout
 
 DOCS_PER_BLOCK = 1000  # documents per item of the built-in corpus and tfds datasets
+# What `encode_chunk` counts, summed per item record and per split in the manifest.
+COUNTS = ("empty_sentences_dropped", "empty_documents_dropped", "unk_tokens", "special_tokens")
 
 
 def expand_urls(spec: str) -> list[str]:
@@ -86,16 +88,16 @@ class _ShardBuilder:
         self.spec, self.item, self.split = spec, item, split
         self.itemsize = np.dtype(spec["token_dtype"]).itemsize
         self.entries: list[dict] = []
-        self.skipped = {"empty_sentences_dropped": 0, "empty_documents_dropped": 0}
+        self.skipped = dict.fromkeys(COUNTS, 0)  # and the text's [UNK] and special tokens
         self._reset()
 
     def _reset(self):
         self.tokens, self.starts, self.lengths, self.doc_sizes, self.size = [], [], [], [], 0
 
     def add(self, chunk) -> None:
-        tokens, starts, lengths, doc_sizes, dropped_sentences, dropped_documents = chunk
-        self.skipped["empty_sentences_dropped"] += dropped_sentences
-        self.skipped["empty_documents_dropped"] += dropped_documents
+        tokens, starts, lengths, doc_sizes, counts = chunk
+        for key, value in counts.items():
+            self.skipped[key] += value
         if not len(doc_sizes):
             return
         self.tokens.append(tokens)
@@ -195,8 +197,8 @@ def write_manifest(records: list[dict], spec: dict) -> dict:
         splits[split] = {
             key: sum(e[key] for e in shards) for key in ("documents", "sentences", "tokens")
         }
-        for key in ("empty_sentences_dropped", "empty_documents_dropped"):
-            splits[split][key] = sum(r["skipped"][split][key] for r in records)
+        for key in COUNTS:
+            splits[split][key] = sum(r["skipped"][split].get(key, 0) for r in records)
         splits[split]["shards"] = shards
     stats = CorpusStats()
     for r in records:

@@ -28,6 +28,7 @@ from bertjax.data.tokenizer import Tokenizer
 FORMAT_VERSION = 1
 SPLITS = ("train", "eval")
 CHUNK_CHARS = 1 << 20  # documents are tokenized in chunks of about this many characters
+UNK_WARNING = 0.01  # a store whose text is more [UNK] than this is reported as a likely mistake
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -38,9 +39,21 @@ def _token_dtype(vocab_size: int):
 
 def encode_chunk(tokenizer: Tokenizer, docs: list[list[str]]):
     """Tokenizes documents: (tokens with a [SEP] after each doc, word starts, sentence lengths, doc
-    sizes)."""
+    sizes, counts: empty sentences/documents dropped, [UNK] and other special tokens in the text).
+
+    A [PAD] inside a text stops the job: its tokenizer pads (or maps text to [PAD]), and such
+    ids would be stored, and trained on, as words."""
     sentences = [s for d in docs for s in d]
     flat, lengths = tokenizer.encode_flat(sentences)
+    padded = np.flatnonzero(flat == tokenizer.pad_id)
+    if len(padded):
+        sentence = int(np.searchsorted(np.cumsum(lengths), padded[0], side="right"))
+        raise ValueError(
+            f"tokenizer {tokenizer.path!r} returned [PAD] (id {tokenizer.pad_id}) inside a text "
+            f"({len(padded)} times in this chunk; first in {sentences[sentence][:80]!r}): a "
+            "tokenizer that pads, or text holding the pad token, would be stored as words; fix "
+            "the tokenizer given in config.data.hf_vocab / config.data.tokenizer_model, or the text"
+        )
     starts = tokenizer.word_starts(flat, lengths)
     doc_of_sentence = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
     keep = lengths > 0  # a sentence that tokenizes to nothing is dropped
@@ -52,14 +65,28 @@ def encode_chunk(tokenizer: Tokenizer, docs: list[list[str]]):
     doc_token_ends = doc_token_ends[doc_sizes > 0]
     tokens = np.insert(flat, doc_token_ends, tokenizer.sep_id)
     starts = np.insert(starts, doc_token_ends, True).astype(np.uint8)
-    return (
-        tokens,
-        starts,
-        lengths,
-        doc_sizes[doc_sizes > 0],
-        int((~keep).sum()),
-        int((doc_sizes == 0).sum()),
-    )
+    unknown = int((flat == tokenizer.unk_id).sum())
+    counts = {
+        "empty_sentences_dropped": int((~keep).sum()),
+        "empty_documents_dropped": int((doc_sizes == 0).sum()),
+        "unk_tokens": unknown,
+        "special_tokens": int(tokenizer.special[flat].sum()) - unknown,
+    }
+    return tokens, starts, lengths, doc_sizes[doc_sizes > 0], counts
+
+
+def token_shares(counts: dict) -> tuple[str, bool]:
+    """One line on a store split's [UNK] and special-token shares, and whether [UNK] is common
+    enough to suspect the tokenizer (a vocabulary of another language or case is mostly [UNK]);
+    ("", False) for a store written before they were counted."""
+    if "unk_tokens" not in counts:
+        return "", False
+    text = max(1, counts["tokens"] - counts["documents"])  # the [SEP] between documents aside
+    unk, special = counts["unk_tokens"] / text, counts["special_tokens"] / text
+    line = f"{unk:.3%} [UNK], {special:.3%} other special tokens in the text"
+    if unk <= UNK_WARNING:
+        return line, False
+    return f"{line}: over {UNK_WARNING:.0%} [UNK], is the tokenizer the one for this corpus?", True
 
 
 def _init_worker(path: str, language: str, lowercase: bool):
@@ -84,10 +111,10 @@ class _SplitWriter:
         }
         self.files["documents"].write(np.zeros(1, np.int64).tobytes())
         self.tokens = self.sentences = self.documents = 0
-        self.dropped_sentences = self.dropped_documents = 0
+        self.counts = collections.Counter()
 
     def write(self, chunk):
-        tokens, starts, lengths, doc_sizes, dropped_sentences, dropped_documents = chunk
+        tokens, starts, lengths, doc_sizes, counts = chunk
         self.files["tokens"].write(tokens.astype(self.dtype).tobytes())
         self.files["word_starts"].write(starts.tobytes())
         # Sentence starts: cumulative lengths plus one [SEP] for every document that ended before.
@@ -102,8 +129,7 @@ class _SplitWriter:
         self.tokens += len(tokens)
         self.sentences += len(lengths)
         self.documents += len(doc_sizes)
-        self.dropped_sentences += dropped_sentences
-        self.dropped_documents += dropped_documents
+        self.counts.update(counts)
 
     def close(self) -> dict:
         for f in self.files.values():
@@ -114,8 +140,7 @@ class _SplitWriter:
             "documents": self.documents,
             "sentences": self.sentences,
             "tokens": self.tokens,
-            "empty_sentences_dropped": self.dropped_sentences,
-            "empty_documents_dropped": self.dropped_documents,
+            **{key: int(value) for key, value in self.counts.items()},
         }
 
 
@@ -211,9 +236,10 @@ def prepare_store(
         shutil.rmtree(tmp, ignore_errors=True)
         return read_meta(directory)
     logging.getLogger(__name__).info(
-        "prepared store %s: %s",
+        "prepared store %s: %s; train: %s",
         directory,
         json.dumps({"splits": counts, "corpus_stats": stats.as_dict()}),
+        token_shares(counts["train"])[0],
     )
     return meta
 

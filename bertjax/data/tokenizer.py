@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from bertjax import paths
+
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _CJK = re.compile(
     r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\u3000-\u303f\uff00-\uffef]"
@@ -54,15 +56,35 @@ def _jieba():
     return jieba
 
 
+def _hf_pieces(hf) -> tuple[list[str], list[bool]]:
+    """Every id's piece of a Hugging Face tokenizer (added tokens included; ids a file leaves
+    unused get an empty piece) and whether it is special: the file's own special flags, or, in a
+    file that declares none, bertjax's names and <...> pieces."""
+    vocab = hf.get_vocab(with_added_tokens=True)
+    pieces = [""] * (max(vocab.values(), default=-1) + 1)
+    for piece, i in vocab.items():
+        pieces[i] = piece
+    declared = {i for i, token in hf.get_added_tokens_decoder().items() if token.special}
+    special = [
+        i in declared
+        or p in SPECIALS
+        or (not declared and len(p) > 2 and p.startswith("<") and p.endswith(">"))
+        for i, p in enumerate(pieces)
+    ]
+    return pieces, special
+
+
 class Tokenizer:
     """Encodes text to ids and marks word starts; SentencePiece or Hugging Face vocabularies."""
 
     def __init__(
         self, path: str, *, language: str = "en", lowercase: bool = True, num_threads: int = 0
     ):
-        """Loads a SentencePiece `.model`, an HF `vocab.txt` or an HF `tokenizer.json`."""
-        if not os.path.isfile(path):
+        """Loads a SentencePiece `.model`, an HF `vocab.txt` or an HF `tokenizer.json`: a local
+        path or a URL (file://, gs://, s3://; copied once into the local cache)."""
+        if not paths.exists(path) or paths.isdir(path):
             raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
+        path = paths.local_copy(paths.resolve(path))
         if language not in ("en", "zh"):
             raise ValueError(f"language={language!r}: must be 'en' or 'zh'")
         self.path, self.language, self.lowercase = path, language, lowercase
@@ -70,17 +92,14 @@ class Tokenizer:
         with open(path, "rb") as f:
             self._bytes = f.read()
         self._sp = self._hf = None
+        self._dropped_sections = False
         if path.endswith(".model"):
             self._sp = spm.SentencePieceProcessor(model_proto=self._bytes)
             pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
             special = [self._sp.is_control(i) or self._sp.is_unknown(i) for i in range(len(pieces))]
         else:
             self._hf = self._load_hf(path)
-            vocab = self._hf.get_vocab()
-            pieces = [""] * len(vocab)
-            for piece, i in vocab.items():
-                pieces[i] = piece
-            special = [p in SPECIALS or (p.startswith("<") and p.endswith(">")) for p in pieces]
+            pieces, special = _hf_pieces(self._hf)
         self.pieces = pieces
         ids = {name: self._find(aliases, pieces) for name, aliases in _ALIASES.items()}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
@@ -104,12 +123,35 @@ class Tokenizer:
         )
         self._start_table = table
         self._bare_id = pieces.index("▁") if "▁" in pieces else -1
+        self._refuse_padding()
+
+    def _refuse_padding(self) -> None:
+        """Stops on a tokenizer that pads or cuts texts itself: its [PAD] ids would be stored and
+        attended to as words (bertjax pads and cuts rows itself)."""
+        probe = ["a", "a b c d e f g h"]
+        short, long = self.encode(probe)
+        if self.pad_id in short or self.pad_id in long or len(short) >= len(long):
+            raise ValueError(
+                f"tokenizer {self.path!r} pads or cuts texts itself (encoding {probe!r} gave "
+                f"{short.tolist()[:12]} and {long.tolist()[:12]}, [PAD] is {self.pad_id}): "
+                "remove its padding/truncation settings, or give another tokenizer "
+                "(config.data.hf_vocab / config.data.tokenizer_model)"
+            )
 
     def _load_hf(self, path: str):
         import tokenizers
 
         if path.endswith(".json"):
-            return tokenizers.Tokenizer.from_file(path)
+            try:
+                hf = tokenizers.Tokenizer.from_file(path)
+            except Exception as error:  # not JSON, an unknown model type, ...
+                raise ValueError(f"cannot read tokenizer file {path!r}: {error}") from error
+            # What a pipeline once did with the file (pad every text to 128, cut at 128) is not
+            # part of the vocabulary: bertjax pads and cuts rows itself.
+            self._dropped_sections = hf.padding is not None or hf.truncation is not None
+            hf.no_padding()
+            hf.no_truncation()
+            return hf
         from tokenizers.implementations import BertWordPieceTokenizer
 
         return BertWordPieceTokenizer(path, lowercase=self.lowercase, strip_accents=self.lowercase)
@@ -137,10 +179,13 @@ class Tokenizer:
         return len(self.pieces)
 
     def fingerprint(self) -> str:
-        """A stable hash of the model/vocab bytes (plus case handling for vocab.txt)."""
+        """A stable hash of the model/vocab bytes (plus case handling for vocab.txt, and a mark
+        when a tokenizer.json's padding/truncation sections were dropped)."""
         h = hashlib.sha256(self._bytes)
         if self._hf is not None and not self.path.endswith(".json"):
             h.update(b"lowercase=%d" % self.lowercase)
+        if self._dropped_sections:  # stores written before they were dropped are never reused
+            h.update(b"no padding, no truncation")
         return h.hexdigest()[:16]
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from bertjax.objectives.registry import (
     headline_metrics,
     make_objective,
     validate_loss_config,
+    with_objective,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "headline_metrics",
     "make_objective",
     "validate_loss_config",
+    "with_objective",
 ]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
+import functools
+import math
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -123,6 +125,21 @@ def _config_value(field: dataclasses.Field):
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenNLL:
+    """Declares metric ``metric`` an unsmoothed mean negative log-likelihood per token, in nats:
+    sum(w * -log softmax(outputs[logits])[batch[targets]]) / sum(w), w = batch[weights]. The
+    held-out ``perplexity`` is derived from it (`Objective.held_out_metrics`), and
+    tests/objective_contract_test.py recomputes it in float64 from the model's outputs, so a
+    smoothed or reweighted loss reported under that name fails a test."""
+
+    metric: str  # the metric's name in the objective's report
+    perplexity: str = "perplexity"  # the held-out metric derived from it: exp(metric)
+    logits: str = "mlm_logits"  # outputs key: [B, P, V] logits
+    targets: str = "masked_ids"  # batch key: [B, P] target ids
+    weights: str = "masked_weights"  # batch key: [B, P] weights (0: no prediction)
+
+
 class Objective(abc.ABC):
     """What a step computes: the model, its inputs, loss sums and metrics. Every subclass is a
     frozen, keyword-only dataclass (made so at class creation); its fields are its settings,
@@ -153,12 +170,32 @@ class Objective(abc.ABC):
     # starts from it through bertjax/objectives/warm_start.py (pretraining from a checkpoint)
     loads_init_from: bool = False
     extra_config_keys: tuple = ()  # its config.loss keys beyond default_loss_config (computed)
+    # The metric that is an unsmoothed per-token NLL (perplexity derives from it); None: none.
+    # Report a smoothed or reweighted loss under another name (the contract test checks it).
+    token_nll: TokenNLL | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(frozen=True, kw_only=True)(cls)
         shared = set(default_loss_config().keys())
         cls.extra_config_keys = tuple(name for name in cls.setting_names() if name not in shared)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            if type(self).__init__ is __init__:  # the object's own class: validate once
+                for klass in reversed(type(self).__mro__):
+                    if "validate" in vars(klass):
+                        vars(klass)["validate"](self)
+
+        cls.__init__ = __init__
+
+    def validate(self) -> None:
+        """Checks of the settings this class declares, raising ValueError naming the
+        ``config.loss`` key. Every class's own `validate` runs when an objective is made, base
+        classes first, after ``__post_init__`` (which may normalize values), whether or not a
+        subclass calls ``super()``: a subclass cannot skip its parents' checks."""
 
     @classmethod
     def setting_names(cls) -> tuple:
@@ -195,6 +232,17 @@ class Objective(abc.ABC):
             config.loss.objective = cls.objective_name
             for f in dataclasses.fields(cls):
                 if f.name in cls.extra_config_keys:
+                    config.loss[f.name] = _config_value(f)
+        return config
+
+    @classmethod
+    def add_settings(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+        """Adds the settings of this objective that ``config.loss`` lacks, at their defaults
+        (values already there are kept): what makes ``--config.loss.objective=NAME
+        --config.loss.<its setting>=v`` work from any recipe (`registry.with_objective`)."""
+        with config.loss.unlocked():
+            for f in dataclasses.fields(cls):
+                if f.name in cls.extra_config_keys and f.name not in config.loss:
                     config.loss[f.name] = _config_value(f)
         return config
 
@@ -368,5 +416,10 @@ class Objective(abc.ABC):
         return collections.Counter()
 
     def held_out_metrics(self, metrics: dict, counts: collections.Counter) -> dict:
-        """Held-out metrics beyond the report's (e.g. perplexity, a majority baseline)."""
+        """Held-out metrics beyond the report's: the perplexity of the `token_nll` metric (its
+        exp, capped at e^50); subclasses add more (a majority baseline)."""
+        metrics = dict(metrics)
+        nll = self.token_nll
+        if nll is not None and nll.metric in metrics:
+            metrics[nll.perplexity] = math.exp(min(metrics[nll.metric], 50.0))
         return metrics

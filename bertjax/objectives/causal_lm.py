@@ -27,7 +27,7 @@ import numpy as np
 
 from bertjax.data.causal import causal_batch
 from bertjax.modeling.heads import BertForPreTraining
-from bertjax.objectives.base import example_rows
+from bertjax.objectives.base import TokenNLL, example_rows
 from bertjax.objectives.pretraining import MaskedLM
 from bertjax.ops.loss import cross_entropy
 
@@ -51,6 +51,9 @@ class CausalLM(MaskedLM):
 
     corruptions = ("causal",)
     headline_metrics = ("clm_loss", "clm_accuracy", "clm_perplexity", "majority_baseline")
+    # "clm_loss" is the unsmoothed next-token NLL per predicted token (the held-out
+    # clm_perplexity is its exp; MaskedLM's "perplexity" of mlm_loss does not apply)
+    token_nll = TokenNLL("clm_loss", perplexity="clm_perplexity")
     # the encoder under the causal mask; the head at every position (no masked_positions)
     input_names = ("input_ids", "token_type_ids", "attention_mask", "segment_ids")
 

@@ -149,12 +149,14 @@ class Distillation(MaskedLM):
     logits_chunk: int = 128  # positions per chunk of the full-token KL logits (0: all at once)
 
     def __post_init__(self):
+        object.__setattr__(self, "student_layers", tuple(int(i) for i in self.student_layers))
+
+    def validate(self):
         if self.temperature <= 0:
             raise ValueError(f"config.loss.temperature={self.temperature!r}: must be > 0")
         for key in ("alpha_ce", "alpha_mlm", "alpha_cos", "logits_chunk"):
             if getattr(self, key) < 0:
                 raise ValueError(f"config.loss.{key}={getattr(self, key)!r}: must be >= 0")
-        object.__setattr__(self, "student_layers", tuple(int(i) for i in self.student_layers))
 
     @classmethod
     def from_config(cls, config):

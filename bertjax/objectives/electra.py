@@ -99,7 +99,7 @@ class Electra(MaskedLM):
     discriminator_weight: float = 50.0  # replaced-token BCE weight (ELECTRA's lambda)
     sparse_last_layer: bool = True
 
-    def __post_init__(self):
+    def validate(self):
         for key in ("mlm_weight", "discriminator_weight"):
             if getattr(self, key) < 0:
                 raise ValueError(f"config.loss.{key}={getattr(self, key)!r}: must be >= 0")

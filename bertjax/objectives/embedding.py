@@ -91,6 +91,8 @@ class Embedding(Objective):
         set_("normalize", True if self.normalize is None else bool(self.normalize))
         set_("matryoshka_dims", tuple(int(d) for d in self.matryoshka_dims))
         set_("matryoshka_weights", tuple(float(w) for w in self.matryoshka_weights))
+
+    def validate(self):
         if self.similarity not in ("cos", "dot"):
             raise ValueError(f"config.loss.similarity={self.similarity!r}: 'cos' or 'dot'")
         if not self.scale > 0:

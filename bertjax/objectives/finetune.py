@@ -77,7 +77,7 @@ class _Finetuning(Objective):
     num_labels: int = 2  # classes (1 = regression; token tasks: BIO tags)
     fgm_epsilon: float = 0.0  # FGM adversarial step on the word embeddings (0 = off)
 
-    def __post_init__(self):
+    def validate(self):
         if self.num_labels < 1 or (self.tokens and self.num_labels < 2):
             raise ValueError(
                 f"config.loss.num_labels={self.num_labels}: must be >= {1 + self.tokens}"

@@ -5,7 +5,6 @@ a fresh model, perplexity and the majority baseline of held-out metrics)."""
 from __future__ import annotations
 
 import collections
-import math
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ from bertjax.modeling.encoder import last_layer_at_rows
 from bertjax.modeling.heads import BertForPreTraining
 from bertjax.objectives.base import (
     Objective,
+    TokenNLL,
     derived,
     example_rows,
     next_sentence,
@@ -72,6 +72,8 @@ class MaskedLM(Objective):
 
     corruptions = MLM_CORRUPTIONS
     headline_metrics = ("mlm_accuracy", "majority_baseline", "perplexity")
+    # "mlm_loss" is the unsmoothed MLM NLL per masked token (held-out perplexity is its exp)
+    token_nll = TokenNLL("mlm_loss")
 
     mlm_bias_init: str = run_setting("zeros")  # "unigram" | "zeros" (config.mlm_bias_init)
 
@@ -108,9 +110,7 @@ class MaskedLM(Objective):
         )
 
     def held_out_metrics(self, metrics, counts):
-        metrics = dict(metrics)
-        if "mlm_loss" in metrics:
-            metrics["perplexity"] = math.exp(min(metrics["mlm_loss"], 50.0))
+        metrics = super().held_out_metrics(metrics, counts)
         if counts:
             metrics["majority_baseline"] = max(counts.values()) / sum(counts.values())
         return metrics
@@ -128,7 +128,7 @@ class Pretraining(MaskedLM):
     nsp_weight: float = 1.0
     sparse_last_layer: bool = True
 
-    def __post_init__(self):
+    def validate(self):
         for key in ("mlm_weight", "nsp_weight"):
             if getattr(self, key) < 0:
                 raise ValueError(f"config.loss.{key}={getattr(self, key)!r}: must be >= 0")

@@ -41,6 +41,29 @@ def validate_loss_config(loss_config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"unknown config.loss key(s) {unknown}; known keys: {sorted(known)}")
 
 
+def with_objective(
+    config: ml_collections.ConfigDict, name: str | None = None
+) -> ml_collections.ConfigDict:
+    """``config`` (unlocked) made ready for objective ``name`` (default: its own
+    ``config.loss.objective``): the name set and the objective's settings added at their defaults
+    where ``config.loss`` lacks them, so they can be set (on the command line too) from any
+    recipe. Switching away from the recipe's objective drops that objective's own settings the
+    new one does not read (validation would refuse them). An unknown name is left as is for
+    `validate_loss_config` to name."""
+    previous = config.loss.get("objective", "pretraining")
+    name = previous if name is None else name
+    if name not in OBJECTIVES:
+        return config
+    chosen = OBJECTIVES[name]
+    with config.loss.unlocked():
+        config.loss.objective = name
+        if name != previous and previous in OBJECTIVES:
+            for key in OBJECTIVES[previous].extra_config_keys:
+                if key in config.loss and key not in chosen.extra_config_keys:
+                    del config.loss[key]
+    return chosen.add_settings(config)
+
+
 def check_corruption(config: ml_collections.ConfigDict) -> None:
     """The objective trains on the run's ``config.data.masking`` (its `corruptions`)."""
     name = config.loss.get("objective", "pretraining")

@@ -52,11 +52,21 @@ def _whole_shards_on_host_devices() -> None:
             )
 
 
+# URL schemes orbax (0.12) writes checkpoints to; any other (s3://) fails inside its first save.
+ORBAX_URLS = ("gs://",)
+
+
 class Checkpointer:
     """Periodic (async) saves under ``workdir/checkpoints``, keeping the last ``keep``."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
         self.directory = paths.resolve(directory)
+        if paths.is_url(self.directory) and not self.directory.startswith(ORBAX_URLS):
+            raise ValueError(
+                f"checkpoints in {self.directory}: orbax writes arrays to local paths and "
+                f"{', '.join(ORBAX_URLS)} only (TensorStore's file and gcs drivers); use such a "
+                "workdir, or mount the bucket (e.g. mountpoint-s3, gcsfuse) and give its path"
+            )
         _whole_shards_on_host_devices()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,

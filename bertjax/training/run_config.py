@@ -6,15 +6,19 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
 import typing
 
 import ml_collections
+from absl import flags
 from ml_collections import config_dict
+from ml_collections.config_flags import config_flags  # its parser and flag classes
 
 from bertjax import paths
 from bertjax.data import default_data_config
 from bertjax.data.batch_plan import default_batch_warmup_config
 from bertjax.modeling.bert_config import BertConfig
+from bertjax.objectives.registry import OBJECTIVES, with_objective
 from bertjax.training.phases import plan_phases
 from bertjax.training.step import default_step_config
 
@@ -130,6 +134,7 @@ PATH_KEYS = (
     ("data.tokenizer_model", True),
     ("data.hf_vocab", True),
     ("data.similar_words_file", True),
+    ("data.store", False),  # a missing store's message (shard_format) says how to prepare it
     ("data.cache_dir", False),
     ("data.tfds_data_dir", False),
     ("task.train_file", True),
@@ -156,6 +161,10 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     if corpus and corpus != "builtin" and not corpus.startswith("tfds:"):
         parts = [p.strip() for p in corpus.split(",") if p.strip()]
         config.data.corpus = ",".join(paths.resolve(p) for p in parts)
+    if "data" in config and config.data.get("mixture"):
+        config.data.mixture = tuple(
+            (paths.resolve(url), weight) for url, weight in config.data.mixture
+        )
     return config
 
 
@@ -252,12 +261,67 @@ def config_path(argv, default: str) -> str:
     return path.split(":", 1)[0]  # config_flags' "file.py:argument" form
 
 
+def objective_on_command_line(argv) -> str | None:
+    """The objective ``--config.loss.objective=NAME`` (or ``... NAME``) names, the last one
+    given; None when the command line leaves the recipe's."""
+    name = None
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg.startswith("--config.loss.objective="):
+            name = arg.split("=", 1)[1]
+        elif arg == "--config.loss.objective" and i + 1 < len(argv):
+            name = argv[i + 1]
+    return name
+
+
+def load_recipe(path: str, argv) -> ml_collections.ConfigDict:
+    """Recipe ``path`` (``PATH[:VARIANT]``) as the command line ``argv`` sees it before its
+    overrides apply: made ready for the objective it names, or the recipe's own
+    (`bertjax.objectives.with_objective`: that objective's settings exist, at their defaults)."""
+    return with_objective(load_config_file(path), objective_on_command_line(argv))
+
+
+class RecipeFileParser(config_flags.ConfigFileFlagParser):
+    """config_flags' file parser, loading with `load_recipe` (then locked, so a typo fails)."""
+
+    def __init__(self, name: str, argv=None):
+        super().__init__(name=name, lock_config=True)
+        self._argv = argv
+
+    def parse(self, path):
+        config = load_recipe(path, sys.argv if self._argv is None else self._argv)
+        config.lock()
+        return config
+
+
+def define_config_flag(name, default, help_string, flag_values=flags.FLAGS, sys_argv=None):
+    """``config_flags.DEFINE_config_file(name, default, help_string, lock_config=True)`` whose
+    recipe is loaded by `load_recipe`: ``--config.loss.objective=X --config.loss.<X's
+    setting>=v`` then sets a key the recipe itself does not have (train.py, bertjax.glue).
+    config_flags has no public hook for its parser, so this builds its flag class itself."""
+    flag = config_flags._ConfigFlag(  # the flag class DEFINE_config_file builds
+        parser=RecipeFileParser(name, sys_argv),
+        serializer=flags.ArgumentSerializer(),
+        name=name,
+        default=default,
+        help_string=help_string,
+        flag_values=flag_values,
+        sys_argv=sys_argv,
+    )
+    return flags.DEFINE_flag(flag, flag_values)
+
+
 def check_config_overrides(argv, default: str) -> None:
     """Names an unknown --config.KEY clearly (config_flags alone fails with a bare KeyError);
-    call before config_flags parses ``argv``. ``default``: the recipe without --config."""
+    call before config_flags parses ``argv``. ``default``: the recipe without --config. The
+    objective the command line names is checked first, and its settings are keys."""
     path = config_path(argv, default)
+    objective = objective_on_command_line(argv)
+    if objective is not None and objective not in OBJECTIVES:
+        raise SystemExit(
+            f"--config.loss.objective={objective!r}: must be one of {sorted(OBJECTIVES)}"
+        )
     try:
-        config = load_config_file(path)
+        config = load_recipe(path, argv)
     except FileNotFoundError as error:
         raise SystemExit(str(error)) from None
     for arg in argv[1:]:
