@@ -161,7 +161,6 @@ def embedding_rows(family, st_dir, texts, args) -> list[dict]:
     for packed in (True, False):
         embedder = embed.load(st_dir)
         embedder.packed = packed
-        fix_tokenizer(embedder.tokenizer)
         name = "bertjax packed" if packed else "bertjax buckets"
         embedder.encode(texts[:16])
         vectors, cold = timed(embedder.encode, texts)
@@ -171,13 +170,6 @@ def embedding_rows(family, st_dir, texts, args) -> list[dict]:
             vectors, warm = timed(embedder.encode, texts)
             rows.append((family, "embed", f"{name} (warm)", warm, st_speed, cos))
     return rows
-
-
-def fix_tokenizer(tokenizer):
-    """Issue 47's fix by hand where main lacks it (a tokenizer.json's padding/truncation)."""
-    if tokenizer._hf is not None and hasattr(tokenizer._hf, "no_padding"):
-        tokenizer._hf.no_padding()
-        tokenizer._hf.no_truncation()
 
 
 def main():
@@ -195,7 +187,6 @@ def main():
     from bertjax.data.tokenizer import Tokenizer
 
     tok = Tokenizer(os.path.join(st_dir, "tokenizer.json"))
-    fix_tokenizer(tok)
     lengths = np.asarray([len(x) + 2 for x in tok.encode(texts)])
     print(
         f"{len(texts)} texts, tokens: median {int(np.median(lengths))}, "
@@ -212,7 +203,7 @@ def main():
             if args.classify:
                 cls_dir = bert_classifier(tmp, st_dir) if family == "bert" else families[family][1]
                 rows += classify_rows(family, cls_dir, texts, args)
-    print("\n| family | task | runner | texts/s | vs sentence-transformers | agreement |")
+    print("\n| family | task | runner | texts/s | vs first row of its task | agreement |")
     print("|---|---|---|---:|---:|---|")
     for family, task, name, speed, base, agree in rows:
         agreement = (
@@ -222,7 +213,33 @@ def main():
 
 
 def classify_rows(family, cls_dir, texts, args) -> list[dict]:
-    return []
+    """Labels of a 3-class head: the transformers pipeline (one text a call, its default) and
+    bertjax's predictor (length buckets)."""
+    import torch
+    from transformers import pipeline
+
+    from bertjax import predictors
+
+    classify = pipeline("text-classification", model=cls_dir, device="cpu", framework="pt")
+
+    def pipe(batch):
+        out = classify(batch, truncation=True, max_length=256)
+        return [o["label"] for o in out]
+
+    with torch.no_grad():
+        pipe(texts[:16])
+        want, pipe_speed = timed(pipe, texts)
+    rows = [(family, "classify", "transformers pipeline", pipe_speed, pipe_speed, None)]
+    predictor = predictors.load(cls_dir)
+    predictor.length = 256
+    records = [{"text": t} for t in texts]
+    predictor.predict(records[:16])
+    got, cold = timed(predictor.predict, records)
+    got, warm = timed(predictor.predict, records)
+    same = float(np.mean([g["label"] == w for g, w in zip(got, want)]))
+    rows.append((family, "classify", "bertjax buckets (cold: compiles)", cold, pipe_speed, same))
+    rows.append((family, "classify", "bertjax buckets (warm)", warm, pipe_speed, same))
+    return rows
 
 
 if __name__ == "__main__":
