@@ -46,7 +46,7 @@ from bertjax.modeling.embedder import (
     pool_packed,
 )
 from bertjax.modeling.encoder import BertModel
-from bertjax.objectives.tasks import pair_ids
+from bertjax.tasks.tasks import pair_ids
 
 
 @dataclasses.dataclass

@@ -31,7 +31,7 @@ from bertjax.modeling.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertjax.objectives import tasks
+from bertjax.tasks import tasks
 
 TASKS = ("classify", "tag", "embed", "fill_mask")
 

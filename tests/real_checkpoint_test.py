@@ -19,7 +19,7 @@ minilm = pytest.importorskip(
 from bertjax import convert, embed, trainer  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer  # noqa: E402
 from bertjax.objectives import finetune  # noqa: E402
-from bertjax.objectives.tasks import encode_pairs  # noqa: E402
+from bertjax.tasks.tasks import encode_pairs  # noqa: E402
 
 MODEL = str(minilm.MODEL_DIR)
 

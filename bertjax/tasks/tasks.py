@@ -1,11 +1,11 @@
 """Fine-tuning task data: examples from built-in tasks, local TSV/CSV/JSONL/CoNLL files, a GLUE
-directory (bertjax/objectives/glue_tasks.py) or TFDS `glue/*`, encoded once into fixed-shape
+directory (bertjax/tasks/glue_tasks.py) or TFDS `glue/*`, encoded once into fixed-shape
 numpy rows.
 
 Sequence rows are `[CLS] a [SEP] (b [SEP])`, truncated longest-first. Token rows label the first
 piece of each word and give the word's other pieces (and [CLS]/[SEP]/padding) weight 0.
 
-Built-in tasks (offline, from CPython's own docstrings): bertjax/objectives/builtin_tasks.py.
+Built-in tasks (offline, from CPython's own docstrings): bertjax/tasks/builtin_tasks.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax.data import records
-from bertjax.objectives import glue_tasks
-from bertjax.objectives.builtin_tasks import (  # noqa: F401 (re-exported)
+from bertjax.tasks import glue_tasks
+from bertjax.tasks.builtin_tasks import (  # noqa: F401 (re-exported)
     BUILTIN_TASKS,
     FAMILIES,
     WORD_ORDER_SPANS,
