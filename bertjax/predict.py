@@ -58,6 +58,12 @@ def predict_file(predictor, input_path: str, output: str, window: int = inferenc
 
 
 def _run(flags, beam_args: list[str]) -> None:
+    if beam_args:
+        from bertjax import predict_beam
+
+        count = predict_beam.run(predict_beam.settings_of(flags), flags.output, beam_args)
+        print(f"wrote {count} rows to the shards of {flags.output}")
+        return
     predictor = predictors.load(
         flags.model,
         flags.task,
@@ -67,12 +73,7 @@ def _run(flags, beam_args: list[str]) -> None:
     for column in ("text_column", "text_pair_column", "tokens_column"):
         if flags[column].present:
             setattr(predictor, column, flags[column].value)
-    if beam_args:
-        from bertjax import predict_beam
-
-        count = predict_beam.run(flags, beam_args)
-    else:
-        count = predict_file(predictor, flags.input, flags.output, flags.window)
+    count = predict_file(predictor, flags.input, flags.output, flags.window)
     print(f"wrote {count} {predictor.task} rows to {flags.output}")
 
 
@@ -89,24 +90,22 @@ def define_flags():
     flags.DEFINE_string("labels", "", "label names in id order (a workdir whose data is gone)")
     flags.DEFINE_integer("top_k", 5, "fill_mask: tokens kept per mask")
     flags.DEFINE_integer("window", inference.WINDOW, "rows read, predicted and written at a time")
-    for name in ("model", "input", "output"):
-        flags.mark_flag_as_required(name)
     return flags
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m bertjax.predict` (the module docstring's flags; unknown ``--flags`` are Beam's
-    pipeline options)."""
+    """`python -m bertjax.predict` (the module docstring's flags; every other ``--flag`` is a
+    Beam pipeline option, and any makes it a Beam run)."""
     import sys
 
-    from absl import app
-
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     flags = define_flags()
     argv = list(sys.argv if argv is None else argv)
-    ours = {f"--{name}" for name in flags.FLAGS} | {f"--no{name}" for name in flags.FLAGS}
-    known = [a for a in argv[1:] if a.split("=")[0] in ours or a in ("--help", "--helpfull")]
-    beam_args = [a for a in argv[1:] if a not in known]
-    app.run(lambda _: _run(flags.FLAGS, beam_args), argv=argv[:1] + known)
+    beam_args = flags.FLAGS(argv, known_only=True)[1:]
+    missing = [f"--{n}" for n in ("model", "input", "output") if not flags.FLAGS[n].value]
+    if missing:
+        raise SystemExit(f"python -m bertjax.predict needs {' '.join(missing)} (see --help)")
+    _run(flags.FLAGS, beam_args)
 
 
 if __name__ == "__main__":

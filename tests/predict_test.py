@@ -18,8 +18,15 @@ from transformers import (
     pipeline,
 )
 
-from bertjax import convert, predict, predictors
+from bertjax import convert, predict, predict_beam, predictors
 
+# two workers of the local runner in this process (two processes would each import JAX and
+# load the model: ~30 s more of CI for the same DoFn)
+BEAM_2_WORKERS = [
+    "--runner=DirectRunner",
+    "--direct_num_workers=2",
+    "--direct_running_mode=multi_threading",
+]
 WORDS = (
     "the a of to and in is it that for on with as be by this are or from function returns "
     "value object list string file name new data type module class call time set"
@@ -136,3 +143,36 @@ def test_bad_input_is_named(models, tmp_path):
     with pytest.raises(ValueError, match="expected one of"):
         predict.predict_file(predictor, str(source), str(tmp_path / "o.txt"))
     np.testing.assert_equal(len(predictor.predict([{"text": "call it"}])), 1)
+
+
+def test_beam_shards_equal_the_single_host_output_and_a_rerun_completes_them(models, tmp_path):
+    source = tmp_path / "in.jsonl"
+    texts = TEXTS * 3
+    source.write_text(
+        "".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts))
+    )
+    single = tmp_path / "single.jsonl"
+    predict.predict_file(predictors.load(models["classify"]), str(source), str(single), window=4)
+    want = [json.loads(line) for line in single.read_text().splitlines()]
+    output = tmp_path / "beam" / "out.jsonl"
+    settings = {"model": models["classify"], "input": str(source), "task": "", "labels": ""}
+    settings.update(top_k=5, window=4, columns={})
+    assert predict_beam.run(settings, str(output), BEAM_2_WORKERS) == len(texts)
+    shards = predict_beam.shard_paths(str(output), 4)
+    assert sorted(os.listdir(output.parent)) == sorted(os.path.basename(s) for s in shards)
+
+    def rows():
+        return [json.loads(line) for s in shards for line in open(s).read().splitlines()]
+
+    got = rows()
+    assert [(r["row"], r["id"], r["label"]) for r in got] == [
+        (w["row"], w["id"], w["label"]) for w in want
+    ]
+    for g, w in zip(got, want):
+        assert g["probabilities"] == pytest.approx(w["probabilities"], abs=1e-6)
+    # a killed job: one shard never written, another left as a temporary file
+    os.remove(shards[1])
+    (output.parent / (os.path.basename(shards[2]) + ".tmp-1")).write_text("{")
+    os.remove(shards[2])
+    assert predict_beam.run(settings, str(output), ["--runner=DirectRunner"]) == len(texts)
+    assert rows() == got

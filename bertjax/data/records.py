@@ -15,6 +15,15 @@ READ_FORMATS = (".tsv", ".csv", ".jsonl", ".json", ".parquet")
 WRITE_FORMATS = (".jsonl", ".parquet")
 
 
+def _parquet():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("Parquet files need pyarrow: pip install pyarrow") from None
+    return pa, pq
+
+
 def iter_records(path: str, what: str = "input file") -> Iterator[dict]:
     """Each row of ``path`` as a dict (its columns), in file order."""
     if not path.endswith(READ_FORMATS):
@@ -23,8 +32,7 @@ def iter_records(path: str, what: str = "input file") -> Iterator[dict]:
         raise FileNotFoundError(f"{what} {path!r} does not exist")
     local = paths.local_copy(path)
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
+        _, pq = _parquet()
         for batch in pq.ParquetFile(local).iter_batches(batch_size=4096):
             yield from batch.to_pylist()
         return
@@ -64,9 +72,7 @@ class RecordWriter:
             text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             self._buffer.write(text.encode("utf-8"))
             return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        pa, pq = _parquet()
         table = pa.Table.from_pylist(rows)
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(self._buffer, table.schema)
