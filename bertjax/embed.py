@@ -198,7 +198,9 @@ def load(path: str, max_seq_length: int | None = None) -> Embedder:
     )
 
 
-def evaluate_beir(embedder: Embedder, beir_dir: str, split: str = "test", batch_size: int = 64):
+def evaluate_beir(
+    embedder: Embedder, beir_dir: str, split: str = "test", batch_size: int | None = None
+):
     """NDCG@10, MRR@10 and Recall@100 of exact search over a BEIR directory's corpus."""
     data = read_beir(beir_dir, split)
     doc_ids, query_ids = list(data.corpus), list(data.queries)
@@ -212,7 +214,7 @@ def evaluate_beir(embedder: Embedder, beir_dir: str, split: str = "test", batch_
     return {**metrics, "queries": len(query_ids), "documents": len(doc_ids)}
 
 
-def embed_corpus(embedder: Embedder, corpus_file: str, output: str, batch_size: int = 64):
+def embed_corpus(embedder: Embedder, corpus_file: str, output: str, batch_size: int | None = None):
     """Writes ``ids`` and ``embeddings`` of a corpus.jsonl ({"_id", "title", "text"}) as .npz."""
     ids, texts = [], []
     with open(paths.local_copy(corpus_file), encoding="utf-8") as f:
@@ -235,7 +237,7 @@ def _run(flags) -> None:
         embedder.export(flags.export)
         print(f"wrote the sentence-transformers directory {flags.export}")
     if flags.beir_dir:
-        metrics = evaluate_beir(embedder, flags.beir_dir, flags.split, flags.batch_size)
+        metrics = evaluate_beir(embedder, flags.beir_dir, flags.split, flags.batch_size or None)
         text = json.dumps(metrics, indent=2, sort_keys=True)
         if flags.output:
             paths.write_text(flags.output, text + "\n")
@@ -243,7 +245,7 @@ def _run(flags) -> None:
     elif flags.corpus:
         if not flags.output:
             raise SystemExit("--corpus needs --output=FILE.npz")
-        embed_corpus(embedder, flags.corpus, flags.output, flags.batch_size)
+        embed_corpus(embedder, flags.corpus, flags.output, flags.batch_size or None)
         print(f"wrote {flags.output}")
     elif not flags.export:
         raise SystemExit("give --beir_dir (metrics), --corpus (vectors) or --export (a directory)")
@@ -259,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_string("corpus", "", "corpus.jsonl to embed (with --output=FILE.npz)")
     flags.DEFINE_string("output", "", "metrics JSON (--beir_dir) or vectors .npz (--corpus)")
     flags.DEFINE_string("export", "", "write a sentence-transformers directory here")
-    flags.DEFINE_integer("batch_size", 64, "texts per encoder call")
+    flags.DEFINE_integer(
+        "batch_size", 0, "at most this many texts a length bucket (0: ~4096 tokens a call)"
+    )
     flags.DEFINE_integer("max_seq_length", 0, "token limit per text (0: the model's)")
     flags.mark_flag_as_required("model")
     app.run(lambda _: _run(flags.FLAGS), argv=argv)
