@@ -192,27 +192,30 @@ def main():
         f"{len(texts)} texts, tokens: median {int(np.median(lengths))}, "
         f"p90 {int(np.percentile(lengths, 90))}, max {lengths.max()} (cut at 256)"
     )
-    rows = []
+    print("\n| family | task | runner | texts/s | vs first row of its task | agreement |")
+    print("|---|---|---|---:|---:|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         families = {"bert": (st_dir, None), "modern": None}
         for family in args.families.split(","):
             if family == "modern":
                 families["modern"] = modern_dirs(tmp, st_dir)
-            embed_dir = families[family][0]
-            rows += embedding_rows(family, embed_dir, texts, args)
+            print_rows(embedding_rows(family, families[family][0], texts, args))
             if args.classify:
                 cls_dir = bert_classifier(tmp, st_dir) if family == "bert" else families[family][1]
-                rows += classify_rows(family, cls_dir, texts, args)
-    print("\n| family | task | runner | texts/s | vs first row of its task | agreement |")
-    print("|---|---|---|---:|---:|---|")
+                print_rows(classify_rows(family, cls_dir, texts, args))
+    print("\n| op (4096 tokens, width 384) | XLA:CPU ms | PyTorch ms | XLA / PyTorch |")
+    print("|---|---:|---:|---:|")
+    print("\n".join(kernel_rows()))
+
+
+def print_rows(rows) -> None:
+    """Table rows as soon as a family's task is measured (a long run killed keeps them)."""
     for family, task, name, speed, base, agree in rows:
         agreement = (
             "" if agree is None else (f"{agree:.6f}" if task == "embed" else f"{agree:.4f} labels")
         )
         print(f"| {family} | {task} | {name} | {speed:.1f} | {speed / base:.2f}x | {agreement} |")
-    print("\n| op (4096 tokens, width 384) | XLA:CPU ms | PyTorch ms | XLA / PyTorch |")
-    print("|---|---:|---:|---:|")
-    print("\n".join(kernel_rows()))
+    sys.stdout.flush()
 
 
 def kernel_rows() -> list[str]:
