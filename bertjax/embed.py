@@ -24,12 +24,13 @@ import io
 import json
 import logging
 import os
+from collections.abc import Iterable, Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from bertjax import paths
+from bertjax import inference, paths
+from bertjax.data import length_batches
 from bertjax.data.beir import read_beir
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
@@ -37,8 +38,15 @@ from bertjax.interop import hf_files
 from bertjax.interop import sentence_transformers as st_files
 from bertjax.interop.checkpoints import CheckpointReader
 from bertjax.modeling.bert_config import BertConfig
-from bertjax.modeling.embedder import BertForEmbedding, check_pooling
-from bertjax.objectives.tasks import encode_pairs
+from bertjax.modeling.embedder import (
+    PACKABLE_POOLING,
+    BertForEmbedding,
+    check_pooling,
+    l2_normalize,
+    pool_packed,
+)
+from bertjax.modeling.encoder import BertModel
+from bertjax.tasks.tasks import pair_ids
 
 
 @dataclasses.dataclass
@@ -52,30 +60,89 @@ class Embedder:
     normalize: bool = True
     max_seq_length: int = 512
 
+    # several texts a row (segment ids; measured ~1.5x the buckets' texts/s on CPU,
+    # benchmarks/predict_throughput.py) where the pooling allows; else length buckets
+    packed: bool = True
+
     def __post_init__(self):
         self.cfg = self.cfg.replace(dtype="float32")
         limit = self.cfg.max_position_embeddings - self.cfg.position_offset
         self.max_seq_length = min(int(self.max_seq_length), limit)
         model = BertForEmbedding(self.cfg, self.pooling, self.normalize)
         self._apply = jax.jit(lambda params, ids, mask: model.apply({"params": params}, ids, mask))
+        encoder = BertModel(self.cfg, add_pooler=False)
+        pooling, normalize = self.pooling, self.normalize
 
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        """[N, E] float32 vectors of ``texts`` (batches padded to one shape: one compile)."""
-        if not texts:
-            return np.zeros((0, self.cfg.hidden_size * len(self.pooling)), np.float32)
-        rows = encode_pairs(self.tokenizer, list(texts), [""] * len(texts), self.max_seq_length)
-        width = int(rows["attention_mask"].sum(axis=1).max())  # trim padding every text shares
-        ids, mask = rows["input_ids"][:, :width], rows["attention_mask"][:, :width]
-        out = []
-        for start in range(0, len(texts), batch_size):
-            n = min(batch_size, len(texts) - start)
-            pad = ((0, batch_size - n), (0, 0))
-            chunk_ids = np.pad(ids[start : start + n], pad, constant_values=self.cfg.pad_token_id)
-            chunk_mask = np.pad(mask[start : start + n], pad)
-            chunk_mask[n:, 0] = 1  # padding rows: one real token, discarded
-            vectors = self._apply(self.params, jnp.asarray(chunk_ids), jnp.asarray(chunk_mask))
-            out.append(np.asarray(vectors)[:n])
-        return np.concatenate(out)
+        def packed(params, ids, segment_ids, segments):
+            x, _ = encoder.apply({"params": params["bert"]}, ids, segment_ids=segment_ids)
+            vectors = pool_packed(x, segment_ids, segments, pooling)
+            return l2_normalize(vectors) if normalize else vectors
+
+        self._apply_packed = jax.jit(packed, static_argnums=3)
+
+    @property
+    def dimension(self) -> int:
+        return self.cfg.hidden_size * len(self.pooling)
+
+    def encode(
+        self,
+        texts: list[str],
+        batch_size: int | None = None,
+        tokens_per_batch: int = inference.TOKENS_PER_BATCH,
+    ) -> np.ndarray:
+        """[N, E] float32 vectors of ``texts`` in order: length-sorted batches of about
+        ``tokens_per_batch`` tokens (at most ``batch_size`` texts), or packed rows."""
+        return np.concatenate(
+            [np.zeros((0, self.dimension), np.float32)]
+            + list(self.encode_stream(texts, batch_size, tokens_per_batch))
+        )
+
+    def encode_stream(
+        self,
+        texts: Iterable[str],
+        batch_size: int | None = None,
+        tokens_per_batch: int = inference.TOKENS_PER_BATCH,
+        window: int = inference.WINDOW,
+    ) -> Iterator[np.ndarray]:
+        """`encode` of any number of texts, one [n, E] array per ``window`` texts read."""
+        for chunk in inference.windows(texts, window):
+            ids, _ = pair_ids(self.tokenizer, chunk, None, self.max_seq_length)
+            if self.packed and set(self.pooling) <= set(PACKABLE_POOLING):
+                yield self._encode_packed(ids, tokens_per_batch)
+                continue
+            apply = lambda i, t, m: self._apply(self.params, i, m)  # noqa: E731
+            types = [np.zeros(len(x), np.int32) for x in ids]
+            vectors = inference.apply_sorted(
+                apply,
+                ids,
+                types,
+                self.cfg.pad_token_id,
+                self.max_seq_length,
+                tokens_per_batch,
+                batch_size,
+            )
+            yield np.stack(vectors).astype(np.float32)
+
+    def _encode_packed(self, ids, tokens_per_batch: int) -> np.ndarray:
+        """Packed rows of the longest text's bucket length (one compiled shape per window)."""
+        lengths = [len(x) for x in ids]
+        length = length_batches.bucket_of(max(max(lengths), 128), self.max_seq_length)
+        rows = max(1, tokens_per_batch // length)
+        segments = max(1, length // 8)
+        pending = []
+        for batch in length_batches.packed_batches(lengths, rows, length, segments):
+            (input_ids, segment_ids) = length_batches.fill(batch, (ids,), (self.cfg.pad_token_id,))
+            pending.append(
+                (batch, self._apply_packed(self.params, input_ids, segment_ids, segments))
+            )
+        out = np.zeros((len(ids), self.dimension), np.float32)
+        for batch, vectors in pending:
+            vectors = np.asarray(vectors)
+            number = np.zeros(batch.shape[0], np.int64)
+            for text, row in zip(batch.texts, batch.rows):  # texts were filled in this order
+                out[text] = vectors[row, number[row]]
+                number[row] += 1
+        return out
 
     def export(self, path: str) -> None:
         """Writes a sentence-transformers directory of this embedder."""
@@ -131,7 +198,9 @@ def load(path: str, max_seq_length: int | None = None) -> Embedder:
     )
 
 
-def evaluate_beir(embedder: Embedder, beir_dir: str, split: str = "test", batch_size: int = 64):
+def evaluate_beir(
+    embedder: Embedder, beir_dir: str, split: str = "test", batch_size: int | None = None
+):
     """NDCG@10, MRR@10 and Recall@100 of exact search over a BEIR directory's corpus."""
     data = read_beir(beir_dir, split)
     doc_ids, query_ids = list(data.corpus), list(data.queries)
@@ -145,7 +214,7 @@ def evaluate_beir(embedder: Embedder, beir_dir: str, split: str = "test", batch_
     return {**metrics, "queries": len(query_ids), "documents": len(doc_ids)}
 
 
-def embed_corpus(embedder: Embedder, corpus_file: str, output: str, batch_size: int = 64):
+def embed_corpus(embedder: Embedder, corpus_file: str, output: str, batch_size: int | None = None):
     """Writes ``ids`` and ``embeddings`` of a corpus.jsonl ({"_id", "title", "text"}) as .npz."""
     ids, texts = [], []
     with open(paths.local_copy(corpus_file), encoding="utf-8") as f:
@@ -168,7 +237,7 @@ def _run(flags) -> None:
         embedder.export(flags.export)
         print(f"wrote the sentence-transformers directory {flags.export}")
     if flags.beir_dir:
-        metrics = evaluate_beir(embedder, flags.beir_dir, flags.split, flags.batch_size)
+        metrics = evaluate_beir(embedder, flags.beir_dir, flags.split, flags.batch_size or None)
         text = json.dumps(metrics, indent=2, sort_keys=True)
         if flags.output:
             paths.write_text(flags.output, text + "\n")
@@ -176,7 +245,7 @@ def _run(flags) -> None:
     elif flags.corpus:
         if not flags.output:
             raise SystemExit("--corpus needs --output=FILE.npz")
-        embed_corpus(embedder, flags.corpus, flags.output, flags.batch_size)
+        embed_corpus(embedder, flags.corpus, flags.output, flags.batch_size or None)
         print(f"wrote {flags.output}")
     elif not flags.export:
         raise SystemExit("give --beir_dir (metrics), --corpus (vectors) or --export (a directory)")
@@ -192,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_string("corpus", "", "corpus.jsonl to embed (with --output=FILE.npz)")
     flags.DEFINE_string("output", "", "metrics JSON (--beir_dir) or vectors .npz (--corpus)")
     flags.DEFINE_string("export", "", "write a sentence-transformers directory here")
-    flags.DEFINE_integer("batch_size", 64, "texts per encoder call")
+    flags.DEFINE_integer(
+        "batch_size", 0, "at most this many texts a length bucket (0: ~4096 tokens a call)"
+    )
     flags.DEFINE_integer("max_seq_length", 0, "token limit per text (0: the model's)")
     flags.mark_flag_as_required("model")
     app.run(lambda _: _run(flags.FLAGS), argv=argv)

@@ -18,7 +18,7 @@ import sys
 
 from bertjax import paths
 from bertjax.evaluation.glue import GlueHarness, default_glue_config, run_glue
-from bertjax.objectives.glue_tasks import GLUE_TASKS, TASKS
+from bertjax.tasks.glue_tasks import GLUE_TASKS, TASKS
 
 DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "glue.py"

@@ -13,8 +13,8 @@ from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.objectives import fgm, finetune
-from bertjax.objectives import task_metrics as evaluation
-from bertjax.objectives import tasks as tasks_data
+from bertjax.tasks import task_metrics as evaluation
+from bertjax.tasks import tasks as tasks_data
 from bertjax.training import checkpoint as checkpoint_lib
 from bertjax.training import sharding
 from bertjax.training import step as step_internals

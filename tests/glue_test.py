@@ -13,7 +13,7 @@ import pytest
 from glue_fixtures import SIZES, write_glue_dir
 
 from bertjax.evaluation import glue_report
-from bertjax.objectives import glue_tasks, tasks
+from bertjax.tasks import glue_tasks, tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -203,6 +203,8 @@ def test_blocks_to_run_are_marked_and_install_blocks_are_not():
         "--config=configs/diffusion_tiny.py",
         "python -m bertjax.diffusion",
         "python -m bertjax.glue",
+        "python -m bertjax.predict",
+        "--task=fill_mask",
         "convert.from_hf(",
         "step.jit_steps(",
     ):

@@ -21,7 +21,7 @@ minilm = pytest.importorskip(
 
 from bertjax import convert, embed  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer  # noqa: E402
-from bertjax.objectives.tasks import encode_pairs  # noqa: E402
+from bertjax.tasks.tasks import encode_pairs  # noqa: E402
 
 MODEL = str(minilm.MODEL_DIR)
 

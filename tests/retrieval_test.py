@@ -127,7 +127,7 @@ def test_pair_data_batches_negatives_and_heldout_score(tmp_path, small_spm):
     first, missing ones are other documents; the held-out batches pad with weight-0 rows; perfect
     vectors score NDCG@10 = 1."""
     from bertjax.objectives.embedding import Embedding, add_embedding_config
-    from bertjax.objectives.embedding_data import PairData
+    from bertjax.tasks.embedding_data import PairData
     from bertjax.trainer import default_run_config
 
     train = tmp_path / "train.jsonl"
@@ -172,7 +172,7 @@ def test_embedding_checkpoint_loads_with_its_pooling(tmp_path, small_spm):
     from bertjax.interop.checkpoints import tokenizer_meta
     from bertjax.modeling.embedder import BertForEmbedding
     from bertjax.objectives.embedding import add_embedding_config
-    from bertjax.objectives.tasks import encode_pairs
+    from bertjax.tasks.tasks import encode_pairs
     from bertjax.trainer import default_run_config
     from bertjax.training import sharding
     from bertjax.training.checkpoint import Checkpointer

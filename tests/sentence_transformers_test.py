@@ -109,8 +109,11 @@ def test_sentence_transformers_round_trip(family, tmp_path):
     embedder = embed.load(source)
     assert embedder.pooling == (("mean",) if family == "bert" else ("cls",))
     assert embedder.normalize == (family == "bert")
-    got = embedder.encode(TEXTS, batch_size=4)  # two batches, the second padded
+    got = embedder.encode(TEXTS, batch_size=4)  # packed rows
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    embedder.packed = False  # length buckets of at most 4 rows: two batches, in input order
+    np.testing.assert_allclose(embedder.encode(TEXTS, batch_size=4), want, atol=1e-5, rtol=1e-5)
+    embedder.packed = True
     exported = str(tmp_path / "exported")
     embedder.export(exported)
     again = SentenceTransformer(exported, device="cpu").encode(TEXTS, convert_to_numpy=True)
@@ -175,3 +178,16 @@ def test_unsupported_modules_are_named(tmp_path):
     )
     with pytest.raises(ValueError, match="no Dense"):
         st_files.read_modules(str(root))
+
+
+def test_sentence_transformers_6_keeps_the_length_in_the_tokenizer_config(tmp_path):
+    """sentence-transformers 6 saves max_seq_length as the tokenizer's model_max_length only."""
+    root = _bert(str(tmp_path / "st6"))
+    with open(os.path.join(root, "sentence_bert_config.json"), "w") as f:
+        json.dump({"transformer_task": "feature-extraction"}, f)
+    config_file = os.path.join(root, "tokenizer_config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    with open(config_file, "w") as f:
+        json.dump({**config, "model_max_length": 7}, f)
+    assert st_files.read_modules(root).max_seq_length == 7

@@ -13,7 +13,7 @@ import sklearn.metrics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertjax.objectives import task_metrics
+from bertjax.tasks import task_metrics
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

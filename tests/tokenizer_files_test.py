@@ -18,7 +18,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from bertjax.data import store as store_lib
 from bertjax.data.tokenizer import Tokenizer
-from bertjax.objectives.tasks import encode_pairs
+from bertjax.tasks.tasks import encode_pairs
 
 AWKWARD = [
     "Crème brûlée à São Paulo: ÉCOLE naïve, Straße, İstanbul.",

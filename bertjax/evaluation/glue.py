@@ -30,7 +30,7 @@ from ml_collections import config_dict
 
 from bertjax import paths
 from bertjax.evaluation import glue_report
-from bertjax.objectives import glue_tasks, tasks
+from bertjax.tasks import glue_tasks, tasks
 from bertjax.training.run_config import resolve_paths
 from bertjax.training.trainer import train_and_evaluate
 

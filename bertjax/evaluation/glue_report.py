@@ -2,7 +2,7 @@
 seeds, the task's metrics at that rate, the GLUE average, and the files that report them.
 
 OUT/glue_results.json holds exactly ``{"cola": {"matthews": .., "score": ..}, ..., "average": ..}``
-(fractions, task keys as in bertjax/objectives/glue_tasks.py; MNLI reports ``accuracy_m`` and
+(fractions, task keys as in bertjax/tasks/glue_tasks.py; MNLI reports ``accuracy_m`` and
 ``accuracy_mm``); OUT/glue_runs.json every run and the median score of every learning rate;
 OUT/glue_results.md a markdown table (x100, as papers print them).
 """
@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from bertjax.objectives.glue_tasks import GLUE_TASKS, TASKS
+from bertjax.tasks.glue_tasks import GLUE_TASKS, TASKS
 
 _NAMES = {
     "cola": "CoLA",

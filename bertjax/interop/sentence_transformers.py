@@ -83,6 +83,12 @@ def read_modules(path: str) -> SentenceModules:
         if paths.isfile(config_file):
             length = _read_json(config_file, "").get("max_seq_length", length)
             break
+    tokenizer_config = paths.join(transformer, "tokenizer_config.json")
+    if length is None and paths.isfile(
+        tokenizer_config
+    ):  # sentence-transformers >= 6 keeps it here
+        limit = _read_json(tokenizer_config, "").get("model_max_length")
+        length = int(limit) if isinstance(limit, (int, float)) and limit < 1_000_000 else None
     return SentenceModules(transformer, pooling, "Normalize" in names, length)
 
 

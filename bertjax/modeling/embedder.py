@@ -57,6 +57,36 @@ def pool(sequence_BTD: Array, attention_mask_BT: Array | None, modes: tuple[str,
     return jnp.concatenate(out, axis=-1) if len(out) > 1 else out[0]
 
 
+PACKABLE_POOLING = ("cls", "mean", "mean_sqrt_len_tokens", "lasttoken")
+
+
+def pool_packed(sequence_BTD: Array, segment_ids_BT: Array, segments: int, modes) -> Array:
+    """`pool` of each packed text: [B, T, D] with segment ids 1..``segments`` (0: padding) ->
+    [B, segments, len(modes) * D]; a segment absent from a row gives zeros. Modes: those of
+    `PACKABLE_POOLING` (max needs a [B, S, T, D] array: pool padded rows instead)."""
+    x = sequence_BTD.astype(jnp.promote_types(sequence_BTD.dtype, jnp.float32))
+    x = jnp.where(segment_ids_BT[..., None] > 0, x, 0.0)  # padding rows may be NaN (no keys)
+    one_hot_BTS = (segment_ids_BT[..., None] == jnp.arange(1, segments + 1)).astype(x.dtype)
+    length_BS = jnp.sum(one_hot_BTS, axis=1)
+    out = []
+    for mode in modes:
+        if mode in ("cls", "lasttoken"):
+            index_T = jnp.arange(x.shape[1], dtype=x.dtype)[None, :, None]
+            if mode == "cls":  # first token: the smallest position of the segment
+                at_BS = jnp.argmin(jnp.where(one_hot_BTS > 0, index_T, jnp.inf), axis=1)
+            else:
+                at_BS = jnp.argmax(jnp.where(one_hot_BTS > 0, index_T, -1.0), axis=1)
+            picked = jnp.take_along_axis(x, at_BS[..., None], axis=1)
+            out.append(picked * (length_BS > 0)[..., None])
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            total_BSD = jnp.einsum("btd,bts->bsd", x, one_hot_BTS)
+            length = jnp.maximum(length_BS, 1e-9)[..., None]
+            out.append(total_BSD / (length if mode == "mean" else jnp.sqrt(length)))
+        else:
+            raise ValueError(f"pooling {mode!r} is not computed on packed rows")
+    return jnp.concatenate(out, axis=-1) if len(out) > 1 else out[0]
+
+
 def l2_normalize(x: Array, eps: float = 1e-12) -> Array:
     """x / max(||x||, eps) along the last axis (torch's F.normalize)."""
     return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)

@@ -5,17 +5,15 @@ registry           objectives by name (config.loss.objective)
 pretraining        MLM (+ NSP/SOP)
 finetune           sequence / token classification, the init_from encoder (+ fgm: FGM)
 warm_start         pretraining from a model (init_from), copied or tiled into a larger one
-task_data, tasks   fine-tuning data: task examples (built-in, files, tfds GLUE) as rows
-builtin_tasks      the offline tasks made from CPython's docstrings (families, spans, order)
-glue_tasks         GLUE directories as the download script writes them; official metrics, score
-task_metrics       GLUE and CoNLL metrics
 distill            DistilBERT's distillation from a frozen teacher
 diffusion          LLaDA-style masked diffusion (+ diffusion_sampling: generation)
 pert               PERT's permuted language model: predict where each original token now is
 electra            ELECTRA's replaced-token detection: generator MLM + discriminator in one step
 causal_lm          causal LM (next-token CE) on the same encoder under a causal mask
 embedding          contrastive embedding training (+ contrastive: InfoNCE / Matryoshka,
-                   gradcache: GradCache, embedding_data: the pairs as a data source)
+                   gradcache: GradCache)
+
+The task data and metrics the objectives train and score with live in bertjax/tasks/.
 """
 
 from bertjax.objectives.base import Objective, default_loss_config

@@ -9,7 +9,7 @@ batch under jit, so the negatives of each query span every device and host. Grad
 accumulation would shrink the negatives to a microbatch (the step refuses it: the objective is
 not ``microbatch_additive``); GradCache (``config.loss.gradcache_chunk_size``, the objective's
 `gradients` hook) gives the whole batch's negatives at a chunk's memory.
-The data source is `bertjax.objectives.embedding_data.PairData`; held-out metrics are NDCG@10,
+The data source is `bertjax.tasks.embedding_data.PairData`; held-out metrics are NDCG@10,
 MRR@10 and Recall@100 of the held-out queries against the held-out documents.
 """
 
@@ -238,7 +238,7 @@ class Embedding(Objective):
         return flops * (4.0 / 3.0 if self.gradcache_chunk_size else 1.0)
 
     def make_data(self, config, workdir):
-        from bertjax.objectives.embedding_data import PairData
+        from bertjax.tasks.embedding_data import PairData
 
         return PairData(config, workdir, self)
 

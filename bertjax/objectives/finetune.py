@@ -3,7 +3,7 @@ pretrained encoder a run starts from (``config.init_from``).
 
 The trainer's one loop runs fine-tuning: ``config.loss.objective`` = "classification"
 (num_labels=1: regression) or "token_classification". The objective's data source is
-`TaskData` (bertjax/objectives/task_data.py), which knows the init_from model's config and
+`TaskData` (bertjax/tasks/task_data.py), which knows the init_from model's config and
 tokenizer and scores dev predictions with GLUE/CoNLL metrics; the objective's `prepare_state`
 loads the pretrained encoder; the trainer keeps WORKDIR/best by the task's dev metric. FGM
 (``config.loss.fgm_epsilon``) is the objective's way of taking gradients (`Objective.gradients`).
@@ -21,8 +21,8 @@ import numpy as np
 from bertjax.modeling.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.objectives.base import Objective, example_rows
 from bertjax.objectives.fgm import with_fgm
-from bertjax.objectives.task_data import TaskData
 from bertjax.ops.loss import cross_entropy
+from bertjax.tasks.task_data import TaskData
 
 
 def default_task_config() -> ml_collections.ConfigDict:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import jax
 
 from bertjax import paths
-from bertjax.objectives.task_metrics import better
+from bertjax.tasks.task_metrics import better
 from bertjax.training.checkpoint import Checkpointer
 
 

@@ -1,24 +1,22 @@
 """Fine-tuning task data: examples from built-in tasks, local TSV/CSV/JSONL/CoNLL files, a GLUE
-directory (bertjax/objectives/glue_tasks.py) or TFDS `glue/*`, encoded once into fixed-shape
+directory (bertjax/tasks/glue_tasks.py) or TFDS `glue/*`, encoded once into fixed-shape
 numpy rows.
 
 Sequence rows are `[CLS] a [SEP] (b [SEP])`, truncated longest-first. Token rows label the first
 piece of each word and give the word's other pieces (and [CLS]/[SEP]/padding) weight 0.
 
-Built-in tasks (offline, from CPython's own docstrings): bertjax/objectives/builtin_tasks.py.
+Built-in tasks (offline, from CPython's own docstrings): bertjax/tasks/builtin_tasks.py.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.objectives import glue_tasks
-from bertjax.objectives.builtin_tasks import (  # noqa: F401 (re-exported)
+from bertjax.data import records
+from bertjax.tasks import glue_tasks
+from bertjax.tasks.builtin_tasks import (  # noqa: F401 (re-exported)
     BUILTIN_TASKS,
     FAMILIES,
     WORD_ORDER_SPANS,
@@ -31,14 +29,11 @@ from bertjax.objectives.builtin_tasks import (  # noqa: F401 (re-exported)
 
 
 def _read_rows(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"task file {path!r} does not exist")
-    with open(path, encoding="utf-8", newline="") as f:
-        if path.endswith((".jsonl", ".json")):
-            return [json.loads(line) for line in f if line.strip()]
-        if path.endswith((".tsv", ".csv")):
-            return list(csv.DictReader(f, delimiter="\t" if path.endswith(".tsv") else ","))
-    raise ValueError(f"task file {path!r}: expected .tsv, .csv, .jsonl (or .conll/.txt for tokens)")
+    if not path.endswith(records.READ_FORMATS):
+        raise ValueError(
+            f"task file {path!r}: expected .tsv, .csv, .jsonl, .parquet (or .conll/.txt for tokens)"
+        )
+    return list(records.iter_records(path, "task file"))
 
 
 def _read_conll(path: str) -> list[dict]:
@@ -171,6 +166,36 @@ def _load_examples(task, split: str, tokens: bool) -> list[dict]:
     )
 
 
+def pair_ids(
+    tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, length: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each text's ``[CLS] a [SEP] (b [SEP])`` ids and token types, at most ``length`` long; the
+    longer side is cut first. ``pairs`` None: single texts."""
+    n = len(texts)
+    pairs = [""] * n if pairs is None else list(pairs)
+    firsts = tokenizer.encode(list(texts))
+    seconds = tokenizer.encode(pairs) if any(pairs) else [np.zeros(0, np.int32)] * n
+    ids_out, types_out = [], []
+    cls, sep = np.int32(tokenizer.cls_id), np.int32(tokenizer.sep_id)
+    for i, (a, b) in enumerate(zip(firsts, seconds)):
+        budget = length - 2 - (1 if len(b) or pairs[i] else 0)
+        keep_a, keep_b = len(a), len(b)
+        while keep_a + keep_b > budget:  # longest first, one token at a time (ties: a)
+            if keep_a >= keep_b:
+                keep_a -= 1
+            else:
+                keep_b -= 1
+        parts = [[cls], a[:keep_a], [sep]]
+        if pairs[i]:
+            parts += [b[:keep_b], [sep]]
+        ids = np.concatenate(parts).astype(np.int32)
+        types = np.zeros(len(ids), np.int32)
+        types[keep_a + 2 :] = 1
+        ids_out.append(ids)
+        types_out.append(types)
+    return ids_out, types_out
+
+
 def encode_pairs(tokenizer, texts: Sequence[str], pairs: Sequence[str], length: int) -> dict:
     """[CLS] a [SEP] (b [SEP]) rows, padded to ``length``; the longer side is cut first."""
     n = len(texts)
@@ -179,18 +204,7 @@ def encode_pairs(tokenizer, texts: Sequence[str], pairs: Sequence[str], length: 
         "token_type_ids": np.zeros((n, length), np.int32),
         "attention_mask": np.zeros((n, length), np.int32),
     }
-    firsts = tokenizer.encode(list(texts))
-    seconds = tokenizer.encode([p for p in pairs]) if any(pairs) else [np.zeros(0, np.int32)] * n
-    for i, (a, b) in enumerate(zip(firsts, seconds)):
-        a, b = list(a), list(b)
-        budget = length - 2 - (1 if len(b) or pairs[i] else 0)
-        while len(a) + len(b) > budget:
-            (a if len(a) >= len(b) else b).pop()
-        ids = [tokenizer.cls_id] + a + [tokenizer.sep_id]
-        types = [0] * len(ids)
-        if pairs[i]:
-            ids += b + [tokenizer.sep_id]
-            types += [1] * (len(b) + 1)
+    for i, (ids, types) in enumerate(zip(*pair_ids(tokenizer, texts, pairs, length))):
         rows["input_ids"][i, : len(ids)] = ids
         rows["token_type_ids"][i, : len(ids)] = types
         rows["attention_mask"][i, : len(ids)] = 1

@@ -23,7 +23,7 @@ from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
 from bertjax.interop import sentence_transformers as st_files
 from bertjax.interop.pretrained import PretrainedSource
-from bertjax.objectives.tasks import encode_pairs
+from bertjax.tasks.tasks import encode_pairs
 
 
 class PairData(DataSource):

@@ -14,7 +14,7 @@ from bertjax.data import keys, prepare
 from bertjax.data.source import DataSource, host_rows, ordered_rows, shuffled_rows
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.pretrained import PretrainedSource
-from bertjax.objectives import glue_tasks, task_metrics, tasks
+from bertjax.tasks import glue_tasks, task_metrics, tasks
 
 
 def _fingerprint(*splits: dict) -> str:

@@ -1,0 +1,95 @@
+"""Rows of a TSV/CSV/JSONL/Parquet file (local or a URL) read one at a time, and JSONL/Parquet
+output written as it comes: what fine-tuning reads and `python -m bertjax.predict` streams."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+
+from bertjax import paths
+
+READ_FORMATS = (".tsv", ".csv", ".jsonl", ".json", ".parquet")
+WRITE_FORMATS = (".jsonl", ".parquet")
+
+
+def _parquet():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("Parquet files need pyarrow: pip install pyarrow") from None
+    return pa, pq
+
+
+def iter_records(path: str, what: str = "input file") -> Iterator[dict]:
+    """Each row of ``path`` as a dict (its columns), in file order."""
+    if not path.endswith(READ_FORMATS):
+        raise ValueError(f"{what} {path!r}: expected one of {READ_FORMATS}")
+    if not paths.exists(path):
+        raise FileNotFoundError(f"{what} {path!r} does not exist")
+    local = paths.local_copy(path)
+    if path.endswith(".parquet"):
+        _, pq = _parquet()
+        for batch in pq.ParquetFile(local).iter_batches(batch_size=4096):
+            yield from batch.to_pylist()
+        return
+    with open(local, encoding="utf-8", newline="") as f:
+        if path.endswith((".jsonl", ".json")):
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{what} {path!r} line {number}: not JSON ({e})") from None
+        else:
+            yield from csv.DictReader(f, delimiter="\t" if path.endswith(".tsv") else ",")
+
+
+class RecordWriter:
+    """Appends dict rows to a JSONL or Parquet file; `close` publishes it (written beside and
+    renamed, or uploaded once for a URL, so a killed run leaves no half file at ``path``)."""
+
+    def __init__(self, path: str):
+        if not path.endswith(WRITE_FORMATS):
+            raise ValueError(f"--output={path!r}: expected one of {WRITE_FORMATS}")
+        self.path, self.count = path, 0
+        if paths.is_url(path):
+            self._local = os.path.join(tempfile.mkdtemp(), os.path.basename(path))
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._local = f"{path}.tmp-{os.getpid()}"
+        self._buffer = open(self._local, "wb")
+        self._parquet = None
+
+    def write(self, rows: list[dict]) -> None:
+        if not rows:
+            return
+        self.count += len(rows)
+        if self.path.endswith(".jsonl"):
+            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            self._buffer.write(text.encode("utf-8"))
+            return
+        pa, pq = _parquet()
+        table = pa.Table.from_pylist(rows)
+        if self._parquet is None:
+            self._parquet = pq.ParquetWriter(self._buffer, table.schema)
+        self._parquet.write_table(table.cast(self._parquet.schema))
+
+    def close(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+        self._buffer.close()
+        if paths.is_url(self.path):
+            paths.upload(self._local, self.path)
+            os.remove(self._local)
+        else:
+            os.replace(self._local, self.path)
+
+    def abort(self) -> None:
+        """Drops what was written (nothing appears at ``path``)."""
+        self._buffer.close()
+        if os.path.exists(self._local):
+            os.remove(self._local)
