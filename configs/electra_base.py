@@ -15,8 +15,8 @@ head (first token -> classifier: the default classifier_pooling "first" of an EL
 MRPC/STS-B on both orders of each pair (--config.task.double_unordered=True); GLUE dev results
 are medians over seeds of the score at the end of training (python -m bertjax.glue's default).
 
-Slice:   v5e-16 (16 chips for batch 256 x 512; ELECTRA-base trained on a TPU v3-16)
-         check it: python -m bertjax.compile --config=configs/electra_base.py --topology=v5e-16
+Slice:   v5e-32 (v5e-16 left 6% of HBM free; ELECTRA-base trained on a TPU v3-16)
+         check it: python -m bertjax.compile --config=configs/electra_base.py --topology=v5e-32
 Run:     python train.py --config=configs/electra_base.py --workdir=gs://BUCKET/electra_base \
              --config.data.corpus='/data/wiki/*.txt'
          python train.py --config=configs/finetune_glue.py --workdir=DIR/mnli \
