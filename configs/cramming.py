@@ -22,7 +22,8 @@ skips it), learned positions start sinusoidal (cramming: a fixed sinusoid times 
 scale), and its GLU gates the first half where cramming gates the second (the same family of
 functions; only pretrained weights would care).
 
-Slice:   v5e-8 (8 chips for batch 8192 x 128; the paper: one GPU for a day)
+Slice:   v5e-8 (the paper: one GPU for a day); at these defaults its step does NOT fit (113.5 GiB
+         of temporaries per chip): raise config.optim.grad_accum_steps (benchmarks/results.md)
          check it: python -m bertjax.compile --config=configs/cramming.py --topology=v5e-8
 Run:     python train.py --config=configs/cramming.py --workdir=DIR \
              --config.data.corpus='/data/pile/*.txt'
