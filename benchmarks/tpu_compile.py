@@ -34,7 +34,7 @@ RECIPES = {
     "pert_zh": ("v5e-16", 21128),
     "roberta_zh_long": ("v5e-16", 21128),
     "modernbert_large": ("v5p-16", 50368),
-    "electra_base": ("v5e-16", 30522),
+    "electra_base": ("v5e-32", 30522),
     "diffusion_base": ("v5e-16", 32000),
     "clm_mlm_base": ("v5p-64", 50368),
     "distilbert": ("v5e-4", 30522),
