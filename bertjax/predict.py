@@ -28,18 +28,6 @@ import time
 from bertjax import inference, predictors
 from bertjax.data import records
 
-ID_COLUMNS = ("_id", "id")
-
-
-def output_rows(predictor, rows: list[dict], start: int) -> list[dict]:
-    """``predictor``'s outputs of ``rows`` (input rows ``start``...), each with its ``row``
-    number and the input's id."""
-    out = []
-    for number, (row, result) in enumerate(zip(rows, predictor.predict(rows)), start=start):
-        named = [str(row[k]) for k in ID_COLUMNS if k in row][:1]
-        out.append({"row": number, **({"id": named[0]} if named else {}), **result})
-    return out
-
 
 def predict_file(predictor, input_path: str, output: str, window: int = inference.WINDOW) -> int:
     """Writes ``output`` from ``input_path``; returns the number of rows."""
@@ -47,7 +35,7 @@ def predict_file(predictor, input_path: str, output: str, window: int = inferenc
     start = time.perf_counter()
     try:
         for chunk in inference.windows(records.iter_records(input_path), window):
-            writer.write(output_rows(predictor, chunk, writer.count))
+            writer.write(predictors.output_rows(predictor, chunk, writer.count))
             speed = writer.count / (time.perf_counter() - start)
             logging.info("%d rows, %.1f rows/s", writer.count, speed)
     except BaseException:

@@ -50,7 +50,7 @@ def load_predictor(settings: dict):
 
 def write_shard(predictor, settings: dict, shard: tuple[int, str]) -> str:
     """Predicts window ``k`` of the input into its shard (kept when it exists already)."""
-    from bertjax import predict
+    from bertjax import predictors
 
     k, path = shard
     if paths.exists(path):
@@ -61,7 +61,7 @@ def write_shard(predictor, settings: dict, shard: tuple[int, str]) -> str:
     )
     writer = records.RecordWriter(path)
     try:
-        writer.write(predict.output_rows(predictor, rows, k * window))
+        writer.write(predictors.output_rows(predictor, rows, k * window))
     except BaseException:
         writer.abort()
         raise

@@ -320,3 +320,16 @@ def _make(kind, cfg, params, tokenizer, length, labels, top_k) -> Predictor:
     if "mlm_head" not in params:
         raise ValueError("--task=fill_mask needs a model with its MLM head (a pretraining save)")
     return FillMask(cfg, params, tokenizer, length, top_k)
+
+
+ID_COLUMNS = ("_id", "id")
+
+
+def output_rows(predictor, rows: list[dict], start: int) -> list[dict]:
+    """``predictor``'s outputs of ``rows`` (input rows ``start``...), each with its ``row``
+    number and the input's id."""
+    out = []
+    for number, (row, result) in enumerate(zip(rows, predictor.predict(rows)), start=start):
+        named = [str(row[k]) for k in ID_COLUMNS if k in row][:1]
+        out.append({"row": number, **({"id": named[0]} if named else {}), **result})
+    return out
