@@ -371,7 +371,7 @@ class Pipeline(DataSource):
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._executor = workers.process_pool(
-            self.config, workdir, self.process_index, self.process_count
+            make_pipeline, self.config, workdir, self.process_index, self.process_count
         )
         self._in_workers = True
 

@@ -12,9 +12,7 @@ import numpy as np
 _PIPELINE = None  # this worker process's own pipeline
 
 
-def _start(config, workdir: str, process_index: int, process_count: int) -> None:
-    from bertjax.data.pipeline import make_pipeline
-
+def _start(make_pipeline, config, workdir: str, process_index: int, process_count: int) -> None:
     global _PIPELINE
     config = config.copy_and_resolve_references()
     config.data.workers, config.data.prefetch = 0, 0
@@ -28,12 +26,13 @@ def compute_batch(step: int) -> dict[str, np.ndarray]:
     return _PIPELINE.compute_batch(step)
 
 
-def process_pool(config, workdir: str, process_index: int, process_count: int):
+def process_pool(make_pipeline, config, workdir: str, process_index: int, process_count: int):
     """config.data.workers spawned processes (fork is unsafe once JAX's threads exist), each
-    opening the store and tokenizer of ``config`` itself."""
+    opening the store and tokenizer of ``config`` itself with ``make_pipeline`` (the pipeline's
+    module-level factory, passed in so this module does not import the pipeline)."""
     return concurrent.futures.ProcessPoolExecutor(
         config.data.workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_start,
-        initargs=(config, workdir, process_index, process_count),
+        initargs=(make_pipeline, config, workdir, process_index, process_count),
     )
