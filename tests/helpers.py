@@ -266,3 +266,32 @@ DOCS = [
         "市场部门负责调查客户需求。",
     ],
 ]
+
+
+# ---- tokenizers against transformers ----
+
+
+def assert_tokenizes_as(ours, reference, texts, keys, what=""):
+    """bertjax Tokenizer ``ours`` gives transformers tokenizer ``reference``'s ids of ``texts``
+    (no special tokens), and `encode_pairs` rows equal its own at length 256 (longest-first
+    truncation, padding), single and paired, for ``keys``; returns the reference ids.
+
+    bertjax reads an empty second text as "no pair" (one [SEP] fewer than HF): the paired texts
+    here are never empty."""
+    from bertjax.tasks.tasks import encode_pairs
+
+    expected = reference(texts, add_special_tokens=False)["input_ids"]
+    assert [ids.tolist() for ids in ours.encode(texts)] == expected
+    for pairs in ([""] * len(texts), [text or "-" for text in texts[::-1]]):
+        rows = encode_pairs(ours, texts, pairs, 256)
+        theirs = reference(
+            texts,
+            *([pairs] if any(pairs) else []),
+            truncation=True,
+            max_length=256,
+            padding="max_length",
+            return_tensors="np",
+        )
+        for key in keys:
+            np.testing.assert_array_equal(rows[key], theirs[key], err_msg=f"{what} {key}")
+    return expected

