@@ -56,7 +56,8 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 
 from bertjax import trainer  # noqa: E402
-from bertjax.data import corpus, make_pipeline  # noqa: E402
+from bertjax.data import make_pipeline  # noqa: E402
+from bertjax.data.text import corpus  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 from bertjax.diffusion import add_diffusion_config  # noqa: E402
 from bertjax.objectives import make_objective  # noqa: E402

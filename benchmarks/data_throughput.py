@@ -21,8 +21,10 @@ import time
 import ml_collections
 import numpy as np
 
-from bertjax.data import corpus, default_data_config, keys, make_pipeline, masking
-from bertjax.data.store import prepare_store
+from bertjax.data import default_data_config, keys, make_pipeline
+from bertjax.data.corruption import masking
+from bertjax.data.store.memmap import prepare_store
+from bertjax.data.text import corpus
 from bertjax.data.tokenizer import Tokenizer
 
 MODES = ("token", "whole_word", "ngram", "diffusion")

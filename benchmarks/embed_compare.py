@@ -4,7 +4,7 @@ in the same run, and what GradCache's larger batch buys at equal steps.
 
 Both sides start from one sentence-transformers directory (``--init``; default: a random
 BERT of --width/--layers with a WordPiece vocabulary trained on the training pairs, mean pooling,
-Normalize), train on the built-in pairs (bertjax.data.pairs; 10% held out by hash) in the same
+Normalize), train on the built-in pairs (bertjax.data.text.pairs; 10% held out by hash) in the same
 order (bertjax's epoch permutations keyed by the seed), with MultipleNegativesRankingLoss at the
 same scale (bertjax: config.loss.objective="embedding"), batch, steps, AdamW (betas 0.9/0.999,
 eps 1e-8, no weight decay, gradient clipping at 1.0), linear warmup then linear decay to 0, and
@@ -34,7 +34,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bertjax.data import pairs, source  # noqa: E402
+from bertjax.data import source
+from bertjax.data.text import pairs  # noqa: E402
 from bertjax.evaluation import retrieval  # noqa: E402
 
 

@@ -27,8 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bertjax import trainer  # noqa: E402
-from bertjax.data import corpus, make_pipeline  # noqa: E402
-from bertjax.data import shard_format as fmt  # noqa: E402
+from bertjax.data import make_pipeline  # noqa: E402
+from bertjax.data.store import shard_format as fmt  # noqa: E402
+from bertjax.data.text import corpus  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 DOC, SENTENCE, SENTENCES, BLOCK, FIRST_ID = 256, 51, 5, 16 << 10, 10

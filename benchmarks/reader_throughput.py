@@ -28,8 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bertjax import trainer  # noqa: E402
-from bertjax.data import beam_prepare, corpus, make_pipeline, shard_writer  # noqa: E402
-from bertjax.data import shard_format as fmt  # noqa: E402
+from bertjax.data import make_pipeline  # noqa: E402
+from bertjax.data.store import beam_prepare, shard_writer  # noqa: E402
+from bertjax.data.store import shard_format as fmt  # noqa: E402
+from bertjax.data.text import corpus  # noqa: E402
 from bertjax.data.tokenizer import train_sentencepiece  # noqa: E402
 
 WARM = 20  # steps before the timed ones
@@ -84,7 +86,7 @@ def hf_streaming(work: str, store_path: str, length: int, steps: int) -> float |
         import pyarrow.parquet as pq
     except ImportError:
         return None
-    from bertjax.data.shard_reader import ShardedStore
+    from bertjax.data.store.shard_reader import ShardedStore
     from bertjax.data.tokenizer import Tokenizer
 
     manifest = fmt.read_manifest(store_path)

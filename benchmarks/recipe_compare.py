@@ -27,7 +27,7 @@ import statistics
 import numpy as np
 
 from bertjax import trainer
-from bertjax.data.batch_plan import BatchPlan
+from bertjax.data.plans.batch_plan import BatchPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -27,7 +27,9 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from bertjax import trainer  # noqa: E402
-from bertjax.data import beam_prepare, corpus, make_pipeline, prepare  # noqa: E402
+from bertjax.data import make_pipeline, prepare  # noqa: E402
+from bertjax.data.store import beam_prepare  # noqa: E402
+from bertjax.data.text import corpus  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 
@@ -126,7 +128,7 @@ def main() -> None:
     start = time.perf_counter()
     prepare.load_store(config, Tokenizer(spm), "train")
     local_wall = time.perf_counter() - start
-    from bertjax.data import shard_writer
+    from bertjax.data.store import shard_writer
 
     spec = beam_prepare.make_spec(config, os.path.join(work, "direct"), [])
     tok = Tokenizer(spm, num_threads=1)
@@ -149,7 +151,7 @@ def main() -> None:
 
     server, bucket = _emulator()
     try:
-        from bertjax.data import shard_format
+        from bertjax.data.store import shard_format
 
         fs, _ = shard_format.filesystem(bucket)
         fs.put(os.path.join(work, "beam2"), f"{bucket}/store", recursive=True)

@@ -31,7 +31,7 @@ import numpy as np
 
 from bertjax import inference, paths
 from bertjax.data import length_batches
-from bertjax.data.beir import read_beir
+from bertjax.data.text.beir import read_beir
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
 from bertjax.interop import hf_files

@@ -26,7 +26,7 @@ import logging
 import time
 
 from bertjax import inference, predictors
-from bertjax.data import records
+from bertjax.data.text import records
 
 
 def predict_file(predictor, input_path: str, output: str, window: int = inference.WINDOW) -> int:

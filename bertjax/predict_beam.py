@@ -19,7 +19,7 @@ import math
 import os
 
 from bertjax import paths
-from bertjax.data import records
+from bertjax.data.text import records
 
 
 def shard_paths(output: str, count: int) -> list[str]:

@@ -2,8 +2,8 @@
 n-gram masking (n <= 3, p ~ 1/n), LAMB at batch 4096.
 
 Data:    sample_plan="sop": ALBERT's sentence-order pairs (the paper's input), planned per ~1
-         M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of any
+         size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5p-128 (64 chips for batch 4096 x 512; ALBERT trained on 64-512 TPU v3 chips)
          check it: python -m bertjax.compile --config=configs/albert_base.py --topology=v5p-128
 Run:     python train.py --config=configs/albert_base.py --workdir=DIR \

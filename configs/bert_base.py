@@ -3,8 +3,8 @@ first 90% at 128 tokens (20 predictions), the last 10% at 512 (76), one linear s
 (AdamW 1e-4, 10k warmup steps; google-research/bert README and paper §A.2).
 
 Data:    sample_plan="nsp": BERT's sentence pairs with NSP labels (the paper's input), planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-16 (BERT-base trained on 16 TPU chips, 4 Cloud TPUs)
          check it: python -m bertjax.compile --config=configs/bert_base.py --topology=v5e-16
 Run:     python train.py --config=configs/bert_base.py --workdir=gs://BUCKET/bert_base \

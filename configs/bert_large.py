@@ -1,8 +1,8 @@
 """BERT-large with BERT's two length phases: 90% of steps at 128 tokens, then 512.
 
 Data:    sample_plan="nsp": BERT's sentence pairs with NSP labels (the paper's input), planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-64 (BERT-large trained on 64 TPU chips)
          check it: python -m bertjax.compile --config=configs/bert_large.py --topology=v5e-64
 Run:     python train.py --config=configs/bert_large.py --workdir=DIR \

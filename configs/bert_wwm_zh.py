@@ -1,8 +1,8 @@
 """Chinese BERT-wwm (Cui et al. 2019): whole-word masking with jieba word boundaries, MLM + NSP.
 
 Data:    sample_plan="nsp": BERT's sentence pairs with NSP labels (the paper's input), planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5p-32 (16 chips for batch 2560 x 128; the source trained on a TPU v3)
          check it: python -m bertjax.compile --config=configs/bert_wwm_zh.py --topology=v5p-32
 Run:     pip install 'bertjax[zh]'

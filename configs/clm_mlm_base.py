@@ -14,8 +14,8 @@ size, not a number from the paper) and ModernBERT-base's optimizer (configs/mode
 one LR schedule spans both phases (warmup, then linear decay to 0 at step 42k).
 
 Data:    sample_plan="full_sentences", packed: RoBERTa's FULL-SENTENCES rows of whole sentences,
-         planned per ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store
-         of any size starts from its manifest and each host reads only its own pieces' index.
+         planned per ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded
+         store of any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5p-128 (64 chips for batch 1152 x 2048)
          check it: python -m bertjax.compile --config=configs/clm_mlm_base.py --topology=v5p-128
 Run:     python train.py --config=configs/clm_mlm_base.py --workdir=gs://BUCKET/clm_mlm_base \

@@ -23,8 +23,8 @@ scale), and its GLU gates the first half where cramming gates the second (the sa
 functions; only pretrained weights would care).
 
 Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-8 (the paper: one GPU for a day); at these defaults its step does NOT fit (113.5 GiB
          of temporaries per chip): raise config.optim.grad_accum_steps (benchmarks/results.md)
          check it: python -m bertjax.compile --config=configs/cramming.py --topology=v5e-8

@@ -1,8 +1,8 @@
 """Masked diffusion LM (LLaDA/MDLM) with a BERT-base-sized encoder, for accelerators.
 
 Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-16 (16 chips for batch 256 x 512)
          check it: python -m bertjax.compile --config=configs/diffusion_base.py --topology=v5e-16
 Run:     python train.py --config=configs/diffusion_base.py --workdir=DIR \

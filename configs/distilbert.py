@@ -2,8 +2,8 @@
 student.
 
 Data:    sample_plan="nsp": BERT's sentence pairs with NSP labels (the paper's input), planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-4 (4 chips; DistilBERT trained on 8 V100s)
          check it: python -m bertjax.compile --config=configs/distilbert.py --topology=v5e-4
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny   # the teacher

@@ -15,8 +15,8 @@ MRPC/STS-B on both orders of each pair (--config.task.double_unordered=True); GL
 are medians over seeds of the score at the end of training (python -m bertjax.glue's default).
 
 Data:    sample_plan="mlm": contiguous text with BERT's 10% shorter rows (ELECTRA's input), planned
-         per ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any
-         size starts from its manifest and each host reads only its own pieces' index.
+         per ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store
+         of any size starts from its manifest and each host reads only its own pieces' index.
 Run:     python train.py --config=configs/electra_small.py --workdir=gs://BUCKET/electra_small \
              --config.data.corpus='/data/owt/*.txt'
          python train.py --config=configs/finetune_glue.py --workdir=DIR/sst2 \

@@ -8,11 +8,12 @@ The model predicts the original tokens at their positions. Choices where the pap
 similar word must have as many pieces as the word (others in the file are dropped, so rows keep
 their length and targets their positions; with BERT's character vocabulary this is "as many
 characters"); a random word is a word of the similarity file with as many pieces (random pieces
-when it lists none of that length). See bertjax/data/similarity.py and masking._correct_words.
+when it lists none of that length). See bertjax/data/corruption/similarity.py and
+masking._correct_words.
 
-Data:    sample_plan="sop": ALBERT's sentence-order pairs (the paper's input), planned per ~1
-         M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+Data:    sample_plan="sop": ALBERT's sentence-order pairs (the paper's input), planned per
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5p-32 (16 chips for batch 2560 x 128; the source trained on TPU v3)
          check it: python -m bertjax.compile --config=configs/macbert_zh.py --topology=v5p-32
 Run:     pip install 'bertjax[zh]'

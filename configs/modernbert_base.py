@@ -14,8 +14,8 @@ third layer global, no biases, attention-output dropout 0.1). Rows are packed (R
 restart in each document), as ModernBERT unpads.
 
 Data:    sample_plan="full_sentences", packed: RoBERTa's FULL-SENTENCES rows of whole sentences,
-         planned per ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store
-         of any size starts from its manifest and each host reads only its own pieces' index.
+         planned per ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded
+         store of any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5p-128 (64 chips for batch 4608 x 1024; the paper used 8 H100s with accumulation)
          check it: python -m bertjax.compile --config=configs/modernbert_base.py --topology=v5p-128
 Run:     python train.py --config=configs/modernbert_base.py --workdir=gs://BUCKET/modernbert \

@@ -10,8 +10,8 @@ one centred and wrapped; bertjax/interop/tiling.py). The paper's large run also 
 5e-5 after 900B tokens (5e-4 proved too high); this recipe keeps the yamls' phase-1 value.
 
 Data:    sample_plan="full_sentences", packed: RoBERTa's FULL-SENTENCES rows of whole sentences,
-         planned per ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store
-         of any size starts from its manifest and each host reads only its own pieces' index.
+         planned per ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded
+         store of any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5p-16 (8 chips, as the paper's 8 H100s; batches 4928, 616, 624 split 8 ways)
          check it: python -m bertjax.compile --config=configs/modernbert_large.py --topology=v5p-16
 Run:     python train.py --config=configs/modernbert_large.py --workdir=gs://BUCKET/mb_large \

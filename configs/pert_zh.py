@@ -20,8 +20,8 @@ Choice of this project: the position head is BERT's MLM transform scored against
 position's final hidden state (bertjax/objectives/pert.py).
 
 Data:    sample_plan="pairs": consecutive [CLS] A [SEP] B [SEP] pairs (PERT's input), planned per ~1
-         M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of any
+         size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-16 (16 chips for batch 256 x 512)
          check it: python -m bertjax.compile --config=configs/pert_zh.py --topology=v5e-16
 Run:     pip install 'bertjax[zh]'

@@ -5,8 +5,8 @@ linear decay over 500k steps, Adam b2 0.98, eps 1e-6, weight decay 0.01, no grad
 (fairseq's RoBERTa pretraining config: clip_norm 0).
 
 Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5p-128 (64 chips for batch 8192 x 512; RoBERTa trained on V100 GPUs)
          check it: python -m bertjax.compile --config=configs/roberta_base.py --topology=v5p-128
 Run:     python train.py --config=configs/roberta_base.py --workdir=DIR \

@@ -2,8 +2,8 @@
 mixed lengths (25% 128 / 50% 512 / 25% 1024 tokens, chosen per step), no NSP.
 
 Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
-         ~1 M-token piece of the store (bertjax/data/piece_plans.py), so a sharded store of any size
-         starts from its manifest and each host reads only its own pieces' index.
+         ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
+         any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-16 (16 chips for batch 256 x 1024)
          check it: python -m bertjax.compile --config=configs/roberta_zh_long.py --topology=v5e-16
 Run:     pip install 'bertjax[zh]'

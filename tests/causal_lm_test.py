@@ -10,7 +10,7 @@ import pytest
 
 from bertjax import BertConfig, trainer
 from bertjax.data import make_pipeline
-from bertjax.data.causal import causal_batch
+from bertjax.data.corruption.causal import causal_batch
 from bertjax.modeling.embeddings import Embeddings
 from bertjax.objectives import make_objective
 from bertjax.objectives.causal_lm import CausalLM, add_clm_config

@@ -118,7 +118,7 @@ WEB_SCALE = (  # the recipes written for web-scale corpora (every one of them: a
 
 def _prepare(config, output, shard_bytes):
     """A sharded store of the config's corpus in small shards, as the Beam job's units make it."""
-    from bertjax.data import beam_prepare, shard_writer
+    from bertjax.data.store import beam_prepare, shard_writer
 
     config.data.shard_bytes, config.data.block_tokens = shard_bytes, 256
     items = shard_writer.work_items(config.data)
@@ -133,7 +133,7 @@ def sharded_stores(zh_files, small_spm, tmp_path_factory):
     """{language: a sharded store URL}: the built-in corpus, and the Chinese test corpus."""
     root = tmp_path_factory.mktemp("sharded_recipes")
     stores = {}
-    from bertjax.data import corpus
+    from bertjax.data.text import corpus
 
     zh = root / "zh.txt"  # the Chinese test corpus three times over: ~50 shards
     zh.write_text(open(zh_files[0], encoding="utf-8").read() * 3, encoding="utf-8")
@@ -154,8 +154,9 @@ def test_web_scale_recipes_start_from_a_sharded_store_without_every_shard_index(
 ):
     """Each recipe's `:smoke` variant, its own sample plan, on a store of many shards: the first
     batch reads the indexes of one window of pieces, never the whole store's."""
-    from bertjax.data import make_pipeline, piece_plans
-    from bertjax.data import shard_format as fmt
+    from bertjax.data import make_pipeline
+    from bertjax.data.plans import piece_plans
+    from bertjax.data.store import shard_format as fmt
 
     assert set(WEB_SCALE) <= set(CONFIGS)
     config = _smoke(name, zh_files, small_spm)

@@ -60,7 +60,7 @@ import pytest  # noqa: E402
 
 
 def _builtin_spm(tmp_path_factory, vocab_size: int) -> str:
-    from bertjax.data import corpus
+    from bertjax.data.text import corpus
     from bertjax.data.tokenizer import train_sentencepiece
 
     sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)

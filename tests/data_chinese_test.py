@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from helpers import DOCS
 
-from bertjax.data import default_data_config, make_pipeline, masking
+from bertjax.data import default_data_config, make_pipeline
+from bertjax.data.corruption import masking
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
 

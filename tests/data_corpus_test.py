@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from bertjax.data import corpus, text
+from bertjax.data.text import corpus
+from bertjax.data.text import sentences as text
 
 
 def _write(path, data):

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from bertjax.data import keys, masking, similarity
+from bertjax.data import keys
+from bertjax.data.corruption import masking, similarity
 
 MASK, VOCAB = 4, 1000
 NORMAL = np.arange(5, VOCAB, dtype=np.int32)

@@ -1,14 +1,17 @@
-"""Per-piece sentence plans (bertjax/data/piece_plans.py) keep the statistics of the whole-store
-plans of samples.py on the same corpus: NSP's random-B share, SOP's swap share, the row-length
-distribution (BERT's short sequences included), pad fraction and mean row length, packed rows'
-fill; and the random B of NSP comes from the same piece."""
+"""Per-piece sentence plans (bertjax/data/plans/piece_plans.py) keep the statistics of the
+whole-store plans of samples.py on the same corpus: NSP's random-B share, SOP's swap share, the
+row-length distribution (BERT's short sequences included), pad fraction and mean row length, packed
+rows' fill; and the random B of NSP comes from the same piece."""
 
 import ml_collections
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, default_data_config, keys, piece_plans, samples, text
-from bertjax.data.store import Store, prepare_store
+from bertjax.data import default_data_config, keys
+from bertjax.data.plans import piece_plans, samples
+from bertjax.data.store.memmap import Store, prepare_store
+from bertjax.data.text import corpus
+from bertjax.data.text import sentences as text
 from bertjax.data.tokenizer import Tokenizer
 
 LENGTH, EPOCHS, PIECE_TOKENS, COPIES = 128, 3, 1 << 16, 4
@@ -68,7 +71,7 @@ def whole_store(store, plan):
         lengths.append(p.lengths())
         labels.append(p.label)
         if c.pack_rows:
-            from bertjax.data import rows
+            from bertjax.data.plans import rows
 
             starts, packed, _ = rows.pack(p.lengths(), rng.permutation(len(p)), LENGTH)
             fill.append(np.add.reduceat(p.lengths()[packed], starts[:-1]))

@@ -3,8 +3,11 @@
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, keys, samples, text
-from bertjax.data.store import Store, prepare_store
+from bertjax.data import keys
+from bertjax.data.plans import samples
+from bertjax.data.store.memmap import Store, prepare_store
+from bertjax.data.text import corpus
+from bertjax.data.text import sentences as text
 from bertjax.data.tokenizer import Tokenizer
 
 
@@ -196,7 +199,7 @@ def _pert_figure_row(tokens, a, b, width, cls_id, sep_id, pad_id):
 def test_pairs_are_sop_pairs_in_order_as_pert_s_rows(store, tok):
     """sample_plan "pairs" (PERT): SOP's pairs with every swap undone, label 0; its rows are the
     figure's [CLS] A [SEP] B [SEP] with B's segment embedding."""
-    from bertjax.data import rows
+    from bertjax.data.plans import rows
 
     sop, pairs = _plans(store, "sop", epochs=1)[0], _plans(store, "pairs", epochs=1)[0]
     swapped = sop.label == 1

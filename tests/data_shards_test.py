@@ -19,17 +19,12 @@ from helpers import final_params as _final_params
 from helpers import free_port as _free_port
 
 from bertjax import paths, trainer
-from bertjax.data import (
-    beam_prepare,
-    corpus,
-    make_pipeline,
-    mds_import,
-    mixture,
-    piece_plans,
-    shard_reader,
-)
-from bertjax.data import shard_format as fmt
-from bertjax.data.shard_reader import ShardedStore
+from bertjax.data import make_pipeline, mixture
+from bertjax.data.plans import piece_plans
+from bertjax.data.store import beam_prepare, mds_import, shard_reader
+from bertjax.data.store import shard_format as fmt
+from bertjax.data.store.shard_reader import ShardedStore
+from bertjax.data.text import corpus
 from bertjax.data.tokenizer import Tokenizer
 
 BEAM_2_WORKERS = [

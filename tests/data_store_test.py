@@ -6,9 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, text
-from bertjax.data import store as store_lib
-from bertjax.data.store import Store, prepare_store
+from bertjax.data.store import memmap as store_lib
+from bertjax.data.store.memmap import Store, prepare_store
+from bertjax.data.text import corpus
+from bertjax.data.text import sentences as text
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
 TEXT = """The cat sat on the mat.

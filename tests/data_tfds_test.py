@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from bertjax.data import corpus, default_data_config, make_pipeline, text
+from bertjax.data import default_data_config, make_pipeline
+from bertjax.data.text import corpus
+from bertjax.data.text import sentences as text
 
 
 class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from bertjax import trainer
-from bertjax.data import make_pipeline, piece_plans
-from bertjax.data import shard_format as fmt
+from bertjax.data import make_pipeline
+from bertjax.data.plans import piece_plans
+from bertjax.data.store import shard_format as fmt
 from bertjax.data.tokenizer import Tokenizer
 
 SHARDS, SHARD_TOKENS, BLOCK, FIRST_ID = 4096, 2**30, 4096, 10

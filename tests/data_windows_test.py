@@ -10,8 +10,8 @@ import pytest
 
 from bertjax import trainer
 from bertjax.data import make_pipeline
-from bertjax.data import shard_format as fmt
-from bertjax.data.index_shuffle import IndexShuffle
+from bertjax.data.plans.index_shuffle import IndexShuffle
+from bertjax.data.store import shard_format as fmt
 from bertjax.data.tokenizer import Tokenizer
 
 

@@ -19,7 +19,7 @@ from helpers import randomize as _randomize
 
 import bertjax
 from bertjax import convert, trainer
-from bertjax.data import corpus
+from bertjax.data.text import corpus
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.objectives.finetune import add_finetune_config
 

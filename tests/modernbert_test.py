@@ -17,7 +17,7 @@ from helpers import jit_apply
 
 import bertjax
 from bertjax import convert, trainer
-from bertjax.data import corpus
+from bertjax.data.text import corpus
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.modeling import attention as attention_lib
 from bertjax.objectives.finetune import add_finetune_config

@@ -429,7 +429,7 @@ def test_cramming_triangle_runs_on_the_budget_clock_of_the_batch_ramp():
     """cramming's triangle and its batch ramp share one clock, the elapsed budget; with
     schedule_clock "tokens" the LR of every step is the port's at the tokens consumed, so it peaks
     at 75% of the tokens although the small early batches are most of the steps."""
-    from bertjax.data.batch_plan import BatchPlan, default_batch_warmup_config
+    from bertjax.data.plans.batch_plan import BatchPlan, default_batch_warmup_config
 
     length, total_rows = 16, 64 * 120
     run = optim.default_optim_config()

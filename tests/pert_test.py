@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from bertjax import trainer
-from bertjax.data import keys, make_pipeline, masking, permutation
+from bertjax.data import keys, make_pipeline
+from bertjax.data.corruption import masking, permutation
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.objectives import finetune, make_objective
 from bertjax.objectives.pert import PermutedLM

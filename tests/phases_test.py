@@ -17,7 +17,7 @@ from helpers import QUIET_RUN, xla_flags
 
 from bertjax import trainer
 from bertjax.data import make_pipeline
-from bertjax.data.batch_plan import BatchPlan
+from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.training import phases, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import pytrec_eval
 
-from bertjax.data import beir, pairs
+from bertjax.data.text import beir, pairs
 from bertjax.evaluation import retrieval
 
 

@@ -17,7 +17,7 @@ import tokenizers
 from helpers import assert_tokenizes_as
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from bertjax.data import store as store_lib
+from bertjax.data.store import memmap as store_lib
 from bertjax.data.tokenizer import Tokenizer
 
 AWKWARD = [

@@ -14,8 +14,10 @@ import pytest
 from helpers import command, env
 
 from bertjax import paths, trainer
-from bertjax.data import beam_prepare, beir, corpus, make_pipeline, pairs, shard_writer
-from bertjax.data import shard_format as fmt
+from bertjax.data import make_pipeline
+from bertjax.data.store import beam_prepare, shard_writer
+from bertjax.data.store import shard_format as fmt
+from bertjax.data.text import beir, corpus, pairs
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.objectives.warm_start import PretrainedSource
 from bertjax.training import checkpoint, run_config

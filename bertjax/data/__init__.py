@@ -1,22 +1,23 @@
-"""bertjax.data: corpus → tokenizer → token store → sample plans → masking → `batch(step)`.
+"""bertjax.data: corpus -> tokenizer -> token store -> sample plans -> corruption -> `batch(step)`,
+one folder a stage, the pipeline that runs them at the root.
 
+text/           stage 1: sources (text files, the built-in CPython corpus, tfds, records, pairs,
+                BEIR), sentence splitting, long-sentence cutting, the held-out split by document id
+tokenizer/      stage 2: SentencePiece (trained here) or Hugging Face vocabularies, word starts
+store/          stage 3: the corpus tokenized once: the local memmap store (memmap) and the
+                sharded store on a URL (shard_format, written by shard_writer / beam_prepare or
+                imported by mds_import, read by range by shard_reader)
+plans/          stage 4: sample plans (NSP, SOP, RoBERTa rows, token windows, packing) per store
+                piece, the stateless shuffle, the rows they make, the batch size and row length
+                of every step
+corruption/     stage 5: token / whole-word / n-gram / MacBERT / PERT / diffusion masking, keyed
+                per row; MacBERT's similar words, PERT's permutation, causal-LM targets
 data_config     config.data: defaults and checks by key
-text            sentence splitting, long-sentence cutting, the held-out split by document id
-corpus          sources: text files, the built-in CPython corpus (builtin_corpus, stdlib_docs), tfds
-tokenizer       SentencePiece (trained here) or Hugging Face vocabularies, with word starts
-store           the corpus tokenized once into memory-mapped arrays (the local cache)
-shard_format    the sharded store on a path or URL: shards + a manifest written last;
-shard_writer,   its units of work, run on Apache Beam by `python -m bertjax.data.prepare`;
-beam_prepare,   mds_import brings pre-tokenized MDS shards; shard_reader reads one host's
-shard_reader    rows by byte ranges; mixture: several stores with sampling weights
-samples, rows   sample plans (NSP, SOP, RoBERTa rows) and the rows they make, packing
-masking         token (uniform or smoothed-unigram) / whole-word / n-gram / MacBERT / PERT /
-                diffusion masking, keyed per row; similarity (MacBERT's similar words),
-                permutation (PERT's shuffle and position targets)
-keys, schedule  keyed randomness; the row length of every step
-batch_plan      the global batch of every step (fixed, or growing by tokens: batch warmup)
+keys            keyed randomness (plans and corruption draw only from it)
 source          DataSource, what the trainer may ask of any data source
-pipeline        `make_pipeline(config, workdir).batch(step)`
+pipeline        `make_pipeline(config, workdir).batch(step)`; mixture: several stores with
+                sampling weights; workers: batches computed in worker processes
+prepare         `python -m bertjax.data.prepare`: a sharded store on Apache Beam
 """
 
 from bertjax.data.data_config import default_data_config

@@ -13,7 +13,7 @@ def pipeline_batch_shapes(c, rows: int, length: int, held_out: bool = False) -> 
     eval batch (masked width ``eval_max_predictions`` when set)."""
     if c.masking == "causal":  # every position predicts the next token
         width = length
-    elif c.masking == "diffusion":  # all positions are listed (bertjax/data/masking.py)
+    elif c.masking == "diffusion":  # all positions are listed (bertjax/data/corruption/masking.py)
         width = length
     else:
         width = int((held_out and c.eval_max_predictions) or c.max_predictions)

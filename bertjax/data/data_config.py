@@ -39,19 +39,20 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.vocab_size = 8000  # size of the SentencePiece model trained when none is given
     c.tokenizer_type = "unigram"  # "unigram" | "bpe" for the trained SentencePiece model
     c.max_seq_length = 128  # longest row length T, [CLS] and [SEP]s included
-    # How rows are formed (bertjax/data/samples.py): "nsp" | "sop" (sentence pairs with a label),
-    # "pairs" (consecutive A, B of one document, no label: PERT), "full_sentences" |
+    # How rows are formed (bertjax/data/plans/samples.py): "nsp" | "sop" (sentence pairs with a
+    # label), "pairs" (consecutive A, B of one document, no label: PERT), "full_sentences" |
     # "doc_sentences" (RoBERTa) | "mlm" (doc_sentences, short-sequence noise) | "token_windows"
     # (the token stream cut every T - 2 tokens, rows by index). Every plan starts a store of
     # any size; the sentence plans read the index of the pieces their rows fall in
     c.sample_plan = "nsp"
     # sentence plans: a plan per piece of about this many tokens of whole documents, so start-up
-    # and memory do not grow with the store (bertjax/data/piece_plans.py)
+    # and memory do not grow with the store (bertjax/data/plans/piece_plans.py)
     c.piece_tokens = 1 << 20
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
     # of it shuffled, targets are positions; needs config.loss.objective="pert") | "causal" (no
-    # selection: every position's target is the next token, bertjax/data/causal.py; objective clm)
+    # selection: every position's target is the next token, bertjax/data/corruption/causal.py;
+    # objective clm)
     c.masking = "token"
     c.mask_rate = 0.15  # fraction of maskable (real, non-special) tokens to predict
     c.max_predictions = 20  # P, width of masked_positions/ids/weights (diffusion: always T)

@@ -21,22 +21,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import (
-    causal,
-    data_config,
-    keys,
-    masking,
-    piece_plans,
-    rows,
-    samples,
-    similarity,
-    workers,
-)
-from bertjax.data.batch_plan import BatchPlan
-from bertjax.data.index_shuffle import IndexShuffle
-from bertjax.data.schedule import LengthSchedule
+from bertjax.data import data_config, keys, workers
+from bertjax.data.corruption import causal, masking, similarity
+from bertjax.data.plans import piece_plans, rows, samples
+from bertjax.data.plans.batch_plan import BatchPlan
+from bertjax.data.plans.index_shuffle import IndexShuffle
+from bertjax.data.plans.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
-from bertjax.data.store import Store
+from bertjax.data.store.memmap import Store
 from bertjax.data.tokenizer import Tokenizer
 
 _CACHE_SIZE = 4  # (length, epoch) plans kept in memory
@@ -208,7 +200,7 @@ class Pipeline(DataSource):
         return self._split.steps_per_epoch(self.c.max_seq_length)
 
     def step_batch_size(self, step: int) -> int:
-        """Global batch size of ``step`` (bertjax/data/batch_plan.py)."""
+        """Global batch size of ``step`` (bertjax/data/plans/batch_plan.py)."""
         return self._batches.batch(step)
 
     def _rows(
@@ -413,7 +405,7 @@ def make_pipeline(
         process_count = jax.process_count() if process_count is None else process_count
     host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
     if c.store:  # a sharded store: nothing is tokenized, each host reads its rows' bytes
-        from bertjax.data.shard_reader import ShardedStore
+        from bertjax.data.store.shard_reader import ShardedStore
 
         tokenizer = prepare.store_tokenizer(config)
         # Opened from the manifest alone: token_windows rows are computed by index, the

@@ -1,6 +1,6 @@
 """What `make_pipeline` prepares once per corpus: the tokenizer and the token store; as a
 command, a sharded store on Apache Beam for corpora too large for one host
-(bertjax/data/beam_prepare.py):
+(bertjax/data/store/beam_prepare.py):
 
     python -m bertjax.data.prepare --config=CONFIG --output=URL [Beam pipeline options]
 
@@ -24,9 +24,9 @@ import logging
 import os
 
 from bertjax import paths
-from bertjax.data import corpus as corpus_lib
-from bertjax.data.store import FORMAT_VERSION, Store, prepare_store, token_shares
-from bertjax.data.text import CorpusStats, is_heldout
+from bertjax.data.store.memmap import FORMAT_VERSION, Store, prepare_store, token_shares
+from bertjax.data.text import corpus as corpus_lib
+from bertjax.data.text.sentences import CorpusStats, is_heldout
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
 TOKENIZER_FILE = "spm.model"  # WORKDIR/tokenizer/spm.model when bertjax trains the tokenizer
@@ -158,7 +158,7 @@ def _report_shares(store: str, counts: dict) -> None:
 def store_tokenizer(config) -> Tokenizer:
     """The tokenizer of the sharded store config.data.store: the configured one (which must be
     the store's), else the store's own file."""
-    from bertjax.data import shard_format
+    from bertjax.data.store import shard_format
 
     c = config.data
     manifest = shard_format.read_manifest(c.store)
@@ -176,6 +176,6 @@ def store_tokenizer(config) -> Tokenizer:
 
 
 if __name__ == "__main__":
-    from bertjax.data import beam_prepare
+    from bertjax.data.store import beam_prepare
 
     beam_prepare.main()

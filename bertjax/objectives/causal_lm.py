@@ -8,12 +8,13 @@ position, and next-token cross-entropy over every real token:
 
 with w_t = 1 where t is real and t + 1 a real token of the same row or packed segment (the last
 real token of each row/segment predicts nothing). The rows come from the same sample plans as
-every objective with ``config.data.masking="causal"`` (bertjax/data/causal.py): ``masked_ids``
-holds each position's next token and ``masked_weights`` the w_t, so held-out ``clm_loss`` summed
-over fixed eval batches is the exact NLL per predicted token, in nats. ``input_mask_rate`` (a
-data setting) replaces a share of the *inputs* by [MASK] while the targets stay the original next
-tokens (Gao et al. 2025, "What Makes Diffusion Language Models Super Data Learners?": random input
-masking is what makes multi-epoch training data-efficient); held-out rows are never masked.
+every objective with ``config.data.masking="causal"`` (bertjax/data/corruption/causal.py):
+``masked_ids`` holds each position's next token and ``masked_weights`` the w_t, so held-out
+``clm_loss`` summed over fixed eval batches is the exact NLL per predicted token, in nats.
+``input_mask_rate`` (a data setting) replaces a share of the *inputs* by [MASK] while the targets
+stay the original next tokens (Gao et al. 2025, "What Makes Diffusion Language Models Super Data
+Learners?": random input masking is what makes multi-epoch training data-efficient); held-out rows
+are never masked.
 
 The objective turns ``causal`` on in the model it builds, so one run config serves a CLM phase
 followed by an MLM phase (configs/clm_mlm_tiny.py): the MLM phase's model is bidirectional again.
@@ -25,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.data.causal import causal_batch
+from bertjax.data.corruption.causal import causal_batch
 from bertjax.modeling.heads import BertForPreTraining
 from bertjax.objectives.base import TokenNLL, example_rows
 from bertjax.objectives.pretraining import MaskedLM
@@ -87,7 +88,7 @@ class CausalLM(MaskedLM):
         }
 
     def example_batch(self, cfg, rows, length, seed):
-        """Random padded rows made causal (bertjax/data/causal.py), 10% of the inputs masked."""
+        """Random padded rows made causal (data/corruption/causal.py), 10% of the inputs masked."""
         batch = example_rows(cfg, rows, length, seed)
         real = batch["attention_mask"]
         keys = np.arange(rows, dtype=np.uint64) + np.uint64(seed)

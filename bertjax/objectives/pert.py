@@ -1,8 +1,8 @@
 """PERT's objective, the permuted language model (Cui, Yang & Liu 2022, arXiv 2203.06906).
 
 The data (config.data.masking = "pert", the objective's one corruption;
-bertjax/data/permutation.py) shuffle a share of the n-gram-selected tokens; at each selected
-position the model points at the position of the original token in the shuffled row:
+bertjax/data/corruption/permutation.py) shuffle a share of the n-gram-selected tokens; at each
+selected position the model points at the position of the original token in the shuffled row:
 cross-entropy over the row's T positions (the prediction space is the input sequence, not the
 vocabulary), weighted by ``masked_weights`` and averaged over the global batch's predictions.
 No [MASK] token, no NSP/SOP (the paper uses neither).

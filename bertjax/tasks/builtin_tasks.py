@@ -1,6 +1,6 @@
 """The built-in fine-tuning tasks, made offline from CPython's own docstrings.
 
-The documents come from bertjax/data/builtin_corpus.py:
+The documents come from bertjax/data/text/builtin_corpus.py:
   stdlib_families    each docstring sentence labelled by the library family of its module
                      (text, files, network, concurrency); train/dev split by document.
   stdlib_code_spans  BIO tags over words: EXC (names ending in Error/Exception/Warning) and
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.data.text import is_heldout
+from bertjax.data.text.sentences import is_heldout
 
 # Library families of the built-in classification task (module -> family via these prefixes).
 FAMILIES = {
@@ -165,7 +165,7 @@ def _word_order_examples(documents, split: str, dev_fraction: float) -> list[dic
 
 def builtin_examples(name: str, split: str, dev_fraction: float) -> list[dict]:
     """Examples of a built-in task; documents go to dev by a stable hash of their id."""
-    from bertjax.data import builtin_corpus
+    from bertjax.data.text import builtin_corpus
 
     if name not in BUILTIN_TASKS:
         raise ValueError(f"config.task.source='builtin:{name}': built-in tasks are {BUILTIN_TASKS}")

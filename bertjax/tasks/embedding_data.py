@@ -17,8 +17,9 @@ import jax
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import keys, pairs, prepare
+from bertjax.data import keys, prepare
 from bertjax.data.source import DataSource, host_rows, ordered_rows, shuffled_rows
+from bertjax.data.text import pairs
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
 from bertjax.interop import sentence_transformers as st_files

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.data import records
+from bertjax.data.text import records
 from bertjax.tasks import glue_tasks
 from bertjax.tasks.builtin_tasks import (  # noqa: F401 (re-exported)
     BUILTIN_TASKS,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from bertjax.data.batch_plan import BatchPlan
+from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.training.metrics import train_flops_per_sequence
 
 # Model fields that shape parameters: a phase may not change them (its checkpoint must restore).

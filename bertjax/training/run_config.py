@@ -16,7 +16,7 @@ from ml_collections.config_flags import config_flags  # its parser and flag clas
 
 from bertjax import paths
 from bertjax.data import default_data_config
-from bertjax.data.batch_plan import default_batch_warmup_config
+from bertjax.data.plans.batch_plan import default_batch_warmup_config
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.objectives.registry import OBJECTIVES, with_objective
 from bertjax.training.phases import plan_phases
@@ -79,7 +79,7 @@ def default_run_config() -> ml_collections.ConfigDict:
     # > 0: the run lasts until its training FLOPs (the trainer's count) reach this; it sets
     # num_train_steps and the schedule's total_steps (cramming's budget, deterministic)
     config.budget_flops = 0.0
-    # batch-size warmup by tokens (bertjax/data/batch_plan.py); off by default
+    # batch-size warmup by tokens (bertjax/data/plans/batch_plan.py); off by default
     config.batch_warmup = default_batch_warmup_config()
     # phases run in this order (names in config.phases, each `bertjax.trainer.phase(...)`);
     # () = one phase of num_train_steps (bertjax/training/phases.py)

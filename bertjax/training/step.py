@@ -21,7 +21,7 @@ from flax import struct
 from jax.sharding import Mesh
 
 from bertjax import objectives
-from bertjax.data.batch_plan import BatchPlan
+from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.training import optim, sharding
 

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import objectives, paths
-from bertjax.data.batch_plan import BatchPlan
+from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.objectives.warm_start import warm_start, with_source_tokenizer
 from bertjax.training import metrics as metrics_lib

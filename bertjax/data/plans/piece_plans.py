@@ -35,8 +35,9 @@ import threading
 
 import numpy as np
 
-from bertjax.data import keys, rows, samples
-from bertjax.data.index_shuffle import IndexShuffle
+from bertjax.data import keys
+from bertjax.data.plans import rows, samples
+from bertjax.data.plans.index_shuffle import IndexShuffle
 
 WINDOW = 4  # pieces read together (BERT's run_pretraining.py interleaves min(4, files) files)
 MAX_PIECE_TOKENS = 1 << 27  # a piece above this (documents this long) is refused

@@ -5,7 +5,7 @@
         [Beam pipeline options: --runner=DataflowRunner --project=... --region=... |
          --direct_num_workers=8 --direct_running_mode=multi_processing (the default runner)]
 
-Steps: (1) the driver lists the units of work (bertjax/data/shard_writer.py) and fixes the
+Steps: (1) the driver lists the units of work (bertjax/data/store/shard_writer.py) and fixes the
 tokenizer: the configured one, else a SentencePiece model trained on sentences drawn from every
 unit, and copies it to OUTPUT/tokenizer/; (2) Beam tokenizes the units in parallel, each into
 its own shards and record; (3) one last Beam step writes the manifest from all records. Files
@@ -20,9 +20,9 @@ import math
 import os
 
 from bertjax import paths
-from bertjax.data import corpus as corpus_lib
-from bertjax.data import shard_format as fmt
-from bertjax.data import shard_writer
+from bertjax.data.store import shard_format as fmt
+from bertjax.data.store import shard_writer
+from bertjax.data.text import corpus as corpus_lib
 
 SAMPLE_SENTENCES = 200_000  # sentences drawn across all units to train a SentencePiece model
 

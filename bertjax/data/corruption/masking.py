@@ -23,10 +23,10 @@ column, so a row masks the same way whatever batch, host or worker it lands in.
   else unchanged (BERT's 80/10/10, per token also under whole-word masking, as BERT's code).
 - MacBERT correction (a similarity table given): one 80/10/10 decision per selected *word*: the
   whole word becomes ONE of its listed similar words (same number of pieces; a random word when it
-  has none), or a random word, or stays (`_correct_words`, bertjax/data/similarity.py).
-- pert (PERT's permuted LM, bertjax/data/permutation.py): n-gram selection as above, then a share
-  permute_prob (0.9) of the selected tokens is shuffled among themselves, the rest stay; no [MASK];
-  `target_positions` [B,P] says where each selected position's original token now is.
+  has none), or a random word, or stays (`_correct_words`, bertjax/data/corruption/similarity.py).
+- pert (PERT's permuted LM, bertjax/data/corruption/permutation.py): n-gram selection as above, then
+  a share permute_prob (0.9) of the selected tokens is shuffled among themselves, the rest stay; no
+  [MASK]; `target_positions` [B,P] says where each selected position's original token now is.
 - diffusion (LLaDA): t ~ U(eps, 1) per row, each maskable token becomes [MASK] with probability t;
   all masked positions are listed (max_predictions = row width) and t is returned as mask_ratio.
 """
@@ -38,8 +38,8 @@ import dataclasses
 import numpy as np
 
 from bertjax.data import keys as keys_lib
-from bertjax.data import permutation
-from bertjax.data.similarity import SimilarWords
+from bertjax.data.corruption import permutation
+from bertjax.data.corruption.similarity import SimilarWords
 
 # Streams of the per-row hash, one per kind of decision.
 _PRIORITY, _ACTION, _RANDOM_ID, _NGRAM, _DIFFUSION, _SIMILAR, _THRESHOLD, _DROP = range(8)

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from bertjax.data.stdlib_docs import STDLIB_MODULES
-from bertjax.data.text import cut_long, split_sentences
+from bertjax.data.text.sentences import cut_long, split_sentences
+from bertjax.data.text.stdlib_docs import STDLIB_MODULES
 
 _COLLECTOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib_docs.py")
 _BLANK_LINES = re.compile(r"\n\s*\n")

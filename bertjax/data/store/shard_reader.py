@@ -1,4 +1,4 @@
-"""Reading one split of a sharded store (bertjax/data/shard_format.py) from a path or URL.
+"""Reading one split of a sharded store (bertjax/data/store/shard_format.py) from a path or URL.
 
 Opening reads the manifest and each shard's index region (document and sentence offsets, token
 counts, block checksums), never the tokens; with ``index=False`` (the pipeline, every plan) only
@@ -22,8 +22,8 @@ import zlib
 
 import numpy as np
 
-from bertjax.data import shard_format as fmt
-from bertjax.data.store import SPLITS
+from bertjax.data.store import shard_format as fmt
+from bertjax.data.store.memmap import SPLITS
 
 CACHE_BYTES = 256 << 20  # default bound of the block cache per split
 COUNT_SHARDS = 16  # shards whose token counts stand for the store's before its index is loaded

@@ -21,7 +21,7 @@ One shard holds whole documents, in this byte order (all little-endian):
 The index region (everything before the data) is what a reader loads at startup; the data region
 is read by byte ranges, whole blocks, each checked against its CRC. Global indices are
 int64: shard k's tokens follow shard k-1's, so the concatenated columns equal the local store's
-(bertjax/data/store.py) for the same corpus and tokenizer.
+(bertjax/data/store/memmap.py) for the same corpus and tokenizer.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Writing a sharded store (bertjax/data/shard_format.py): the units of work, one unit into
-shards, and the manifest, with no engine in sight; bertjax/data/beam_prepare.py runs them on
+"""Writing a sharded store (bertjax/data/store/shard_format.py): the units of work, one unit into
+shards, and the manifest, with no engine in sight; bertjax/data/store/beam_prepare.py runs them on
 Apache Beam.
 
 A unit of work ("item") is one input file, or a block of documents of the built-in corpus or of
@@ -19,10 +19,10 @@ import json
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import corpus as corpus_lib
-from bertjax.data import shard_format as fmt
-from bertjax.data.store import CHUNK_CHARS, SPLITS, encode_chunk
-from bertjax.data.text import CorpusStats, is_heldout
+from bertjax.data.store import shard_format as fmt
+from bertjax.data.store.memmap import CHUNK_CHARS, SPLITS, encode_chunk
+from bertjax.data.text import corpus as corpus_lib
+from bertjax.data.text.sentences import CorpusStats, is_heldout
 
 DOCS_PER_BLOCK = 1000  # documents per item of the built-in corpus and tfds datasets
 # What `encode_chunk` counts, summed per item record and per split in the manifest.

@@ -45,7 +45,7 @@ import dataclasses
 
 import numpy as np
 
-from bertjax.data.store import Store
+from bertjax.data.store.memmap import Store
 
 
 @dataclasses.dataclass

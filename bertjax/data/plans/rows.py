@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertjax.data.shard_reader import Column
+from bertjax.data.store.shard_reader import Column
 
 
 def pair_rows(

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from bertjax.data.text import CorpusStats, is_heldout
+from bertjax.data.text.sentences import CorpusStats, is_heldout
 from bertjax.data.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -329,7 +329,7 @@ class Store:
         return int(self.documents[doc]), int(self.documents[doc + 1])
 
     def shard_counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """([1] documents, [1] tokens): a local store is one shard (bertjax/data/piece_plans.py)."""
+        """([1] documents, [1] tokens): a local store is one shard (data/plans/piece_plans.py)."""
         return np.array([self.num_documents]), np.array([len(self.tokens)])
 
     def piece_index(self, shard: int, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """Importing pre-tokenized MDS shards (mosaicml-streaming's format, in which Ettin and mmBERT
 publish their data) into a sharded store, without mosaicml-streaming.
 
-    from bertjax.data import mds_import
+    from bertjax.data.store import mds_import
     mds_import.import_mds("gs://B/ettin/mds", "gs://B/stores/ettin", "gs://B/tok/tokenizer.json",
                           column="input_ids")
 
@@ -23,10 +23,10 @@ import json
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import shard_format as fmt
-from bertjax.data import shard_writer
-from bertjax.data.store import SPLITS
-from bertjax.data.text import CorpusStats
+from bertjax.data.store import shard_format as fmt
+from bertjax.data.store import shard_writer
+from bertjax.data.store.memmap import SPLITS
+from bertjax.data.text.sentences import CorpusStats
 
 _VALUE_DTYPES = {8: "uint8", 16: "uint16", 32: "uint32", 64: "uint64", 33: "int32", 65: "int64"}
 _SHAPE_DTYPES = {0: "uint8", 1: "uint16", 2: "uint32", 3: "uint64"}

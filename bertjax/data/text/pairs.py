@@ -16,8 +16,8 @@ import json
 import re
 
 from bertjax import paths
-from bertjax.data import builtin_corpus
-from bertjax.data.text import is_heldout
+from bertjax.data.text import builtin_corpus
+from bertjax.data.text.sentences import is_heldout
 
 _UNDERLINE = re.compile(r"([*=\-~^])\1+")
 MAX_POSITIVE_WORDS = 80  # built-in positives: the first words of the rest of the text

@@ -18,8 +18,8 @@ import os
 import re
 from collections.abc import Iterator
 
-from bertjax.data import builtin_corpus
-from bertjax.data.text import CorpusStats, cut_long, split_sentences
+from bertjax.data.text import builtin_corpus
+from bertjax.data.text.sentences import CorpusStats, cut_long, split_sentences
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
