@@ -27,8 +27,9 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from bertjax import trainer  # noqa: E402
-from bertjax.data import make_pipeline, prepare  # noqa: E402
+from bertjax.data import make_pipeline  # noqa: E402
 from bertjax.data.store import beam_prepare  # noqa: E402
+from bertjax.data.store import configured as store_config  # noqa: E402
 from bertjax.data.text import corpus  # noqa: E402
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
@@ -126,7 +127,7 @@ def main() -> None:
         row = f"{tokens} | {wall:.1f} | {tokens / wall:,.0f} | {tokens / wall / workers:,.0f}"
         print(f"| Beam DirectRunner, multi_processing | {workers} | {row} |")
     start = time.perf_counter()
-    prepare.load_store(config, Tokenizer(spm), "train")
+    store_config.load_store(config, Tokenizer(spm), "train")
     local_wall = time.perf_counter() - start
     from bertjax.data.store import shard_writer
 

@@ -85,7 +85,7 @@ def test_builtin_corpus_is_large_and_identical_in_a_fresh_python():
     assert len({i for i, _ in docs}) == len(docs)
     digest = hashlib.sha256(repr(docs).encode()).hexdigest()
     code = (
-        "import hashlib; from bertjax.data import corpus; "
+        "import hashlib; from bertjax.data.text import corpus; "
         "print(hashlib.sha256(repr(list(corpus.iter_documents('builtin'))).encode()).hexdigest())"
     )
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

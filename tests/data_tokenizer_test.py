@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from bertjax.data.tokenizer import Tokenizer, _starts_word, train_sentencepiece
+from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
+from bertjax.data.tokenizer.tokenizer import _starts_word
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,10 @@ from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.data.plans.index_shuffle import IndexShuffle
 from bertjax.data.plans.schedule import LengthSchedule
 from bertjax.data.source import DataSource, host_rows
+from bertjax.data.store import configured as store_config
 from bertjax.data.store.memmap import Store
 from bertjax.data.tokenizer import Tokenizer
+from bertjax.data.tokenizer.configured import load_tokenizer
 
 _CACHE_SIZE = 4  # (length, epoch) plans kept in memory
 
@@ -381,9 +383,9 @@ def make_pipeline(
     process_index: int | None = None,
     process_count: int | None = None,
 ) -> Pipeline:
-    """Prepares (or reuses) the tokenizer and the token store (bertjax/data/prepare.py); returns
-    this host's pipeline."""
-    from bertjax.data import prepare  # not at import: `python -m bertjax.data.prepare` runs it
+    """This host's pipeline; each stage visited once: the run's tokenizer
+    (tokenizer/configured.py), its token store (store/configured.py), the plans and corruption
+    the pipeline applies per batch."""
 
     data_config.validate(config)
     c = config.data
@@ -407,7 +409,7 @@ def make_pipeline(
     if c.store:  # a sharded store: nothing is tokenized, each host reads its rows' bytes
         from bertjax.data.store.shard_reader import ShardedStore
 
-        tokenizer = prepare.store_tokenizer(config)
+        tokenizer = store_config.store_tokenizer(config)
         # Opened from the manifest alone: token_windows rows are computed by index, the
         # sentence plans read the index of the pieces their rows fall in (piece_plans.py).
         store, eval_store = (
@@ -415,8 +417,8 @@ def make_pipeline(
             for s in (split, "eval")
         )
     else:
-        tokenizer = prepare.load_tokenizer(config, workdir, process_index, process_count)
-        store, eval_store = prepare.load_store(config, tokenizer, split)
+        tokenizer = load_tokenizer(config, workdir, process_index, process_count)
+        store, eval_store = store_config.load_store(config, tokenizer, split)
     if store.num_documents == 0:
         raise ValueError(
             f"store {store.directory!r} has no {split!r} documents "

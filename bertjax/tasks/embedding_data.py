@@ -17,10 +17,11 @@ import jax
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import keys, prepare
+from bertjax.data import keys
 from bertjax.data.source import DataSource, host_rows, ordered_rows, shuffled_rows
 from bertjax.data.text import pairs
 from bertjax.data.tokenizer import Tokenizer
+from bertjax.data.tokenizer.configured import workdir_tokenizer
 from bertjax.evaluation import retrieval
 from bertjax.interop import sentence_transformers as st_files
 from bertjax.interop.pretrained import PretrainedSource
@@ -109,7 +110,7 @@ class PairData(DataSource):
                 paths.local_copy(c.hf_vocab or c.tokenizer_model, cache), lowercase=c.lowercase
             )
         texts = [p.query for p in train] + [p.positive for p in train]
-        path = prepare.workdir_tokenizer(
+        path = workdir_tokenizer(
             texts,
             self.workdir,
             cache,

@@ -10,9 +10,10 @@ import jax
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import keys, prepare
+from bertjax.data import keys
 from bertjax.data.source import DataSource, host_rows, ordered_rows, shuffled_rows
 from bertjax.data.tokenizer import Tokenizer
+from bertjax.data.tokenizer.configured import workdir_tokenizer
 from bertjax.interop.pretrained import PretrainedSource
 from bertjax.tasks import glue_tasks, task_metrics, tasks
 
@@ -112,7 +113,7 @@ class TaskData(DataSource):
             if self.objective.tokens
             else [e["text"] for e in train] + [e["text_pair"] for e in train if e["text_pair"]]
         )
-        path = prepare.workdir_tokenizer(
+        path = workdir_tokenizer(
             texts,
             self.workdir,
             cache,

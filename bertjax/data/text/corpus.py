@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 
 from bertjax.data.text import builtin_corpus
-from bertjax.data.text.sentences import CorpusStats, cut_long, split_sentences
+from bertjax.data.text.sentences import CorpusStats, cut_long, is_heldout, split_sentences
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -224,3 +224,23 @@ def describe(spec: str, corpus_format: str, text_feature: str) -> str:
     if spec.startswith("tfds:"):
         return f"{spec} feature={text_feature}"
     return f"files {spec} format={corpus_format}"
+
+
+def config_description(c) -> str:
+    """The corpus of a run's ``config.data`` and its held-out fraction, as one line."""
+    corpus = describe(c.corpus, c.corpus_format, c.text_feature)
+    return f"{corpus} heldout={c.heldout_fraction}"
+
+
+def split_documents(c, split: str | None, stats: CorpusStats | None = None):
+    """(doc_id, sentences) of the corpus of a run's ``config.data``; only one split's documents
+    ("train" or "eval") when ``split`` is given."""
+    for doc_id, doc in iter_documents(
+        c.corpus,
+        c.corpus_format,
+        text_feature=c.text_feature,
+        tfds_data_dir=c.tfds_data_dir,
+        stats=stats,
+    ):
+        if split is None or (split == "eval") == is_heldout(doc_id, c.heldout_fraction):
+            yield doc_id, doc

@@ -1,0 +1,92 @@
+"""The run's token store, from its config: the local memmap store built in a cache
+(config.data.cache_dir, else $BERTJAX_CACHE_DIR, else bertjax-cache under the system temp dir) at
+``stores/<key>``, where the key hashes what the store is made of: the tokenizer's fingerprint,
+the corpus (files with their sizes and modification times; the tfds dataset; CPython's version
+for the built-in corpus) and the held-out fraction. Each host builds or reuses its own copy
+(memmaps need local files); a second run on the same corpus and tokenizer, in any workdir, reuses
+it. Or the sharded store config.data.store (a URL), whose tokenizer is checked against the run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+from bertjax import paths
+from bertjax.data.store import shard_format
+from bertjax.data.store.memmap import FORMAT_VERSION, Store, prepare_store, token_shares
+from bertjax.data.text import corpus as corpus_lib
+from bertjax.data.text.sentences import CorpusStats
+from bertjax.data.tokenizer.configured import load_tokenizer
+from bertjax.data.tokenizer.tokenizer import Tokenizer
+
+
+def store_key(c, tokenizer: Tokenizer) -> str:
+    """A hash of what a token store is made of (see the module docstring)."""
+    if c.corpus == "builtin" or c.corpus.startswith("tfds:"):
+        files = []
+    else:
+        files = [
+            (path, os.path.getsize(path), os.stat(path).st_mtime_ns)
+            for path in corpus_lib.expand_paths(c.corpus)
+        ]
+    parts = {
+        "format": FORMAT_VERSION,
+        "tokenizer": tokenizer.fingerprint(),
+        "language": tokenizer.language,
+        "corpus": corpus_lib.config_description(c),
+        "files": files,
+        "tfds_data_dir": c.tfds_data_dir if c.corpus.startswith("tfds:") else "",
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def load_store(config, tokenizer: Tokenizer, split: str) -> tuple[Store, Store]:
+    """(the ``split`` store, the eval store), built into the local cache unless it is there."""
+    c = config.data
+    directory = os.path.join(paths.cache_dir(c.cache_dir), "stores", store_key(c, tokenizer))
+    description = corpus_lib.config_description(c)
+    if not os.path.exists(os.path.join(directory, "meta.json")):
+        stats = CorpusStats()
+        prepare_store(
+            directory,
+            tokenizer,
+            corpus_lib.split_documents(c, None, stats),
+            heldout_fraction=c.heldout_fraction,
+            corpus_description=description,
+            stats=stats,
+            num_workers=c.num_workers,
+        )
+    stores = (
+        Store(directory, split, tokenizer, description),
+        Store(directory, "eval", tokenizer, description),
+    )
+    _report_shares(directory, stores[0].meta["splits"]["train"])
+    return stores
+
+
+def _report_shares(store: str, counts: dict) -> None:
+    """Logs the store's [UNK] and special-token shares; a warning when [UNK] is common."""
+    line, suspicious = token_shares(counts)
+    if line:
+        (logging.warning if suspicious else logging.info)("store %s: %s", store, line)
+
+
+def store_tokenizer(config) -> Tokenizer:
+    """The tokenizer of the sharded store config.data.store: the configured one (which must be
+    the store's), else the store's own file."""
+    c = config.data
+    manifest = shard_format.read_manifest(c.store)
+    cache = paths.cache_dir(c.cache_dir)
+    if c.hf_vocab or c.tokenizer_model:
+        tokenizer = load_tokenizer(config, "", 0, 1)
+    else:
+        kept = shard_format.join(c.store, manifest["tokenizer_file"])
+        tokenizer = Tokenizer(
+            paths.local_copy(kept, cache), language=c.language, lowercase=manifest["lowercase"]
+        )
+    shard_format.check_tokenizer(c.store, manifest, tokenizer)
+    _report_shares(c.store, manifest["splits"]["train"])
+    return tokenizer
