@@ -263,7 +263,7 @@ def classify_rows(family, cls_dir, texts, args) -> list[dict]:
     import torch
     from transformers import pipeline
 
-    from bertjax import predictors
+    from bertjax.inference import predictors
 
     classify = pipeline("text-classification", model=cls_dir, device="cpu", framework="pt")
 

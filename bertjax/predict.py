@@ -7,9 +7,9 @@
 
 ``--model``: a fine-tuning workdir (its ``best/`` when present), a ``best/`` or checkpoints
 directory, a Hugging Face directory or a sentence-transformers directory
-(bertjax/predictors.py says which task each gives; ``--task`` forces one: classify, tag, embed,
-fill_mask). ``--input``: TSV/CSV/JSONL/Parquet (local or a URL) with the task's text columns (a
-workdir's ``config.task`` columns; else ``--text_column`` / ``--text_pair_column`` /
+(bertjax/inference/predictors.py says which task each gives; ``--task`` forces one: classify,
+tag, embed, fill_mask). ``--input``: TSV/CSV/JSONL/Parquet (local or a URL) with the task's text
+columns (a workdir's ``config.task`` columns; else ``--text_column`` / ``--text_pair_column`` /
 ``--tokens_column``), or a BEIR corpus.jsonl (title + text). ``--output``: JSONL or Parquet, one
 row an input row, in input order: ``id`` (the input's ``_id``/``id`` when it has one), then
 ``label`` + ``probabilities``, ``value`` (regression), ``tokens`` + ``tags`` (word-level),
@@ -17,7 +17,7 @@ row an input row, in input order: ``id`` (the input's ``_id``/``id`` when it has
 Input is read and output written ``--window`` rows at a time (bounded memory).
 
 With Beam options (``--runner=...``) the same predictions run as a Beam pipeline
-(bertjax/predict_beam.py): one output shard per input window, equal row for row.
+(bertjax/inference/beam.py): one output shard per input window, equal row for row.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from __future__ import annotations
 import logging
 import time
 
-from bertjax import inference, predictors
 from bertjax.data.text import records
+from bertjax.inference import predictors, sorted_apply
 
 
-def predict_file(predictor, input_path: str, output: str, window: int = inference.WINDOW) -> int:
+def predict_file(predictor, input_path: str, output: str, window: int = sorted_apply.WINDOW) -> int:
     """Writes ``output`` from ``input_path``; returns the number of rows."""
     writer = records.RecordWriter(output)
     start = time.perf_counter()
     try:
-        for chunk in inference.windows(records.iter_records(input_path), window):
+        for chunk in sorted_apply.windows(records.iter_records(input_path), window):
             writer.write(predictors.output_rows(predictor, chunk, writer.count))
             speed = writer.count / (time.perf_counter() - start)
             logging.info("%d rows, %.1f rows/s", writer.count, speed)
@@ -47,9 +47,9 @@ def predict_file(predictor, input_path: str, output: str, window: int = inferenc
 
 def _run(flags, beam_args: list[str]) -> None:
     if beam_args:
-        from bertjax import predict_beam
+        from bertjax.inference import beam
 
-        count = predict_beam.run(predict_beam.settings_of(flags), flags.output, beam_args)
+        count = beam.run(beam.settings_of(flags), flags.output, beam_args)
         print(f"wrote {count} rows to the shards of {flags.output}")
         return
     predictor = predictors.load(
@@ -77,7 +77,9 @@ def define_flags():
     flags.DEFINE_string("tokens_column", "tokens", "tag task: column of a row's list of words")
     flags.DEFINE_string("labels", "", "label names in id order (a workdir whose data is gone)")
     flags.DEFINE_integer("top_k", 5, "fill_mask: tokens kept per mask")
-    flags.DEFINE_integer("window", inference.WINDOW, "rows read, predicted and written at a time")
+    flags.DEFINE_integer(
+        "window", sorted_apply.WINDOW, "rows read, predicted and written at a time"
+    )
     return flags
 
 

@@ -3,8 +3,8 @@
 
 import numpy as np
 
-from bertjax import inference
-from bertjax.data import length_batches
+from bertjax.inference import batching as length_batches
+from bertjax.inference import sorted_apply as inference
 
 LENGTHS = np.random.default_rng(0).integers(1, 300, size=500)
 

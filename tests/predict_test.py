@@ -18,7 +18,9 @@ from transformers import (
     pipeline,
 )
 
-from bertjax import convert, predict, predict_beam, predictors
+from bertjax import convert, predict
+from bertjax.inference import beam as predict_beam
+from bertjax.inference import predictors
 
 # two workers of the local runner in this process (two processes would each import JAX and
 # load the model: ~30 s more of CI for the same DoFn)

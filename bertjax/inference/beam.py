@@ -39,7 +39,7 @@ def settings_of(flags) -> dict:
 
 
 def load_predictor(settings: dict):
-    from bertjax import predictors
+    from bertjax.inference import predictors
 
     labels = [s for s in settings["labels"].split(",") if s] or None
     predictor = predictors.load(settings["model"], settings["task"], labels, settings["top_k"])
@@ -50,7 +50,7 @@ def load_predictor(settings: dict):
 
 def write_shard(predictor, settings: dict, shard: tuple[int, str]) -> str:
     """Predicts window ``k`` of the input into its shard (kept when it exists already)."""
-    from bertjax import predictors
+    from bertjax.inference import predictors
 
     k, path = shard
     if paths.exists(path):

@@ -1,15 +1,8 @@
-"""Embed text and score retrieval with a trained encoder; export a sentence-transformers directory.
-
-    python -m bertjax.embed --model=DIR --beir_dir=DIR --output=metrics.json
-    python -m bertjax.embed --model=DIR --corpus=corpus.jsonl --output=vectors.npz
-    python -m bertjax.embed --model=WORKDIR --export=st_dir/
-
-``--model`` is a sentence-transformers directory (its pooling and Normalize), a bertjax embedding
-workdir (the pooling and normalization its run config trained), or a Hugging Face model
-directory (mean pooling, normalized). With ``--beir_dir`` the output is the JSON of NDCG@10,
-MRR@10 and Recall@100 of the split's judged queries (exact search over the whole corpus); with
-``--corpus`` (BEIR's corpus.jsonl format) it is an .npz of ``ids`` and ``embeddings``;
-``--export`` writes a directory ``SentenceTransformer(dir)`` loads.
+"""Sentence embeddings from a trained encoder (what `python -m bertjax.embed` runs): `Embedder`
+(the encoder with its pooling, normalization and tokenizer; `encode` -> vectors in input order,
+packed rows or length buckets), `load` (a sentence-transformers directory, a bertjax embedding
+workdir or a Hugging Face model directory), BEIR metrics of exact search, a corpus's vectors,
+and the sentence-transformers export.
 
 Example::
 
@@ -29,11 +22,11 @@ from collections.abc import Iterable, Iterator
 import jax
 import numpy as np
 
-from bertjax import inference, paths
-from bertjax.data import length_batches
+from bertjax import paths
 from bertjax.data.text.beir import read_beir
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
+from bertjax.inference import batching, sorted_apply
 from bertjax.interop import hf_files
 from bertjax.interop import sentence_transformers as st_files
 from bertjax.interop.checkpoints import CheckpointReader
@@ -88,7 +81,7 @@ class Embedder:
         self,
         texts: list[str],
         batch_size: int | None = None,
-        tokens_per_batch: int = inference.TOKENS_PER_BATCH,
+        tokens_per_batch: int = sorted_apply.TOKENS_PER_BATCH,
     ) -> np.ndarray:
         """[N, E] float32 vectors of ``texts`` in order: length-sorted batches of about
         ``tokens_per_batch`` tokens (at most ``batch_size`` texts), or packed rows."""
@@ -101,18 +94,18 @@ class Embedder:
         self,
         texts: Iterable[str],
         batch_size: int | None = None,
-        tokens_per_batch: int = inference.TOKENS_PER_BATCH,
-        window: int = inference.WINDOW,
+        tokens_per_batch: int = sorted_apply.TOKENS_PER_BATCH,
+        window: int = sorted_apply.WINDOW,
     ) -> Iterator[np.ndarray]:
         """`encode` of any number of texts, one [n, E] array per ``window`` texts read."""
-        for chunk in inference.windows(texts, window):
+        for chunk in sorted_apply.windows(texts, window):
             ids, _ = pair_ids(self.tokenizer, chunk, None, self.max_seq_length)
             if self.packed and set(self.pooling) <= set(PACKABLE_POOLING):
                 yield self._encode_packed(ids, tokens_per_batch)
                 continue
             apply = lambda i, t, m: self._apply(self.params, i, m)  # noqa: E731
             types = [np.zeros(len(x), np.int32) for x in ids]
-            vectors = inference.apply_sorted(
+            vectors = sorted_apply.apply_sorted(
                 apply,
                 ids,
                 types,
@@ -126,12 +119,12 @@ class Embedder:
     def _encode_packed(self, ids, tokens_per_batch: int) -> np.ndarray:
         """Packed rows of the longest text's bucket length (one compiled shape per window)."""
         lengths = [len(x) for x in ids]
-        length = length_batches.bucket_of(max(max(lengths), 128), self.max_seq_length)
+        length = batching.bucket_of(max(max(lengths), 128), self.max_seq_length)
         rows = max(1, tokens_per_batch // length)
         segments = max(1, length // 8)
         pending = []
-        for batch in length_batches.packed_batches(lengths, rows, length, segments):
-            (input_ids, segment_ids) = length_batches.fill(batch, (ids,), (self.cfg.pad_token_id,))
+        for batch in batching.packed_batches(lengths, rows, length, segments):
+            (input_ids, segment_ids) = batching.fill(batch, (ids,), (self.cfg.pad_token_id,))
             pending.append(
                 (batch, self._apply_packed(self.params, input_ids, segment_ids, segments))
             )

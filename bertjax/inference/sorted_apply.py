@@ -1,11 +1,11 @@
 """Run a jitted model over texts of mixed lengths fast: length-sorted buckets of a few compiled
-shapes (bertjax/data/length_batches.py), calls dispatched ahead so the host fills the next batch
+shapes (batching.py), calls dispatched ahead so the host fills the next batch
 while the device runs, results put back in input order; `windows` streams any number of texts
 with bounded memory.
 
 Example::
 
-    outputs = inference.apply_sorted(fn, ids, types, pad_id=0, limit=512)
+    outputs = sorted_apply.apply_sorted(fn, ids, types, pad_id=0, limit=512)
     # fn(input_ids [B, T], token_type_ids [B, T], attention_mask [B, T]) -> [B, ...]
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from bertjax.data import length_batches
+from bertjax.inference import batching
 
 TOKENS_PER_BATCH = 4096  # measured on CPU (benchmarks/predict_throughput.py): 2k-8k is flat
 WINDOW = 8192  # texts read, sorted and written back at a time (bounds host memory)
@@ -45,8 +45,8 @@ def apply_sorted(
     padding rows see one token so no softmax is empty, and are dropped."""
     lengths = [len(x) for x in ids]
     pending = []
-    for batch in length_batches.bucket_batches(lengths, tokens_per_batch, limit, max_rows):
-        input_ids, token_types, segments = length_batches.fill(batch, (ids, types), (pad_id, 0))
+    for batch in batching.bucket_batches(lengths, tokens_per_batch, limit, max_rows):
+        input_ids, token_types, segments = batching.fill(batch, (ids, types), (pad_id, 0))
         mask = (segments > 0).astype(np.int32)
         mask[len(batch.texts) :, 0] = 1
         pending.append((batch, fn(input_ids, token_types, mask)))  # dispatched, not awaited

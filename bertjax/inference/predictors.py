@@ -5,7 +5,7 @@ probabilities, regression values, word-level tags, embeddings or fill-mask token
 when there is one, else its latest checkpoint), a ``best/`` or checkpoints directory, a Hugging
 Face directory (``...ForSequenceClassification``, ``...ForTokenClassification``,
 ``...ForMaskedLM``/``...ForPreTraining``, a base model: embeddings) or a sentence-transformers
-directory. Every predictor batches by length (bertjax/inference.py) and keeps input order.
+directory. Every predictor batches by length (sorted_apply.py) and keeps input order.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import embed, inference, paths
+from bertjax import paths
 from bertjax.data.tokenizer import Tokenizer
+from bertjax.inference import embedder as embed
+from bertjax.inference import sorted_apply
 from bertjax.interop import hf_files
 from bertjax.interop import sentence_transformers as st_files
 from bertjax.interop.checkpoints import CheckpointReader
@@ -84,7 +86,7 @@ class Classifier(Predictor):
         )
         ids, types = tasks.pair_ids(self.tokenizer, texts, pairs, self.length)
         fn = functools.partial(self._apply, self.params)
-        outputs = inference.apply_sorted(fn, ids, types, self.cfg.pad_token_id, self.length)
+        outputs = sorted_apply.apply_sorted(fn, ids, types, self.cfg.pad_token_id, self.length)
         if not self.labels:
             return [{"value": float(v)} for v in outputs]
         return [
@@ -126,7 +128,7 @@ class Tagger(Predictor):
         types = [np.zeros(n, np.int32) for n in lengths]
         fn = functools.partial(self._apply, self.params)
         pad = self.cfg.pad_token_id
-        predicted = inference.apply_sorted(fn, ids, types, pad, self.length, per_token=True)
+        predicted = sorted_apply.apply_sorted(fn, ids, types, pad, self.length, per_token=True)
         out = []
         for i, words in enumerate(sentences):
             positions = rows["word_positions"][i]
@@ -191,7 +193,7 @@ class FillMask(Predictor):
         masks = 1 << max(0, max(counts, default=1) - 1).bit_length()  # a few compiled shapes
         types = [np.zeros(len(x), np.int32) for x in ids]
         fn = functools.partial(self._apply, self.params, masks=masks)
-        outputs = inference.apply_sorted(fn, ids, types, self.cfg.pad_token_id, self.length)
+        outputs = sorted_apply.apply_sorted(fn, ids, types, self.cfg.pad_token_id, self.length)
         out = []
         for (scores, tokens), count in zip(outputs, counts):
             out.append(
