@@ -62,7 +62,7 @@ def test_empty_and_blank_only_files_are_skipped_and_counted(tmp_path):
 
 def test_invalid_utf8_names_file_and_line(tmp_path):
     path = _write(tmp_path / "bad.txt", b"fine line\n\nstill fine\nbroken \xff\xfe here\n")
-    with pytest.raises(ValueError, match=r"bad\.txt:4: invalid UTF-8"):
+    with pytest.raises(ValueError, match=r"bad\.txt line 4: invalid UTF-8"):
         list(corpus.iter_documents(path))
 
 

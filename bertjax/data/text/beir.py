@@ -13,6 +13,7 @@ import dataclasses
 import json
 
 from bertjax import paths
+from bertjax.data.text.records import decode_line
 
 
 @dataclasses.dataclass
@@ -27,8 +28,9 @@ class BeirSet:
 def _jsonl(path: str, what: str):
     if not paths.isfile(path):
         raise FileNotFoundError(f"{path} not found: a BEIR directory holds {what}")
-    with open(paths.local_copy(path), encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(paths.local_copy(path), "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = decode_line(raw, path, number)
             if not line.strip():
                 continue
             try:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterator
 
 from bertjax.data.text import builtin_corpus
+from bertjax.data.text.records import decode_line
 from bertjax.data.text.sentences import CorpusStats, cut_long, is_heldout, split_sentences
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -62,14 +63,7 @@ def _read_lines(path: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line of a UTF-8 file; invalid bytes raise naming file, line."""
     with _open(path) as f:
         for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{path}:{lineno}: invalid UTF-8 (byte {e.start} of the line: "
-                    f"{raw[e.start : e.start + 4]!r}); "
-                    "re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
-                ) from None
+            line = decode_line(raw, path, lineno)
             if lineno == 1:
                 line = line.lstrip("\ufeff")
             yield lineno, line.rstrip("\r\n")

@@ -15,7 +15,8 @@ READ_FORMATS = (".tsv", ".csv", ".jsonl", ".json", ".parquet")
 WRITE_FORMATS = (".jsonl", ".parquet")
 
 
-def _parquet():
+def parquet():
+    """(pyarrow, pyarrow.parquet), or an ImportError that says what to install."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -24,28 +25,62 @@ def _parquet():
     return pa, pq
 
 
+def decode_line(raw: bytes, path: str, number: int) -> str:
+    """A line of a text file as str; invalid UTF-8 raises ValueError naming the file and line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} line {number}: invalid UTF-8 (byte {e.start} of the line: "
+            f"{raw[e.start : e.start + 4]!r}); "
+            "re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+
+
 def iter_records(path: str, what: str = "input file") -> Iterator[dict]:
     """Each row of ``path`` as a dict (its columns), in file order."""
+    for _, record in iter_located(path, what):
+        yield record
+
+
+def iter_located(path: str, what: str = "input file") -> Iterator[tuple[str, dict]]:
+    """(where, row) of each row of ``path`` in file order: where is ``PATH line N`` (the line the
+    row starts on) in a text file, ``PATH row N`` in a Parquet file. A line that is not UTF-8
+    or JSON stops with a ValueError naming the file and line."""
     if not path.endswith(READ_FORMATS):
         raise ValueError(f"{what} {path!r}: expected one of {READ_FORMATS}")
     if not paths.exists(path):
         raise FileNotFoundError(f"{what} {path!r} does not exist")
     local = paths.local_copy(path)
     if path.endswith(".parquet"):
-        _, pq = _parquet()
-        for batch in pq.ParquetFile(local).iter_batches(batch_size=4096):
-            yield from batch.to_pylist()
+        _, pq = parquet()
+        rows = (
+            r for b in pq.ParquetFile(local).iter_batches(batch_size=4096) for r in b.to_pylist()
+        )
+        for number, record in enumerate(rows, start=1):
+            yield f"{path} row {number}", record
         return
-    with open(local, encoding="utf-8", newline="") as f:
+    with open(local, "rb") as f:
+        lines = (decode_line(raw, path, n) for n, raw in enumerate(f, start=1))
         if path.endswith((".jsonl", ".json")):
-            for number, line in enumerate(f, start=1):
+            for number, line in enumerate(lines, start=1):
                 if line.strip():
                     try:
-                        yield json.loads(line)
+                        yield f"{path} line {number}", json.loads(line)
                     except json.JSONDecodeError as e:
-                        raise ValueError(f"{what} {path!r} line {number}: not JSON ({e})") from None
-        else:
-            yield from csv.DictReader(f, delimiter="\t" if path.endswith(".tsv") else ",")
+                        raise ValueError(f"{path} line {number}: not JSON ({e})") from None
+            return
+        reader = csv.DictReader(lines, delimiter="\t" if path.endswith(".tsv") else ",")
+        reader.fieldnames  # noqa: B018 (reads the header line, so line_num counts it)
+        while True:
+            start = reader.line_num + 1
+            try:
+                record = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise ValueError(f"{path} line {reader.line_num}: {e}") from None
+            yield f"{path} line {start}", record
 
 
 class RecordWriter:
@@ -72,7 +107,7 @@ class RecordWriter:
             text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             self._buffer.write(text.encode("utf-8"))
             return
-        pa, pq = _parquet()
+        pa, pq = parquet()
         table = pa.Table.from_pylist(rows)
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(self._buffer, table.schema)
