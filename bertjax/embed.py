@@ -10,7 +10,7 @@ directory (mean pooling, normalized). With ``--beir_dir`` the output is the JSON
 MRR@10 and Recall@100 of the split's judged queries (exact search over the whole corpus); with
 ``--corpus`` (BEIR's corpus.jsonl format) it is an .npz of ``ids`` and ``embeddings``;
 ``--export`` writes a directory ``SentenceTransformer(dir)`` loads. The command's face; the
-embedder is bertjax/inference/embedder.py.
+embedder is bertjax/inference/embedder.py. Bad input stops with one line (bertjax/cli.py).
 
 Example::
 
@@ -22,48 +22,64 @@ from __future__ import annotations
 
 import json
 
-from bertjax import paths
+from bertjax import cli, paths
+from bertjax.data.text.beir import read_beir
 from bertjax.inference.embedder import Embedder, embed_corpus, evaluate_beir, load
 
 __all__ = ["Embedder", "embed_corpus", "evaluate_beir", "load", "main"]
 
 
-def _run(flags) -> None:
+def _run(flags, _) -> None:
+    cli.require(flags, "model")
+    if not (flags.beir_dir or flags.corpus or flags.export):
+        cli.fail("give --beir_dir (metrics), --corpus (vectors) or --export (a directory)")
+    if flags.corpus and not flags.output:
+        cli.fail("--corpus needs --output=FILE.npz")
+    if flags.corpus and not paths.exists(flags.corpus):
+        cli.fail(f"--corpus={flags.corpus!r} does not exist")
+    beir = read_beir(flags.beir_dir, flags.split) if flags.beir_dir else None  # before the model
     embedder = load(flags.model, flags.max_seq_length or None)
     if flags.export:
         embedder.export(flags.export)
         print(f"wrote the sentence-transformers directory {flags.export}")
-    if flags.beir_dir:
-        metrics = evaluate_beir(embedder, flags.beir_dir, flags.split, flags.batch_size or None)
+    if beir is not None:
+        metrics = evaluate_beir(embedder, beir, batch_size=flags.batch_size or None)
         text = json.dumps(metrics, indent=2, sort_keys=True)
         if flags.output:
             paths.write_text(flags.output, text + "\n")
         print(text)
     elif flags.corpus:
-        if not flags.output:
-            raise SystemExit("--corpus needs --output=FILE.npz")
         embed_corpus(embedder, flags.corpus, flags.output, flags.batch_size or None)
         print(f"wrote {flags.output}")
-    elif not flags.export:
-        raise SystemExit("give --beir_dir (metrics), --corpus (vectors) or --export (a directory)")
+
+
+def define_flags():
+    """The command's flags, on a `flags.FlagValues` of its own (`bertjax.cli.new_flags`)."""
+    from absl import flags
+
+    fv = cli.new_flags()
+    for name, default, help_string in (
+        ("model", None, "sentence-transformers dir, bertjax workdir or HF dir"),
+        ("beir_dir", "", "BEIR directory: corpus.jsonl, queries.jsonl, qrels/"),
+        ("split", "test", "qrels split (qrels/<split>.tsv)"),
+        ("corpus", "", "corpus.jsonl to embed (with --output=FILE.npz)"),
+        ("output", "", "metrics JSON (--beir_dir) or vectors .npz (--corpus)"),
+        ("export", "", "write a sentence-transformers directory here"),
+    ):
+        flags.DEFINE_string(name, default, help_string, flag_values=fv)
+    flags.DEFINE_integer(
+        "batch_size", 0, "at most this many texts a length bucket (0: ~4096 tokens a call)",
+        flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_integer(
+        "max_seq_length", 0, "token limit per text (0: the model's)", flag_values=fv
+    )
+    return fv
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m bertjax.embed` (the module docstring's flags)."""
-    from absl import app, flags
-
-    flags.DEFINE_string("model", None, "sentence-transformers dir, bertjax workdir or HF dir")
-    flags.DEFINE_string("beir_dir", "", "BEIR directory: corpus.jsonl, queries.jsonl, qrels/")
-    flags.DEFINE_string("split", "test", "qrels split (qrels/<split>.tsv)")
-    flags.DEFINE_string("corpus", "", "corpus.jsonl to embed (with --output=FILE.npz)")
-    flags.DEFINE_string("output", "", "metrics JSON (--beir_dir) or vectors .npz (--corpus)")
-    flags.DEFINE_string("export", "", "write a sentence-transformers directory here")
-    flags.DEFINE_integer(
-        "batch_size", 0, "at most this many texts a length bucket (0: ~4096 tokens a call)"
-    )
-    flags.DEFINE_integer("max_seq_length", 0, "token limit per text (0: the model's)")
-    flags.mark_flag_as_required("model")
-    app.run(lambda _: _run(flags.FLAGS), argv=argv)
+    cli.run(_run, argv, define_flags(), __doc__)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,8 @@ def test_bad_input_is_named(models, tmp_path):
 
 
 def test_beam_shards_equal_the_single_host_output_and_a_rerun_completes_them(models, tmp_path):
+    """Windows by byte offset: the shards in order equal the single-host output; a killed job
+    rerun completes the same shards; another model beside them is refused (the manifest)."""
     source = tmp_path / "in.jsonl"
     texts = TEXTS * 3
     source.write_text(
@@ -158,10 +160,14 @@ def test_beam_shards_equal_the_single_host_output_and_a_rerun_completes_them(mod
     want = [json.loads(line) for line in single.read_text().splitlines()]
     output = tmp_path / "beam" / "out.jsonl"
     settings = {"model": models["classify"], "input": str(source), "task": "", "labels": ""}
-    settings.update(top_k=5, window=4, columns={})
+    settings.update(top_k=5, window=2, shard_bytes=300, columns={})
     assert predict_beam.run(settings, str(output), BEAM_2_WORKERS) == len(texts)
-    shards = predict_beam.shard_paths(str(output), 4)
-    assert sorted(os.listdir(output.parent)) == sorted(os.path.basename(s) for s in shards)
+    shards = predict_beam.shard_paths(str(output), -(-source.stat().st_size // 300))
+    manifest = predict_beam.manifest_path(str(output))
+    assert sorted(os.listdir(output.parent)) == sorted(
+        os.path.basename(s) for s in [*shards, manifest]
+    )
+    assert json.loads(open(manifest).read())["complete"]
 
     def rows():
         return [json.loads(line) for s in shards for line in open(s).read().splitlines()]
@@ -177,4 +183,7 @@ def test_beam_shards_equal_the_single_host_output_and_a_rerun_completes_them(mod
     (output.parent / (os.path.basename(shards[2]) + ".tmp-1")).write_text("{")
     os.remove(shards[2])
     assert predict_beam.run(settings, str(output), ["--runner=DirectRunner"]) == len(texts)
+    assert rows() == got
+    with pytest.raises(ValueError, match="made with another model, model_fingerprint"):
+        predict_beam.run({**settings, "model": models["tag"]}, str(output), BEAM_2_WORKERS)
     assert rows() == got

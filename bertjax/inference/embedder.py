@@ -14,30 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import logging
-import os
 from collections.abc import Iterable, Iterator
 
 import jax
 import numpy as np
 
 from bertjax import paths
-from bertjax.data.text.beir import read_beir
+from bertjax.data.text import records
+from bertjax.data.text.beir import BeirSet, read_beir
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
-from bertjax.inference import batching, sorted_apply
-from bertjax.interop import hf_files
+from bertjax.inference import batching, loading, sorted_apply
+from bertjax.inference.loading import TrainedModel
 from bertjax.interop import sentence_transformers as st_files
-from bertjax.interop.checkpoints import CheckpointReader
 from bertjax.modeling.bert_config import BertConfig
-from bertjax.modeling.embedder import (
-    PACKABLE_POOLING,
-    BertForEmbedding,
-    check_pooling,
-    l2_normalize,
-    pool_packed,
-)
+from bertjax.modeling.embedder import PACKABLE_POOLING, BertForEmbedding, l2_normalize, pool_packed
 from bertjax.modeling.encoder import BertModel
 from bertjax.tasks.tasks import pair_ids
 
@@ -146,56 +138,39 @@ class Embedder:
             pooling=self.pooling,
             normalize=self.normalize,
             tokenizer_file=self.tokenizer.path,
+            lowercase=self.tokenizer.lowercase,
             max_seq_length=self.max_seq_length,
         )
 
 
-def load(path: str, max_seq_length: int | None = None) -> Embedder:
-    """The embedder under ``path`` (module docstring: which directories it reads)."""
-    if st_files.is_sentence_transformers_dir(path):
-        cfg, params, modules = st_files.load(path)
-        tokenizer = Tokenizer(st_files.tokenizer_file(path))
-        length = max_seq_length or modules.max_seq_length or 512
-        return Embedder(cfg, params, tokenizer, modules.pooling, modules.normalize, length)
-    if hf_files.is_hf_dir(path):
-        from bertjax import convert
-
-        cfg, params = convert.from_hf(path)
-        bert = {k: v for k, v in params["bert"].items() if k != "pooler"}
-        tokenizer = Tokenizer(hf_files.tokenizer_file(path, "--model"))
-        return Embedder(cfg, {"bert": bert}, tokenizer, max_seq_length=max_seq_length or 512)
-    reader = CheckpointReader(path, "--model")
-    cache = os.path.join(paths.cache_dir(), "tokenizers", reader.meta["tokenizer_fingerprint"])
-    tokenizer = Tokenizer(reader.write_tokenizer(cache))
-    run = reader.meta.get("config", {})
-    loss = run.get("loss", {})
-    if loss.get("objective") != "embedding":
-        logging.warning("%s was not trained as an embedding model: mean pooling", path)
-    pooling = loss.get("pooling") or "mean"
-    pooling = check_pooling(
-        tuple(p.strip() for p in pooling.split(",")) if isinstance(pooling, str) else pooling
-    )
-    normalize = loss.get("normalize")
-    params = reader.params()
-    reader.close()
-    params = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
-    cfg = reader.model_config()
-    if cfg.scan_layers:
-        from bertjax.convert import unstack_layers
-
-        cfg = cfg.replace(scan_layers=False)
-        params = unstack_layers(cfg, params)
-    length = max_seq_length or run.get("data", {}).get("max_seq_length", 512)
+def from_model(model: TrainedModel, max_seq_length: int | None = None) -> Embedder:
+    """The embedder of a loaded model (`bertjax.inference.loading`): its encoder without the
+    pooler or heads, the pooling and normalization it trained (a sentence-transformers
+    directory's modules; mean pooling, normalized, for a model not trained to embed)."""
+    if model.form == "workdir" and model.task != "embed":
+        logging.warning("%s was not trained as an embedding model: mean pooling", model.path)
+    bert = {k: v for k, v in model.params["bert"].items() if k != "pooler"}
+    length = max_seq_length or model.max_seq_length
     return Embedder(
-        cfg, params, tokenizer, pooling, True if normalize is None else normalize, length
+        model.cfg, {"bert": bert}, model.tokenizer, model.pooling, model.normalize, length
     )
+
+
+def load(path: str, max_seq_length: int | None = None) -> Embedder:
+    """The embedder under ``path``: a sentence-transformers directory, a bertjax workdir or a
+    Hugging Face model directory (`bertjax.inference.loading.load`)."""
+    return from_model(loading.load(path), max_seq_length)
 
 
 def evaluate_beir(
-    embedder: Embedder, beir_dir: str, split: str = "test", batch_size: int | None = None
+    embedder: Embedder,
+    beir: str | BeirSet,
+    split: str = "test",
+    batch_size: int | None = None,
 ):
-    """NDCG@10, MRR@10 and Recall@100 of exact search over a BEIR directory's corpus."""
-    data = read_beir(beir_dir, split)
+    """NDCG@10, MRR@10 and Recall@100 of exact search over a BEIR directory's corpus (``beir``:
+    the directory, or the set `read_beir` read from it)."""
+    data = read_beir(beir, split) if isinstance(beir, str) else beir
     doc_ids, query_ids = list(data.corpus), list(data.queries)
     docs = embedder.encode([data.corpus[d] for d in doc_ids], batch_size)
     queries = embedder.encode([data.queries[q] for q in query_ids], batch_size)
@@ -210,15 +185,11 @@ def evaluate_beir(
 def embed_corpus(embedder: Embedder, corpus_file: str, output: str, batch_size: int | None = None):
     """Writes ``ids`` and ``embeddings`` of a corpus.jsonl ({"_id", "title", "text"}) as .npz."""
     ids, texts = [], []
-    with open(paths.local_copy(corpus_file), encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if "_id" not in record:
-                raise ValueError(f"{corpus_file} line {number}: no '_id'")
-            ids.append(str(record["_id"]))
-            texts.append(" ".join(str(record.get(k) or "") for k in ("title", "text")).strip())
+    for where, record in records.iter_located(corpus_file, "--corpus"):
+        if "_id" not in record:
+            raise ValueError(f"{where}: no '_id'")
+        ids.append(str(record["_id"]))
+        texts.append(" ".join(str(record.get(k) or "") for k in ("title", "text")).strip())
     buffer = io.BytesIO()
     np.savez(buffer, ids=np.asarray(ids), embeddings=embedder.encode(texts, batch_size))
     paths.write_bytes(output, buffer.getvalue())

@@ -1,32 +1,26 @@
-"""What `python -m bertjax.predict` runs: a trained model turned into rows of labels,
+"""The predictors `python -m bertjax.predict` runs: a trained model turned into rows of labels,
 probabilities, regression values, word-level tags, embeddings or fill-mask tokens.
 
-`load(path, task)` reads a bertjax fine-tuning/pretraining/embedding workdir (its ``best/``
-when there is one, else its latest checkpoint), a ``best/`` or checkpoints directory, a Hugging
-Face directory (``...ForSequenceClassification``, ``...ForTokenClassification``,
-``...ForMaskedLM``/``...ForPreTraining``, a base model: embeddings) or a sentence-transformers
-directory. Every predictor batches by length (sorted_apply.py) and keeps input order.
+`make(model, task)` gives the predictor of a loaded model (`bertjax.inference.loading`: a bertjax
+workdir, its ``best/``, a Hugging Face or a sentence-transformers directory) for the task it was
+trained for (an HF ``...ForSequenceClassification``: classify, ``...ForTokenClassification``:
+tag, ``...ForMaskedLM`` / ``...ForPreTraining``: fill_mask, a base model: embed) or the one
+forced. Every predictor batches by length (sorted_apply.py) and keeps input order; `check` names
+the column a record lacks before anything runs.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import logging
-import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from bertjax import paths
 from bertjax.data.tokenizer import Tokenizer
-from bertjax.inference import embedder as embed
-from bertjax.inference import sorted_apply
-from bertjax.interop import hf_files
-from bertjax.interop import sentence_transformers as st_files
-from bertjax.interop.checkpoints import CheckpointReader
+from bertjax.inference import embedder, loading, sorted_apply
+from bertjax.inference.labels import label_names
+from bertjax.inference.loading import TASKS, TrainedModel
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.heads import (
     BertForPreTraining,
@@ -35,7 +29,7 @@ from bertjax.modeling.heads import (
 )
 from bertjax.tasks import tasks
 
-TASKS = ("classify", "tag", "embed", "fill_mask")
+__all__ = ["TASKS", "Classifier", "Embeddings", "FillMask", "Predictor", "Tagger", "load", "make"]
 
 
 class Predictor:
@@ -48,17 +42,29 @@ class Predictor:
         self.length = min(int(length), cfg.max_position_embeddings - cfg.position_offset)
         self.text_column, self.text_pair_column, self.tokens_column = "text", "", "tokens"
 
+    def check(self, record: dict) -> None:
+        """Raises ValueError naming the column ``record`` lacks and the flag that names it."""
+        _require(record, {self.text_column: "--text_column"})
+
     def text(self, record: dict, column: str = "") -> str:
         """The record's text: ``column`` (default the text column); BEIR rows: title + text."""
         column = column or self.text_column
-        if column not in record:
-            raise ValueError(f"input row has no column {column!r} (columns: {sorted(record)})")
+        _require(record, {column: "--text_column"})
         if column == "text" and "title" in record and "_id" in record:
             return " ".join(str(record.get(k) or "") for k in ("title", "text")).strip()
         return str(record[column])
 
     def predict(self, records: list[dict]) -> list[dict]:
         raise NotImplementedError
+
+
+def _require(record: dict, columns: dict[str, str]) -> None:
+    """Raises naming the first of ``columns`` (column -> its flag) that ``record`` lacks."""
+    for column, flag in columns.items():
+        if column and column not in record:
+            raise ValueError(
+                f"no column {column!r} (the row has {sorted(record)}): name the column with {flag}"
+            )
 
 
 class Classifier(Predictor):
@@ -76,6 +82,10 @@ class Classifier(Predictor):
             return logits[:, 0] if not labels else jax.nn.softmax(logits, axis=-1)
 
         self._apply = jax.jit(apply)
+
+    def check(self, record):
+        _require(record, {self.text_column: "--text_column"})
+        _require(record, {self.text_pair_column: "--text_pair_column"})
 
     def predict(self, records):
         texts = [self.text(r) for r in records]
@@ -114,6 +124,10 @@ class Tagger(Predictor):
             )
         )
 
+    def check(self, record):
+        if self.tokens_column not in record:
+            _require(record, {self.text_column: "--tokens_column (words) or --text_column"})
+
     def words(self, record: dict) -> list[str]:
         if self.tokens_column in record:
             return [str(w) for w in record[self.tokens_column]]
@@ -144,9 +158,9 @@ class Embeddings(Predictor):
 
     task = "embed"
 
-    def __init__(self, embedder: embed.Embedder):
-        super().__init__(embedder.cfg, embedder.params, embedder.tokenizer, embedder.max_seq_length)
-        self.embedder = embedder
+    def __init__(self, model: embedder.Embedder):
+        super().__init__(model.cfg, model.params, model.tokenizer, model.max_seq_length)
+        self.embedder = model
 
     def predict(self, records):
         vectors = self.embedder.encode([self.text(r) for r in records])
@@ -214,124 +228,33 @@ class FillMask(Predictor):
         return out
 
 
-def _hf_kind(path: str) -> str:
-    config = json.loads(paths.read_text(paths.join(path, "config.json")))
-    architecture = (config.get("architectures") or [""])[0]
-    for suffix, kind in (
-        ("ForSequenceClassification", "classify"),
-        ("ForTokenClassification", "tag"),
-        ("ForMaskedLM", "fill_mask"),
-        ("ForPreTraining", "fill_mask"),
-    ):
-        if architecture.endswith(suffix):
-            return kind
-    return "embed"
-
-
-def _hf_labels(path: str) -> list[str]:
-    config = json.loads(paths.read_text(paths.join(path, "config.json")))
-    id2label = config.get("id2label") or {}
-    if config.get("problem_type") == "regression" or config.get("num_labels", len(id2label)) == 1:
-        return []
-    return [str(id2label[k]) for k in sorted(id2label, key=int)]
-
-
-def _checkpoint_dir(path: str) -> str:
-    best = paths.join(path, "best")
-    if paths.isdir(best):
-        logging.info("predicting with %s (the best dev checkpoint)", best)
-        return best
-    return path
-
-
-def _workdir_labels(run: dict, tokens: bool, num_labels: int) -> list[str]:
-    """The label names a fine-tuning run trained with: its config.task.labels, else the sorted
-    labels of its training examples (read again with the task's own readers)."""
-    task = ml_collections.ConfigDict(run["task"])
-    if num_labels == 1 and not tokens:
-        return []
-    if task.labels:
-        return [str(v) for v in task.labels]
-    try:
-        train = tasks.load_examples(task, "train", tokens)
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"the run's label names come from its training data ({task.source}), which cannot be "
-            f"read here ({e}): pass --labels=NAME,NAME,... in label id order"
-        ) from None
-    return tasks.label_index(train, task.labels, num_labels, tokens)
-
-
-def load(path: str, task: str = "", labels: list[str] | None = None, top_k: int = 5) -> Predictor:
-    """The predictor of the model under ``path`` (module docstring); ``task`` forces one of
-    `TASKS` (e.g. "embed" of a classifier's encoder)."""
+def make(
+    model: TrainedModel, task: str = "", labels: list[str] | None = None, top_k: int = 5
+) -> Predictor:
+    """The predictor of ``model`` (`bertjax.inference.loading`) for ``task``, by default the one
+    it was trained for; ``labels`` names the classes when the model's own names are gone."""
     if task and task not in TASKS:
         raise ValueError(f"--task={task!r}: one of {TASKS}")
-    hf = hf_files.is_hf_dir(path)
-    if st_files.is_sentence_transformers_dir(path) or (task == "embed" and not hf):
-        return Embeddings(embed.load(path))
-    if hf:
-        from bertjax import convert
-
-        kind = task or _hf_kind(path)
-        if kind == "embed":
-            return Embeddings(embed.load(path))
-        cfg, params = convert.from_hf(path)
-        tokenizer = Tokenizer(hf_files.tokenizer_file(path, "--model"))
-        length = cfg.max_position_embeddings - cfg.position_offset
-        return _make(kind, cfg, params, tokenizer, length, labels or _hf_labels(path), top_k)
-    path = _checkpoint_dir(path)
-    reader = CheckpointReader(path, "--model")
-    run = reader.meta.get("config", {})
-    objective = run.get("loss", {}).get("objective", "mlm")
-    kind = task or {
-        "classification": "classify",
-        "token_classification": "tag",
-        "embedding": "embed",
-    }.get(objective, "fill_mask")
-    if kind == "embed":
-        reader.close()
-        return Embeddings(embed.load(path))
-    cache = os.path.join(paths.cache_dir(), "tokenizers", reader.meta["tokenizer_fingerprint"])
-    tokenizer = Tokenizer(
-        reader.write_tokenizer(cache), lowercase=run.get("data", {}).get("lowercase", True)
-    )
-    cfg, params = reader.model_config(), reader.params()
-    reader.close()
-    if cfg.scan_layers:
-        from bertjax.convert import unstack_layers
-
-        cfg = cfg.replace(scan_layers=False)
-        params = unstack_layers(cfg, params)
-    if kind in ("classify", "tag") and not labels:
-        labels = _workdir_labels(run, kind == "tag", int(run["loss"]["num_labels"]))
-    length = run.get("data", {}).get("max_seq_length", 512)
-    predictor = _make(kind, cfg, params, tokenizer, length, labels or [], top_k)
-    task_config = run.get("task", {})
-    predictor.text_column = task_config.get("text_column", "text")
-    predictor.text_pair_column = task_config.get("text_pair_column", "")
-    predictor.tokens_column = task_config.get("tokens_column", "tokens")
+    task = task or model.task
+    if task == "embed":
+        predictor = Embeddings(embedder.from_model(model))
+    elif task in ("classify", "tag"):
+        labels = labels or label_names(model, task)
+        cls = Classifier if task == "classify" else Tagger
+        predictor = cls(model.cfg, model.params, model.tokenizer, model.max_seq_length, labels)
+    elif "mlm_head" not in model.params:
+        raise ValueError("--task=fill_mask needs a model with its MLM head (a pretraining save)")
+    else:
+        length = model.max_seq_length
+        predictor = FillMask(model.cfg, model.params, model.tokenizer, length, top_k)
+    for column, value in model.columns.items():
+        setattr(predictor, column, value)
     return predictor
 
 
-def _make(kind, cfg, params, tokenizer, length, labels, top_k) -> Predictor:
-    if kind == "classify":
-        return Classifier(cfg, params, tokenizer, length, labels)
-    if kind == "tag":
-        return Tagger(cfg, params, tokenizer, length, labels)
-    if "mlm_head" not in params:
-        raise ValueError("--task=fill_mask needs a model with its MLM head (a pretraining save)")
-    return FillMask(cfg, params, tokenizer, length, top_k)
-
-
-ID_COLUMNS = ("_id", "id")
-
-
-def output_rows(predictor, rows: list[dict], start: int) -> list[dict]:
-    """``predictor``'s outputs of ``rows`` (input rows ``start``...), each with its ``row``
-    number and the input's id."""
-    out = []
-    for number, (row, result) in enumerate(zip(rows, predictor.predict(rows)), start=start):
-        named = [str(row[k]) for k in ID_COLUMNS if k in row][:1]
-        out.append({"row": number, **({"id": named[0]} if named else {}), **result})
-    return out
+def load(path: str, task: str = "", labels: list[str] | None = None, top_k: int = 5) -> Predictor:
+    """`make` of the model under ``path`` (a workdir, ``best/``, HF or sentence-transformers
+    directory: `bertjax.inference.loading.load`)."""
+    if task and task not in TASKS:
+        raise ValueError(f"--task={task!r}: one of {TASKS}")
+    return make(loading.load(path), task, labels, top_k)

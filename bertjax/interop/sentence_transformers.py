@@ -114,12 +114,14 @@ def save(
     pooling: tuple[str, ...] = ("mean",),
     normalize: bool = True,
     tokenizer_file: str = "",
+    lowercase: bool = True,
     max_seq_length: int = 512,
 ) -> None:
     """Writes a sentence-transformers directory at ``path``: the encoder (``params["bert"]``) as a
     Hugging Face base model at the root, a Pooling module and, with ``normalize``, a Normalize
     module. ``tokenizer_file`` (tokenizer.json or vocab.txt) goes beside the weights with a
-    tokenizer_config.json, so ``SentenceTransformer(path)`` tokenizes as bertjax does."""
+    tokenizer_config.json, so ``SentenceTransformer(path)`` tokenizes as bertjax does: a vocab.txt
+    lowercases (and strips accents) when ``lowercase`` (the tokenizer's own setting) says so."""
     pooling = check_pooling(pooling)
     if not tokenizer_file:
         logging.warning("sentence-transformers save %s: no tokenizer file given", path)
@@ -142,9 +144,10 @@ def save(
         tokenizer_config = dict(
             tokenizer_class="BertTokenizer" if name == "vocab.txt" else "PreTrainedTokenizerFast",
             model_max_length=max_seq_length,
-            do_lower_case=True,
             **special,
         )
+        if name == "vocab.txt":  # a tokenizer.json's normalizer says for itself
+            tokenizer_config["do_lower_case"] = bool(lowercase)
         _write_json(paths.join(path, "tokenizer_config.json"), tokenizer_config)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
