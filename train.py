@@ -29,7 +29,8 @@ if __name__ == "__main__":
 
     check_config_overrides(sys.argv, DEFAULT_CONFIG)  # before config_flags applies them
 
-from bertjax.training.run_config import define_config_flag  # noqa: E402 (after the re-exec)
+from bertjax import cli  # noqa: E402 (after the re-exec)
+from bertjax.training.run_config import define_config_flag  # noqa: E402
 
 # config_flags' locked --config file flag; the recipe comes ready for the objective that
 # --config.loss.objective names, so that objective's settings are --config.loss keys
@@ -48,20 +49,18 @@ _MULTIHOST = flags.DEFINE_bool(
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}")
     import jax
 
     if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
         logging.set_verbosity(logging.WARNING)
     if _MULTIHOST.value:
         jax.distributed.initialize()
-    from bertjax import paths, trainer
+    from bertjax import trainer
 
     logging.info("devices: %s", jax.devices())
-    try:
+    with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
         summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except paths.MissingPathError as error:  # a path setting names nothing: one line, no traceback
-        raise SystemExit(f"error: {error}") from None
     if jax.process_index() == 0:
         from bertjax.objectives import headline_metrics
 
@@ -71,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -18,6 +18,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax import cli
+
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "bert_tiny.py")
 
 if __name__ == "__main__":
@@ -91,19 +93,16 @@ def format_report(report: dict) -> str:
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}")
     if not flags.FLAGS["verbosity"].present:  # the kernel choices are in the report
         logging.set_verbosity(logging.WARNING)
     from bertjax.aot.plan import compile_run
 
-    try:
+    with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
         report = compile_run(_CONFIG.value, _TOPOLOGY.value, _VOCAB.value, not _NO_EVAL.value)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     print(json.dumps(report, indent=1) if _JSON.value else format_report(report))
     return 0 if all(p["headroom"] >= 0.10 for p in report["programs"]) else 1
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from bertjax import paths
+from bertjax import cli
 from bertjax.evaluation.glue import GlueHarness, default_glue_config, run_glue
 from bertjax.tasks.glue_tasks import GLUE_TASKS, TASKS
 
@@ -47,18 +47,16 @@ def main(argv: list[str] | None = None) -> None:
 
     def run(args):
         if len(args) > 1:
-            raise app.UsageError(f"unexpected arguments: {args[1:]}")
+            cli.fail(f"unexpected arguments: {args[1:]}")
         if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
             logging.set_verbosity(logging.WARNING)
-        try:
+        with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
             harness = GlueHarness(config.value, glue_dir.value, workdir.value)
             harness.run()
-        except paths.MissingPathError as error:  # a path flag or setting names nothing
-            raise SystemExit(f"error: {error}") from None
         with open(os.path.join(harness.workdir, "glue_results.md")) as f:
             print(f.read())
 
-    app.run(run, argv=argv)
+    app.run(run, argv=argv, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

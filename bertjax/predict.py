@@ -96,10 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     import sys
 
     argv = list(sys.argv if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     beam_mode = any(a == "--runner" or a.startswith("--runner=") for a in argv[1:])
     cli.run(_run, argv, define_flags(), __doc__, known_only=beam_mode)
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # rows and rows/s as it goes
     main()

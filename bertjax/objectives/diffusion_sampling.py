@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import paths
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop.checkpoints import CheckpointReader
 from bertjax.modeling.bert_config import BertConfig
@@ -264,8 +263,11 @@ def load(workdir: str):
     params = reader.params()
     reader.close()
     path = reader.write_tokenizer(tempfile.mkdtemp(prefix="bertjax-tokenizer-"))
-    language = reader.meta.get("config", {}).get("data", {}).get("language", "en")
-    return model_cfg, params, Tokenizer(path, language=language)
+    data = reader.meta.get("config", {}).get("data", {})  # the run's case handling too
+    tokenizer = Tokenizer(
+        path, language=data.get("language", "en"), lowercase=data.get("lowercase", True)
+    )
+    return model_cfg, params, tokenizer
 
 
 def generate_text(model_cfg, params, tokenizer, prompts, *, seed: int = 0, **kwargs) -> list[str]:
@@ -292,9 +294,9 @@ def generate_text(model_cfg, params, tokenizer, prompts, *, seed: int = 0, **kwa
 
 def main(argv=None):
     """`python -m bertjax.diffusion --workdir=DIR --prompt=...`: one continuation per prompt."""
-    import argparse
+    from bertjax import cli
 
-    parser = argparse.ArgumentParser(prog="python -m bertjax.diffusion", description=main.__doc__)
+    parser = cli.ArgumentParser(prog="python -m bertjax.diffusion", description=main.__doc__)
     parser.add_argument(
         "--workdir", required=True, help="training workdir (its checkpoints/ and tokenizer)"
     )
@@ -306,10 +308,8 @@ def main(argv=None):
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    try:
+    with cli.input_errors(args.verbosity >= cli.VERBOSE):  # bad input: one line (bertjax/cli.py)
         model_cfg, params, tokenizer = load(args.workdir)
-    except paths.MissingPathError as error:  # no such workdir or no checkpoint in it: one line
-        raise SystemExit(f"error: {error}") from None
     texts = generate_text(
         model_cfg,
         params,

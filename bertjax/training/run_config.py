@@ -14,7 +14,7 @@ from absl import flags
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags  # its parser and flag classes
 
-from bertjax import paths
+from bertjax import cli, paths
 from bertjax.data import default_data_config
 from bertjax.data.plans.batch_plan import default_batch_warmup_config
 from bertjax.modeling.bert_config import BertConfig
@@ -317,13 +317,11 @@ def check_config_overrides(argv, default: str) -> None:
     path = config_path(argv, default)
     objective = objective_on_command_line(argv)
     if objective is not None and objective not in OBJECTIVES:
-        raise SystemExit(
-            f"--config.loss.objective={objective!r}: must be one of {sorted(OBJECTIVES)}"
-        )
+        cli.fail(f"--config.loss.objective={objective!r}: must be one of {sorted(OBJECTIVES)}")
     try:
         config = load_recipe(path, argv)
     except FileNotFoundError as error:
-        raise SystemExit(str(error)) from None
+        cli.fail(str(error))
     for arg in argv[1:]:
         if not arg.startswith("--config."):
             continue
@@ -332,7 +330,7 @@ def check_config_overrides(argv, default: str) -> None:
             if not hasattr(node, "keys") or part not in node.keys():
                 where = "config" + "".join(f".{p}" for p in parts[:depth])
                 known = sorted(node.keys()) if hasattr(node, "keys") else []
-                raise SystemExit(
+                cli.fail(
                     f"unknown config key {'config.' + '.'.join(parts)!r} ({path}): "
                     f"{where} has no {part!r}; its keys are {known}"
                 )

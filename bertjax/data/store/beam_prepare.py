@@ -156,19 +156,26 @@ def run(config, output: str, beam_args: list[str] = ()) -> dict:
 
 
 def main(argv=None) -> None:
-    """The command line: --config=FILE --output=URL, every other flag goes to Beam."""
-    import sys
-
+    """The command line: --config=FILE --output=URL, every other flag goes to Beam (one that
+    Beam does not know either is an error; bad input is one line, bertjax/cli.py)."""
     from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", None, "config file (configs/*.py)", lock_config=True)
-    flags.DEFINE_string("output", None, "where the store goes: a path or gs://, s3:// URL")
-    argv = list(sys.argv if argv is None else argv)
-    rest = flags.FLAGS(argv, known_only=True)[1:]
-    if flags.FLAGS.config is None or not flags.FLAGS.output:
-        raise SystemExit("usage: python -m bertjax.data.prepare --config=FILE --output=URL [beam]")
-    manifest = run(flags.FLAGS.config, flags.FLAGS.output, rest)
-    splits = manifest["splits"].items()
-    counts = {s: {k: v for k, v in d.items() if k != "shards"} for s, d in splits}
-    print(json.dumps({"store": flags.FLAGS.output, "splits": counts}))
+    from bertjax import cli
+
+    fv = cli.new_flags()
+    config_flags.DEFINE_config_file(
+        "config", None, "config file (configs/*.py)", flag_values=fv, lock_config=True
+    )
+    flags.DEFINE_string(
+        "output", None, "where the store goes: a path or gs://, s3:// URL", flag_values=fv
+    )
+
+    def prepare(fv, rest):
+        cli.require(fv, "config", "output")
+        manifest = run(fv.config, fv.output, cli.beam_options(rest[1:], "bertjax.data.prepare"))
+        splits = manifest["splits"].items()
+        counts = {s: {k: v for k, v in d.items() if k != "shards"} for s, d in splits}
+        print(json.dumps({"store": fv.output, "splits": counts}))
+
+    cli.run(prepare, argv, fv, __doc__, known_only=True)

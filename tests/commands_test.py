@@ -1,0 +1,138 @@
+"""Every command meets bad input the same way (bertjax/cli.py): one line on stderr naming the
+flag, or the file and line, exit status 2, no traceback (unless --verbosity=1 asks for it).
+
+The faces with flags of their own (predict, embed, diffusion, data.prepare) run in this process,
+called as ``main(argv)``; train.py and bertjax.compile keep absl's global flags and their
+``__main__`` start-up, so one subprocess each shows them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import child_env
+from inference_fixtures import write_cased_workdir
+
+from bertjax import cli, embed, predict
+from bertjax.data.store import beam_prepare
+from bertjax.objectives import diffusion_sampling
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "bert_tiny.py") + ":smoke"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny model workdir and bad inputs beside it."""
+    root = tmp_path_factory.mktemp("commands")
+    (root / "texts.tsv").write_text("id\ttext\nr0\tApple is in Paris\n")
+    (root / "no_text.jsonl").write_text(json.dumps({"sentence": "Apple"}) + "\n")
+    (root / "latin1.tsv").write_bytes("id\ttext\nr0\tParis\nr1\tcaf\xe9\n".encode("latin-1"))
+    (root / "not_beir").mkdir()
+    (root / "latin1.txt").write_bytes("a line\nanother line\ncaf\xe9 au lait\n".encode("latin-1"))
+    return root, write_cased_workdir(str(root))
+
+
+def _cases(root, workdir):
+    predict_to = ["predict", f"--input={root}/texts.tsv", f"--output={root}/o.jsonl"]
+    return {
+        "predict-missing-model": (
+            predict.main,
+            [*predict_to, f"--model={root}/nowhere"],
+            f"--model='{root}/nowhere' is not a directory",
+        ),
+        "predict-misspelled-flag": (
+            predict.main,
+            [*predict_to, f"--model={workdir}", "--windw=100"],
+            "Unknown command line flag 'windw'",
+        ),
+        "predict-beam-misspelled-flag": (
+            predict.main,
+            [*predict_to, f"--model={workdir}", "--runner=DirectRunner", "--windw=100"],
+            "--windw: not a flag of bertjax.predict nor a Beam pipeline option",
+        ),
+        "predict-no-text-column": (
+            predict.main,
+            ["predict", f"--model={workdir}", f"--input={root}/no_text.jsonl"]
+            + [f"--output={root}/o.jsonl"],
+            f"{root}/no_text.jsonl line 1: no column 'text' (the row has ['sentence']): "
+            "name the column with --text_column",
+        ),
+        "predict-not-utf8": (
+            predict.main,
+            ["predict", f"--model={workdir}", f"--input={root}/latin1.tsv"]
+            + [f"--output={root}/o.jsonl"],
+            f"{root}/latin1.tsv line 3: invalid UTF-8",
+        ),
+        "embed-not-beir": (
+            embed.main,
+            ["embed", f"--model={workdir}", f"--beir_dir={root}/not_beir"],
+            f"{root}/not_beir/corpus.jsonl not found: a BEIR directory holds corpus.jsonl",
+        ),
+        "embed-nothing-to-do": (
+            embed.main,
+            ["embed", f"--model={workdir}"],
+            "give --beir_dir (metrics), --corpus (vectors) or --export (a directory)",
+        ),
+        "diffusion-missing-workdir": (  # relative to the current directory (root)
+            diffusion_sampling.main,
+            ["--workdir=nowhere", "--prompt=x"],
+            f"--workdir='{root}/nowhere' is not a directory",
+        ),
+        "prepare-misspelled-flag": (
+            beam_prepare.main,
+            ["prepare", f"--config={TINY}", f"--output={root}/store", "--outptu=x"],
+            "--outptu: not a flag of bertjax.data.prepare nor a Beam pipeline option",
+        ),
+    }
+
+
+CASES = list(_cases("R", "W"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_exit_status_2(case, files, capsys, monkeypatch):
+    monkeypatch.chdir(files[0])
+    main, argv, line = _cases(*files)[case]
+    with pytest.raises(cli.BadInput) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == cli.BAD_INPUT == 2
+    assert err.strip().splitlines()[-1].startswith(f"error: {line}"), err[-2000:]
+    assert "Traceback" not in err
+    root, _ = files
+    assert not [n for n in os.listdir(root) if n.startswith(("o.", "o-", "store"))]  # nothing
+
+
+def test_verbosity_1_gives_the_traceback_instead(files):
+    root, _ = files
+    argv = ["predict", f"--input={root}/texts.tsv", f"--output={root}/o.jsonl", "-v", "1"]
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        predict.main([*argv, f"--model={root}/nowhere"])
+
+
+@pytest.mark.parametrize(
+    "command,line",
+    [
+        (
+            ["train.py", f"--config={TINY}", "--config.data.corpus={root}/latin1.txt"],
+            "error: {root}/latin1.txt line 3: invalid UTF-8 (byte 3 of the line: b'\\xe9 au')",
+        ),
+        (
+            ["-m", "bertjax.compile", f"--config={TINY}", "--topolgy=v5e-8"],
+            "error: Unknown command line flag 'topolgy'. Did you mean: topology ?",
+        ),
+    ],
+    ids=["train-corpus-not-utf8", "compile-misspelled-flag"],
+)
+def test_train_and_compile_answer_in_one_line(command, line, files):
+    root, _ = files
+    command = [c.format(root=root) for c in command]
+    if command[0] == "train.py":
+        command = [os.path.join(ROOT, "train.py"), *command[1:], f"--workdir={root}/w"]
+    env = dict(child_env(), BERTJAX_HUGEPAGE_MALLOC="0")
+    result = subprocess.run([sys.executable, *command], env=env, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (only,) = result.stderr.strip().splitlines()  # one line, no traceback
+    assert only.startswith(line.format(root=root)), only
