@@ -11,10 +11,14 @@ evaluation/  suites of fine-tuning runs above the trainer: GLUE (`python -m bert
 data/        corpus -> tokenizer -> token store -> sample plans -> masking -> batches
 interop/     Hugging Face weights both ways; read-only bertjax checkpoints
 aot/         compiles for a TPU slice on any host (`python -m bertjax.compile`): memory, roofline
+inference/   a trained model's labels, tags, vectors and fill-mask tokens: one checkpoint
+             loader, the predictors, the embedder, length batching, the Beam runner
+             (`python -m bertjax.predict`, `python -m bertjax.embed`)
 
 The public faces: `bertjax.BertConfig` and the models below, `bertjax.convert` (from_hf,
 to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertjax.diffusion`,
-`bertjax.glue`, `bertjax.embed` (sentence embeddings, retrieval metrics, sentence-transformers).
+`bertjax.glue`, `bertjax.embed` (sentence embeddings, retrieval metrics, sentence-transformers),
+`bertjax.predict`. Every command meets bad input the same way (`bertjax.cli`).
 """
 
 import importlib

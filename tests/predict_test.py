@@ -19,8 +19,7 @@ from transformers import (
 )
 
 from bertjax import convert, predict
-from bertjax.inference import beam as predict_beam
-from bertjax.inference import predictors
+from bertjax.inference import beam, predictors
 
 # two workers of the local runner in this process (two processes would each import JAX and
 # load the model: ~30 s more of CI for the same DoFn)
@@ -161,9 +160,9 @@ def test_beam_shards_equal_the_single_host_output_and_a_rerun_completes_them(mod
     output = tmp_path / "beam" / "out.jsonl"
     settings = {"model": models["classify"], "input": str(source), "task": "", "labels": ""}
     settings.update(top_k=5, window=2, shard_bytes=300, columns={})
-    assert predict_beam.run(settings, str(output), BEAM_2_WORKERS) == len(texts)
-    shards = predict_beam.shard_paths(str(output), -(-source.stat().st_size // 300))
-    manifest = predict_beam.manifest_path(str(output))
+    assert beam.run(settings, str(output), BEAM_2_WORKERS) == len(texts)
+    shards = beam.shard_paths(str(output), -(-source.stat().st_size // 300))
+    manifest = beam.manifest_path(str(output))
     assert sorted(os.listdir(output.parent)) == sorted(
         os.path.basename(s) for s in [*shards, manifest]
     )
@@ -182,8 +181,8 @@ def test_beam_shards_equal_the_single_host_output_and_a_rerun_completes_them(mod
     os.remove(shards[1])
     (output.parent / (os.path.basename(shards[2]) + ".tmp-1")).write_text("{")
     os.remove(shards[2])
-    assert predict_beam.run(settings, str(output), ["--runner=DirectRunner"]) == len(texts)
+    assert beam.run(settings, str(output), ["--runner=DirectRunner"]) == len(texts)
     assert rows() == got
     with pytest.raises(ValueError, match="made with another model, model_fingerprint"):
-        predict_beam.run({**settings, "model": models["tag"]}, str(output), BEAM_2_WORKERS)
+        beam.run({**settings, "model": models["tag"]}, str(output), BEAM_2_WORKERS)
     assert rows() == got

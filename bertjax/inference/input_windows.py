@@ -127,10 +127,10 @@ def located_rows(path: str, window: Window, lines_before: int) -> Iterator[tuple
                 raise ValueError(f"{where}: not JSON ({e})") from None
             continue
         try:
-            (row,) = csv.DictReader([line], names, delimiter=_delimiter(path), strict=True)
+            (row,) = csv.reader([line], delimiter=_delimiter(path), strict=True)
         except csv.Error as e:
             raise ValueError(
                 f"{where}: {e} (on Beam each row is one line: a quoted field may not hold a "
                 "line break)"
             ) from None
-        yield where, row
+        yield where, records.as_dict(names, row)

@@ -70,17 +70,31 @@ def iter_located(path: str, what: str = "input file") -> Iterator[tuple[str, dic
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{path} line {number}: not JSON ({e})") from None
             return
-        reader = csv.DictReader(lines, delimiter="\t" if path.endswith(".tsv") else ",")
-        reader.fieldnames  # noqa: B018 (reads the header line, so line_num counts it)
+        reader = csv.reader(lines, delimiter="\t" if path.endswith(".tsv") else ",")
+        header = None
         while True:
             start = reader.line_num + 1
             try:
-                record = next(reader)
+                row = next(reader)
             except StopIteration:
                 return
             except csv.Error as e:
                 raise ValueError(f"{path} line {reader.line_num}: {e}") from None
-            yield f"{path} line {start}", record
+            if header is None:
+                header = row
+            elif row:  # an empty line is no row (as csv.DictReader reads them)
+                yield f"{path} line {start}", as_dict(header, row)
+
+
+def as_dict(header: list[str], row: list[str]) -> dict:
+    """``row`` by column name, as csv.DictReader makes it (extra values under None, missing
+    ones None)."""
+    record = dict(zip(header, row))
+    if len(row) > len(header):
+        record[None] = row[len(header) :]
+    for name in header[len(row) :]:
+        record[name] = None
+    return record
 
 
 class RecordWriter:
