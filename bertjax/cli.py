@@ -76,8 +76,10 @@ def parse_flags(argv: list[str], flag_values=None, known_only: bool = False) -> 
         fail(str(error))
 
 
-def new_flags():
-    """A `flags.FlagValues` of a command, with --help and --verbosity (-v) defined."""
+def new_flags(*specs: tuple):
+    """A `flags.FlagValues` of a command with --help, --verbosity (-v) and a flag for each
+    ``(name, default, help)`` of ``specs``: an integer flag for an int default, else a string
+    flag (None: no default)."""
     from absl import flags
 
     flag_values = flags.FlagValues()
@@ -86,6 +88,9 @@ def new_flags():
         "verbosity", 0, f"{VERBOSE}: print the traceback of an error", flag_values=flag_values,
         short_name="v",
     )  # fmt: skip
+    for name, default, help_string in specs:
+        define = flags.DEFINE_integer if isinstance(default, int) else flags.DEFINE_string
+        define(name, default, help_string, flag_values=flag_values)
     return flag_values
 
 

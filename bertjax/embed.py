@@ -55,26 +55,16 @@ def _run(flags, _) -> None:
 
 def define_flags():
     """The command's flags, on a `flags.FlagValues` of its own (`bertjax.cli.new_flags`)."""
-    from absl import flags
-
-    fv = cli.new_flags()
-    for name, default, help_string in (
+    return cli.new_flags(
         ("model", None, "sentence-transformers dir, bertjax workdir or HF dir"),
         ("beir_dir", "", "BEIR directory: corpus.jsonl, queries.jsonl, qrels/"),
         ("split", "test", "qrels split (qrels/<split>.tsv)"),
         ("corpus", "", "corpus.jsonl to embed (with --output=FILE.npz)"),
         ("output", "", "metrics JSON (--beir_dir) or vectors .npz (--corpus)"),
         ("export", "", "write a sentence-transformers directory here"),
-    ):
-        flags.DEFINE_string(name, default, help_string, flag_values=fv)
-    flags.DEFINE_integer(
-        "batch_size", 0, "at most this many texts a length bucket (0: ~4096 tokens a call)",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_integer(
-        "max_seq_length", 0, "token limit per text (0: the model's)", flag_values=fv
+        ("batch_size", 0, "at most this many texts a length bucket (0: ~4096 tokens a call)"),
+        ("max_seq_length", 0, "token limit per text (0: the model's)"),
     )
-    return fv
 
 
 def main(argv: list[str] | None = None) -> None:

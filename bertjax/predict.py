@@ -37,10 +37,7 @@ __all__ = ["define_flags", "main", "predict_file"]
 
 def define_flags():
     """The command's flags, on a `flags.FlagValues` of its own (`bertjax.cli.new_flags`)."""
-    from absl import flags
-
-    fv = cli.new_flags()
-    for name, default, help_string in (
+    return cli.new_flags(
         ("model", None, "workdir, best/, HF or sentence-transformers directory"),
         ("input", None, "TSV/CSV/JSONL/Parquet file or URL (BEIR corpus.jsonl too)"),
         ("output", None, "JSONL or Parquet file or URL"),
@@ -49,17 +46,11 @@ def define_flags():
         ("text_pair_column", "", "column of the second text of a pair"),
         ("tokens_column", "tokens", "tag task: column of a row's list of words"),
         ("labels", "", "label names in id order (a workdir whose data is gone)"),
+        ("top_k", 5, "fill_mask: tokens kept per mask"),
+        ("window", sorted_apply.WINDOW, "rows predicted and written at a time"),
         ("runner", "", "a Beam runner (DirectRunner, DataflowRunner, ...): run on Beam"),
-    ):
-        flags.DEFINE_string(name, default, help_string, flag_values=fv)
-    flags.DEFINE_integer("top_k", 5, "fill_mask: tokens kept per mask", flag_values=fv)
-    flags.DEFINE_integer(
-        "window", sorted_apply.WINDOW, "rows predicted and written at a time", flag_values=fv
+        ("shard_bytes", beam.SHARD_BYTES, "Beam: input bytes of an output shard"),
     )
-    flags.DEFINE_integer(
-        "shard_bytes", beam.SHARD_BYTES, "Beam: input bytes of an output shard", flag_values=fv
-    )
-    return fv
 
 
 def _check_files(flags) -> None:

@@ -158,17 +158,13 @@ def run(config, output: str, beam_args: list[str] = ()) -> dict:
 def main(argv=None) -> None:
     """The command line: --config=FILE --output=URL, every other flag goes to Beam (one that
     Beam does not know either is an error; bad input is one line, bertjax/cli.py)."""
-    from absl import flags
     from ml_collections import config_flags
 
     from bertjax import cli
 
-    fv = cli.new_flags()
+    fv = cli.new_flags(("output", None, "where the store goes: a path or gs://, s3:// URL"))
     config_flags.DEFINE_config_file(
         "config", None, "config file (configs/*.py)", flag_values=fv, lock_config=True
-    )
-    flags.DEFINE_string(
-        "output", None, "where the store goes: a path or gs://, s3:// URL", flag_values=fv
     )
 
     def prepare(fv, rest):
