@@ -78,3 +78,10 @@ def test_the_fingerprint_tells_models_apart_without_reading_weights(workdir, tmp
     assert loading.fingerprint(hf) != first
     with pytest.raises(FileNotFoundError, match=r"--model='.*nowhere' is not a directory"):
         loading.fingerprint(str(tmp_path / "nowhere"))
+
+
+def test_a_task_the_model_has_no_head_for_is_named(workdir):
+    with pytest.raises(ValueError, match=r"--task=classify: .* was trained for fill_mask"):
+        predictors.load(workdir, "classify")
+    with pytest.raises(ValueError, match=r"--task='sort': one of \('classify'"):
+        predictors.load(workdir, "sort")

@@ -239,6 +239,11 @@ def make(
     if task == "embed":
         predictor = Embeddings(embedder.from_model(model))
     elif task in ("classify", "tag"):
+        if model.task != task:  # its head, if any, is another task's
+            raise ValueError(
+                f"--task={task}: {model.path} was trained for {model.task} (the tasks it "
+                f"gives: {model.task}, embed)"
+            )
         labels = labels or label_names(model, task)
         cls = Classifier if task == "classify" else Tagger
         predictor = cls(model.cfg, model.params, model.tokenizer, model.max_seq_length, labels)
