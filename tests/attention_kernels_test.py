@@ -1,14 +1,20 @@
 """The attention kernel table (bertjax/modeling/attention_kernels.py): every kernel that runs on
-this machine, forced by name, against a float64 numpy port of masked softmax attention (outputs)
-and autodiff of `exact_attention` (gradients) on a grid of descriptions: padded/packed rows,
-global/local layers, aligned/gathered queries, dropout on/off, causal. Splash runs in Pallas
-interpret mode; "cudnn" is the "xla" kernel's code with cuDNN named and needs a GPU, so it is
-not in the grid. Then: a feature no fast kernel lists takes the exact path on every platform and
-forcing another kernel raises; causal attention never looks ahead nor across packed rows."""
+this machine, forced by name, against float64 numpy outputs and gradients
+(tests/attention_reference.py) on a grid derived from `AttentionSpec`'s features: no feature,
+each feature alone, and each kernel's served features all at once; a kernel runs every case it
+serves. A new feature needs its grid value in `VALUES` and its computation in the references
+(`_inputs`, attention_reference.py); the grid, the kernels' cases and the report
+(`attention_kernels.describe`) then follow, and a feature missing from any of them fails a test
+that names it. Splash runs in Pallas interpret mode; "cudnn" is the "xla" kernel's code with
+cuDNN named and needs a GPU, so it is not in the grid. Then: a feature no fast kernel lists takes
+the exact path on every platform and forcing another kernel raises; causal attention never looks
+ahead nor across packed rows."""
 
 import dataclasses
 import logging
+import types
 
+import attention_reference as reference
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,30 +29,43 @@ from bertjax.ops import platform
 
 B, T, N, H = 2, 16, 2, 8
 ROWS = 5  # gathered query rows
+RATE = 0.25  # dropout rate
+
+# Each feature's value in the grid (a non-default that the shapes above allow).
+VALUES = {
+    "half_window": 3,
+    "causal": True,
+    "packed": True,
+    "gathered_rows": True,
+    "dropout": True,
+    "bias": True,
+    "soft_cap": 2.0,  # the logits here reach ~8: the cap bends them
+    "kv_groups": 2,  # both query heads read one key/value head
+}
+RUNNABLE = [name for name in kernels.KERNEL_NAMES if name != "cudnn"]
 
 
-def _np_attention(q, k, v, visible, keep=None, rate=0.0):
-    """float64 softmax(q k^T / sqrt(H)) v over the visible keys, dropout by ``keep``."""
-    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
-    logits = np.where(visible, logits, -1e300)
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    if keep is not None:
-        probs = np.where(keep, probs / (1.0 - rate), 0.0)
-    return np.einsum("bnts,bsnh->btnh", probs, v)
+def _spec(features: dict) -> kernels.AttentionSpec:
+    rows = ROWS if features.get("gathered_rows") else T
+    return kernels.AttentionSpec(B, rows, T, N, H, **features)
 
 
-def _np_visible(segments_q, segments_k, positions_q, positions_k, half_window, causal):
-    """[B, 1, T, S] from the mask rule written out again in numpy."""
-    sq, sk = segments_q[:, None, :, None], segments_k[:, None, None, :]
-    offset = positions_q[:, None, :, None] - positions_k[:, None, None, :]
-    visible = (sq == sk) & (sk > 0)
-    if half_window:
-        visible &= np.abs(offset) <= half_window
-    if causal:
-        visible &= offset >= 0
-    return visible
+def _grid() -> list[dict]:
+    """Feature sets (at their `VALUES`): none; each alone; each kernel's served ones at once."""
+    known = [f for f in kernels.FEATURES if f in VALUES]  # the others fail a test by name
+    sets = [(), *((f,) for f in known)]
+    for kernel in kernels.KERNELS:
+        sets.append(tuple(f for f in known if kernel.serves is None or f in kernel.serves))
+    return [{f: VALUES[f] for f in features} for features in dict.fromkeys(sets)]
+
+
+GRID = _grid()
+CASES = [
+    pytest.param(name, features, id=f"{name}-{'+'.join(features) or 'plain'}")
+    for features in GRID
+    for name in RUNNABLE
+    if kernels.BY_NAME[name].cannot_serve(_spec(features)) is None
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +79,8 @@ def rows():
     segments[1, 6:] = 2  # row 1: two packed sequences, then padding
     segments[1, 13:] = 0
     masks = {
-        "padded": AttentionMask.build(
-            jnp.asarray(attention_mask), None, position_ids(None, B, T, 0)
-        ),
-        "packed": AttentionMask.build(
+        False: AttentionMask.build(jnp.asarray(attention_mask), None, position_ids(None, B, T, 0)),
+        True: AttentionMask.build(
             None, jnp.asarray(segments), position_ids(jnp.asarray(segments), B, T, 0)
         ),
     }
@@ -71,96 +88,115 @@ def rows():
     return q, k, v, masks, gathered
 
 
-GRID = [  # kind, half_window, gathered, dropout, causal
-    ("padded", 0, False, False, False),
-    ("packed", 3, False, False, False),
-    ("packed", 0, True, False, False),
-    ("packed", 3, True, False, False),
-    ("padded", 0, False, True, False),
-    ("packed", 3, False, True, False),
-    ("padded", 0, False, False, True),
-    ("packed", 3, False, False, True),
-    ("packed", 3, True, False, True),
-    ("packed", 0, False, True, True),
-]
-RUNNABLE = [name for name in kernels.KERNEL_NAMES if name != "cudnn"]
-
-
-def _spec(kind, half_window, gathered, dropout, causal):
-    return kernels.AttentionSpec(
-        batch=B,
-        query_length=ROWS if gathered else T,
-        key_length=T,
-        heads=N,
-        head_dim=H,
-        half_window=half_window,
-        causal=causal,
-        packed=kind == "packed",
-        gathered_rows=gathered,
-        dropout=dropout,
-    )
-
-
-CASES = [
-    pytest.param(name, case, id=f"{name}-{'-'.join(map(str, case))}")
-    for case in GRID
-    for name in RUNNABLE
-    if kernels.BY_NAME[name].cannot_serve(_spec(*case)) is None
-]
-
-
-def test_every_kernel_is_in_the_grid():
-    assert {name for name, _ in (p.values for p in CASES)} == set(RUNNABLE)
-
-
-@pytest.mark.parametrize("name,case", CASES)
-def test_kernel_equals_the_exact_reference(rows, name, case):
+def _inputs(spec, rows) -> types.SimpleNamespace:
+    """What a kernel is given for ``spec``, and where its outputs are compared: at real query
+    tokens that see a key (fused kernels write 0 at padding)."""
     q, k, v, masks, gathered = rows
-    kind, half_window, gathered_rows, dropout, causal = case
-    spec = _spec(*case)
-    mask = masks[kind]
-    real = np.asarray(mask.tokens())  # compared at real query tokens (fused: padding reads 0)
-    if gathered_rows:
+    mask = masks[bool(spec.packed)]
+    real = np.asarray(mask.tokens())
+    if spec.gathered_rows:
         q = jnp.take_along_axis(q, gathered[:, :, None, None], axis=1)
         mask = mask.at_rows(gathered)
         real = np.take_along_axis(real, np.asarray(gathered), axis=1)
-    rate, keep = 0.0, None
-    if dropout:
-        rate = 0.25
-        keep = jax.random.bernoulli(jax.random.key(2), 1 - rate, (B, N, spec.query_length, T))
+    heads = N // spec.kv_groups
+    k, v = k[:, :, :heads], v[:, :, :heads]
+    rng = np.random.default_rng(1)
+    keep, rate, bias = None, 0.0, None
+    shape_BNTS = (B, N, spec.query_length, T)
+    if spec.dropout:
+        keep, rate = jax.random.bernoulli(jax.random.key(2), 1 - RATE, shape_BNTS), RATE
+    if spec.bias:
+        bias = jnp.asarray(rng.normal(size=shape_BNTS), jnp.float32)
+    visible = reference.visible(
+        *(np.asarray(a) for a in (mask.query_segments, mask.key_segments)),
+        *(np.asarray(a) for a in (mask.query_positions, mask.key_positions)),
+        spec.half_window,
+        spec.causal,
+    )
+    seen = (visible.any(-1)[:, 0] & real)[:, :, None, None]
+    cotangent = jnp.asarray(rng.normal(size=(B, spec.query_length, N, H)) * seen, jnp.float32)
+    return types.SimpleNamespace(
+        q=q,
+        k=k,
+        v=v,
+        mask=mask,
+        keep=keep,
+        rate=rate,
+        bias=bias,
+        visible=visible,
+        seen=seen,
+        cotangent=cotangent,
+    )
+
+
+def _want(spec, x):
+    """The float64 outputs and gradients of ``spec`` on inputs ``x``."""
+    return reference.attention(spec, x.q, x.k, x.v, x.visible, x.keep, x.rate, x.bias, x.cotangent)
+
+
+class _Reads:
+    """``spec`` noting which of its fields are read."""
+
+    def __init__(self, spec):
+        self._spec, self.read = spec, set()
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._spec, name)
+
+
+def test_every_feature_has_a_grid_value_and_is_computed_by_the_references(rows):
+    missing = [f for f in kernels.FEATURES if f not in VALUES]
+    assert not missing, (
+        f"AttentionSpec features without a value in the test grid: {missing}; give each a "
+        "value in VALUES and compute it in _inputs or tests/attention_reference.py"
+    )
+    spec = _Reads(_spec(VALUES))  # every feature set
+    _want(spec, _inputs(spec, rows))
+    unread = [f for f in kernels.FEATURES if f not in spec.read]
+    assert not unread, f"AttentionSpec features the numpy references never read: {unread}"
+
+
+def test_every_kernel_is_checked_on_every_feature_it_serves():
+    for name in RUNNABLE:
+        kernel = kernels.BY_NAME[name]
+        served = kernels.FEATURES if kernel.serves is None else sorted(kernel.serves)
+        checked = {f for p in CASES if p.values[0] == name for f in p.values[1]}
+        assert set(served) <= checked, f"{name} serves {set(served) - checked}, never checked"
+
+
+def test_the_report_names_every_feature():
+    """`describe` (bertjax.compile's report of kernels, train.py's line) shows every feature a
+    description sets, one its code has never heard of too."""
+    plain = _NovelSpec(B, T, T, N, H)
+    for feature in (*kernels.FEATURES, "novel"):
+        value = VALUES.get(feature, True)
+        spec = dataclasses.replace(plain, **{feature: value})
+        assert kernels.describe(spec) != kernels.describe(plain), f"the report omits {feature}"
+    assert kernels.describe(dataclasses.replace(plain, novel=True)).endswith(", novel")
+    record = [(_spec({"half_window": 3, "packed": True}), "cpu_banded")] * 2
+    assert kernels.summary(record) == {"cpu_banded: local 7, T=16, packed": 2}
+
+
+@pytest.mark.parametrize("name,features", CASES)
+def test_kernel_equals_the_float64_reference(rows, name, features):
+    spec = _spec(features)
+    x = _inputs(spec, rows)
     kernel = kernels.choose(spec, name)
     assert kernel.name == name
 
-    def run(q, k, v):
-        return kernel.run(spec, q, k, v, mask, keep, rate, None)
+    @jax.jit
+    def forward_backward(q, k, v):  # one compile: the outputs and the gradients
+        out, pullback = jax.vjp(
+            lambda q, k, v: kernel.run(spec, q, k, v, x.mask, x.keep, x.rate, x.bias), q, k, v
+        )
+        return out, pullback(x.cotangent)
 
-    visible = _np_visible(
-        *(np.asarray(a) for a in (mask.query_segments, mask.key_segments)),
-        *(np.asarray(a) for a in (mask.query_positions, mask.key_positions)),
-        half_window,
-        causal,
-    )
-    seen = (visible.any(-1)[:, 0] & real)[:, :, None, None]  # real rows that see a key
-    shape = (B, spec.query_length, N, H)
-    cotangent = jnp.asarray(np.random.default_rng(1).normal(size=shape) * seen, jnp.float32)
-
-    def forward_backward(fn):  # one compile: the outputs and the gradients of <out, cotangent>
-        def both(q, k, v):
-            out, pullback = jax.vjp(fn, q, k, v)
-            return out, pullback(cotangent)
-
-        return both
-
-    out, ours = jax.jit(forward_backward(run))(q, k, v)
-    want = _np_attention(q, k, v, visible, None if keep is None else np.asarray(keep), rate)
-    out = np.asarray(out)
-    np.testing.assert_allclose(np.where(seen, out, 0), np.where(seen, want, 0), atol=3e-6)
-    dense = jnp.asarray(visible)
-    _, exact = jax.jit(
-        forward_backward(lambda q, k, v: kernels.exact_attention(q, k, v, dense, keep, rate))
-    )(q, k, v)
-    for which, got, reference in zip("qkv", ours, exact):
-        np.testing.assert_allclose(got, reference, atol=5e-6, err_msg=which)
+    out, grads = forward_backward(x.q, x.k, x.v)
+    want, want_grads = _want(spec, x)
+    np.testing.assert_allclose(np.where(x.seen, out, 0), np.where(x.seen, want, 0), atol=3e-6)
+    for which, got, expected in zip("qkv", grads, want_grads):
+        np.testing.assert_allclose(got, expected, atol=5e-6, err_msg=which)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,14 +206,17 @@ class _NovelSpec(kernels.AttentionSpec):
     novel: bool = False
 
 
+FAST = [k for k in kernels.KERNELS if k.serves is not None]
+UNSERVED = [f for f in kernels.FEATURES if not any(f in k.serves for k in FAST)]
+
+
 @pytest.mark.parametrize("where", ["cpu", "gpu", "tpu"])
-@pytest.mark.parametrize("feature", ["novel", "soft_cap", "kv_groups", "bias"])
+@pytest.mark.parametrize("feature", ["novel", *UNSERVED])
 def test_a_feature_no_fast_kernel_serves_takes_the_exact_path(monkeypatch, where, feature):
     monkeypatch.setattr(platform, "current", lambda: where)
     plain = _NovelSpec(B, T, T, N, H, half_window=3, packed=True)
     assert kernels.choose(plain).name != "exact"
-    value = {"novel": True, "soft_cap": 30.0, "kv_groups": 2, "bias": True}[feature]
-    spec = dataclasses.replace(plain, **{feature: value})
+    spec = dataclasses.replace(plain, **{feature: VALUES.get(feature, True)})
     assert kernels.choose(spec).name == "exact"
     for name in kernels.KERNEL_NAMES:
         if name == "exact":
@@ -185,22 +224,6 @@ def test_a_feature_no_fast_kernel_serves_takes_the_exact_path(monkeypatch, where
             continue
         with pytest.raises(ValueError, match=f"'{name}'.*{name} kernel cannot serve {feature}="):
             kernels.choose(spec, name)
-
-
-def test_the_exact_path_computes_soft_cap_bias_and_grouped_heads(rows):
-    q, k, v, masks, _ = rows
-    visible = np.asarray(masks["packed"].dense(3))
-    bias = np.random.default_rng(3).normal(size=(1, N, T, T)).astype(np.float32)
-    k1, v1 = k[:, :, :1], v[:, :, :1]  # one key/value head for both query heads
-    out = kernels.exact_attention(q, k1, v1, visible, bias=jnp.asarray(bias), soft_cap=2.0)
-    qd, kd, vd = (np.asarray(a, np.float64) for a in (q, k1, v1))
-    logits = np.einsum("btnh,bsh->bnts", qd, kd[:, :, 0]) / np.sqrt(H)
-    logits = 2.0 * np.tanh(logits / 2.0) + bias
-    logits = np.where(visible, logits, -1e300)
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    want = np.einsum("bnts,bsh->btnh", probs / probs.sum(-1, keepdims=True), vd[:, :, 0])
-    real = visible.any(-1)[:, 0][:, :, None, None]
-    np.testing.assert_allclose(np.where(real, out, 0), np.where(real, want, 0), atol=3e-6)
 
 
 def test_forcing_a_kernel_outside_its_limits_raises_and_the_choice_is_logged(caplog):

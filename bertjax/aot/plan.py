@@ -11,7 +11,6 @@ a real run: here it is ``vocab_size`` (default ``config.data.vocab_size``).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import time
 
@@ -54,17 +53,6 @@ def _with_sharding(tree: dict, sharding_) -> dict:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding_), tree)
 
 
-def _kernels(record: list) -> dict:
-    """{"kernel for description": count} of the attentions traced (one per layer call)."""
-    named = collections.Counter()
-    for spec, kernel in record:
-        shape = "gathered rows" if spec.gathered_rows else f"T={spec.query_length}"
-        window = f"local {2 * spec.half_window + 1}" if spec.half_window else "global"
-        extra = [name for name in ("causal", "packed", "dropout") if getattr(spec, name)]
-        named[f"{kernel}: {window}, {shape}{', ' + ', '.join(extra) if extra else ''}"] += 1
-    return dict(named)
-
-
 def _summarize(compiled, seconds, model_flops, tpu_slice, devices, record) -> dict:
     text = compiled.as_text()
     memory = hlo.Memory.of(compiled)
@@ -83,7 +71,7 @@ def _summarize(compiled, seconds, model_flops, tpu_slice, devices, record) -> di
         "collectives": {k: dataclasses.asdict(c) for k, c in found.items()},
         "collective_bytes": collective_bytes,
         "mosaic_kernels": hlo.mosaic_kernels(text),
-        "kernels": _kernels(record),
+        "kernels": attention_kernels.summary(record),
         "roofline": hlo.roofline(
             model_flops, hbm_traffic, collective_bytes, tpu_slice.chips, tpu_slice.chip
         ),

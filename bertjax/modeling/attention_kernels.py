@@ -73,6 +73,21 @@ class AttentionSpec:
 
 SHAPES = ("batch", "query_length", "key_length", "heads", "head_dim")
 FEATURES = tuple(f.name for f in dataclasses.fields(AttentionSpec) if f.name not in SHAPES)
+# The features `describe` puts in words of their own (the layer's reach, the query rows); every
+# other feature reads as its name (a flag) or ``name=value``, so a new one shows in every report.
+_WORDED = ("half_window", "gathered_rows")
+
+
+def describe(spec: AttentionSpec) -> str:
+    """``spec`` in words, every feature it sets included: "global, T=128, causal, packed",
+    "local 257, gathered rows, soft_cap=30.0" (`bertjax.compile`'s report, train.py's line)."""
+    words = [f"local {2 * spec.half_window + 1}" if spec.half_window else "global"]
+    words.append("gathered rows" if spec.gathered_rows else f"T={spec.query_length}")
+    for name in spec.features():
+        if name not in _WORDED:
+            value = getattr(spec, name)
+            words.append(name if value is True else f"{name}={value!r}")
+    return ", ".join(words)
 
 
 def exact_attention(
@@ -269,6 +284,15 @@ def recording():
         yield record
     finally:
         _recorders.remove(record)
+
+
+def summary(record: list) -> dict[str, int]:
+    """{"kernel: description": count} of a `recording` (one count per attention traced)."""
+    counts: dict[str, int] = {}
+    for spec, name in record:
+        key = f"{name}: {describe(spec)}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def choose(spec: AttentionSpec, implementation: str | None = None) -> Kernel:
