@@ -231,8 +231,52 @@ def test_optional_model_fields_from_the_command_line(tmp_path, small_spm):
         vocab_size=400, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4
     )
     flash = _parse(DEFAULT, "--config.model.attention_implementation=flash")
-    with pytest.raises(ValueError, match="config.model: .*attention_implementation 'flash'"):
+    with pytest.raises(ValueError, match="config.model.attention_implementation 'flash'"):
         model_config(flash, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (  # the default recipe initializes a position table; RoPE has none
+            ["--config.model.position_embedding_type=rope"],
+            "config.model.position_embedding_type='rope' has no position table, so "
+            "config.model.position_embedding_init='fourier' and "
+            "config.model.local_attention_offsets=(-1, 1) do not apply",
+        ),
+        (
+            [
+                "--config.model.attention_implementation=splash",
+                *["--config.model.attention_probs_dropout_prob=0.1"],
+            ],
+            "config.model.attention_implementation='splash': the splash kernel cannot serve "
+            "layer 0's attention in training, dropout=True "
+            "(config.model.attention_probs_dropout_prob=0.1)",
+        ),
+        (
+            ["--config.model.attention_implementation=cpu_banded"],
+            "the cpu_banded kernel cannot serve layer 0's attention in training, half_window=0 "
+            "(banded attention is for local layers) (config.model.local_attention_window=0)",
+        ),
+        (
+            ["--config.num_train_steps=50"],
+            "config.optim.warmup_steps=100: warmup must end before total_steps (50 steps",
+        ),
+        (
+            ["--config.loss.objective=embedding", "--config.optim.grad_accum_steps=2"],
+            "config.optim.grad_accum_steps=2: the Embedding objective's loss is not a sum",
+        ),
+    ],
+    ids=["rope-position-init", "splash-dropout", "banded-global", "warmup", "microbatches"],
+)
+def test_config_conflicts_are_refused_before_anything_is_built(tmp_path, overrides, message):
+    """Conflicts between keys are named from the config alone, before a tokenizer, a store, a
+    model or the workdir exists (they were found 4-11 s into a run, after those were built)."""
+    config = _parse(DEFAULT, *overrides)
+    with pytest.raises(ValueError) as raised:
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert message in str(raised.value)
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,9 @@ def test_sigterm_saves_the_current_step(tmp_path):
     summary = json.loads(out[out.index("{") :])
     assert 0 < summary["step"] < 2000
     assert _steps(workdir) == [summary["step"]]
+    # the kernel each attention got (the global layers, the MLM rows of the last), said once
+    assert out.count("attention: ") == 1
+    assert "attention: cpu_dense: global, T=32; cpu_dense: global, gathered rows\n" in out
 
 
 def test_saved_on_four_devices_resumes_on_two(tmp_path):

@@ -216,8 +216,10 @@ def _validate_modern(cfg) -> None:
             raise ValueError(f"BertConfig: RoPE needs an even head_dim, got {cfg.head_dim}")
         if cfg.local_attention_offsets or cfg.position_embedding_init != "normal":
             raise ValueError(
-                "BertConfig.position_embedding_type='rope' has no position table: "
-                "position_embedding_init and local_attention_offsets do not apply"
+                "BertConfig.position_embedding_type='rope' has no position table, so "
+                f"BertConfig.position_embedding_init={cfg.position_embedding_init!r} and "
+                f"BertConfig.local_attention_offsets={cfg.local_attention_offsets!r} do not "
+                "apply: set them to 'normal' and ()"
             )
     window, every = cfg.local_attention_window, cfg.global_attn_every_n_layers
     if not isinstance(window, int) or isinstance(window, bool) or window < 0 or window == 1:

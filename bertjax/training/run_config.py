@@ -20,7 +20,7 @@ from bertjax.data.plans.batch_plan import default_batch_warmup_config
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.objectives.registry import OBJECTIVES, with_objective
 from bertjax.training.phases import plan_phases
-from bertjax.training.step import default_step_config
+from bertjax.training.step import default_step_config, validate_step_config
 
 # Model fields the tokenizer decides; a run config never sets them.
 _TOKENIZER_FIELDS = (
@@ -99,14 +99,64 @@ def model_config(config: ml_collections.ConfigDict, tokenizer) -> BertConfig:
         sep_token_id=tokenizer.sep_id,
         mask_token_id=tokenizer.mask_id,
     )
+    return _model_config(fields)
+
+
+def _model_config(fields: dict) -> BertConfig:
+    """BertConfig(**fields), its messages naming the run config's keys (config.model.X)."""
     try:
         return BertConfig.from_dict(fields)
     except ValueError as error:
-        raise ValueError(f"config.model: {error}") from error
+        raise ValueError(str(error).replace("BertConfig", "config.model")) from error
+
+
+# The config.model key that sets each attention feature a model config decides.
+_ATTENTION_KEYS = {
+    "half_window": "local_attention_window",
+    "causal": "causal",
+    "dropout": "attention_probs_dropout_prob",
+}
+
+
+def check_model_config(config: ml_collections.ConfigDict) -> BertConfig:
+    """``config.model`` as the run's BertConfig (the tokenizer's size and ids stood in for) and a
+    forced attention kernel against every layer's attention in training, as far as the model
+    config decides it (local windows, causal, dropout; packed rows and gathered queries are
+    checked when the step is traced): raised naming config.model keys before anything is built."""
+    cfg = _model_config(dict(config.model.to_dict()))
+    forced = cfg.attention_implementation
+    if forced is None:
+        return cfg
+    from bertjax.modeling import attention_kernels  # the kernel table imports jax and the ops
+
+    length = int(config.data.max_seq_length) if "data" in config else cfg.max_position_embeddings
+    for layer in range(cfg.num_hidden_layers):
+        spec = attention_kernels.AttentionSpec(
+            1,
+            length,
+            length,
+            cfg.num_attention_heads,
+            cfg.head_dim,
+            half_window=cfg.attention_window(layer),
+            causal=cfg.causal,
+            dropout=cfg.attention_probs_dropout_prob > 0,
+        )
+        reason = attention_kernels.BY_NAME[forced].cannot_serve(spec)
+        if reason is not None:
+            key = _ATTENTION_KEYS.get(reason.split("=")[0], "")
+            setting = f" (config.model.{key}={config.model[key]!r})" if key else ""
+            raise ValueError(
+                f"config.model.attention_implementation={forced!r}: the {forced} kernel cannot "
+                f"serve layer {layer}'s attention in training, {reason}{setting}; change that "
+                "or leave attention_implementation unset to choose a kernel that can"
+            )
+    return cfg
 
 
 def validate_run_config(config: ml_collections.ConfigDict) -> None:
-    """Cross-field checks that no single sub-config can make."""
+    """Cross-field checks that no single sub-config can make, before anything is built: the
+    model config (`check_model_config`), the optimizer and the objective's microbatches
+    (`step.validate_step_config`), of every phase."""
     for key in ("num_train_steps", "batch_size", "log_every", "checkpoint_every", "eval_every"):
         positive = key in ("num_train_steps", "batch_size", "log_every")
         if int(config[key]) < 0 or (positive and int(config[key]) == 0):
@@ -125,6 +175,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
             config.optim.total_steps,
             config.num_train_steps,
         )
+    if "model" in config:
+        check_model_config(config)
+    if not config.get("budget_flops"):  # a FLOP budget sets the schedule's length later
+        validate_step_config(config)
 
 
 # (config key, must exist): every path a run config may name; resolved where the config enters.

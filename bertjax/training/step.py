@@ -40,6 +40,22 @@ def default_step_config() -> ml_collections.ConfigDict:
     return c
 
 
+def validate_step_config(config: ml_collections.ConfigDict) -> objectives.Objective:
+    """The objective of ``config``, after checking the optimizer and that its loss splits into
+    the configured microbatches (from the config alone: run_config checks it before anything is
+    built)."""
+    optim.validate_optim_config(config.optim)
+    objective = objectives.make_objective(config)
+    accumulate = int(config.optim.grad_accum_steps)
+    if accumulate > 1 and not objective.microbatch_additive:
+        raise ValueError(
+            f"config.optim.grad_accum_steps={accumulate}: the {type(objective).__name__} "
+            "objective's loss is not a sum over rows (its rows interact), so microbatches "
+            "cannot add up to the batch; use 1"
+        )
+    return objective
+
+
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
     """Static, hashable description of what a step computes."""
@@ -51,15 +67,8 @@ class StepSpec:
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, model_cfg: BertConfig) -> StepSpec:
-        optim.validate_optim_config(config.optim)
-        objective = objectives.make_objective(config)
+        objective = validate_step_config(config)
         accumulate = int(config.optim.grad_accum_steps)
-        if accumulate > 1 and not objective.microbatch_additive:
-            raise ValueError(
-                f"config.optim.grad_accum_steps={accumulate}: the {type(objective).__name__} "
-                "objective's loss is not a sum over rows (its rows interact), so microbatches "
-                "cannot add up to the batch; use 1"
-            )
         return cls(model_cfg, objective, accumulate, bool(config.skip_nonfinite_updates))
 
     def model(self) -> nn.Module:

@@ -11,6 +11,7 @@ checkpoint by a dev metric to be kept (WORKDIR/best).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ import numpy as np
 from bertjax import objectives, paths
 from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.interop.checkpoints import tokenizer_meta
+from bertjax.modeling import attention_kernels
 from bertjax.objectives.warm_start import warm_start, with_source_tokenizer
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import phases as phases_lib
@@ -248,7 +250,11 @@ class _Run:
             size = self.data.step_batch_size(within) or config.batch_size
             self.window.add(host_batch, size)
             batch = sharding.global_batch(host_batch, self.mesh, size)
-            self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
+            first = current == start  # traced then: record the kernel each attention gets
+            with attention_kernels.recording() if first else contextlib.nullcontext() as traced:
+                self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
+            if traced and self.is_chief:
+                self._say("attention: " + "; ".join(attention_kernels.summary(traced)))
             self.history.append(step_metrics)
             self.unchecked.append(step_metrics)
             done = current + 1
@@ -259,6 +265,10 @@ class _Run:
         self.summary["step"] = int(jax.device_get(self.state.step))
         self.summary["stopped_by_signal"] = self.stop.received is not None
         return self.summary
+
+    def _say(self, line: str) -> None:
+        """One line of train.py's output (above the progress bar when there is one)."""
+        (self.progress.write if self.progress is not None else print)(line)
 
     def _after_step(self, done: int, total: int) -> bool:
         """Logging, evaluation and checkpoints due after step ``done``; True: stop now."""
@@ -322,7 +332,7 @@ class _Run:
         self.summary.update(result)
         if result and self.is_chief:
             line = " ".join(f"{k[5:]}={v:.4g}" for k, v in result.items())
-            (self.progress.write if self.progress is not None else print)(f"step {done}: {line}")
+            self._say(f"step {done}: {line}")
         if result and self.best is not None:
             self.best.update(done, result, self.state, self.meta, self.data.write_predictions)
         self.window.restart()  # eval time is not training throughput
@@ -350,8 +360,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       The last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...,
       ``phase``, ``stopped_by_signal``).
     """
+    config = resolve_paths(config)  # a missing path first, then conflicts between keys
     validate_run_config(config)
-    config = resolve_paths(config)
     workdir = _prepare_workdir(workdir)
     phases = phases_lib.plan_phases(config)
     done = None
