@@ -233,6 +233,39 @@ def test_a_classifier_pooled_unlike_its_hf_class_is_refused(preset, pooling, per
     assert not os.listdir(tmp_path)  # nothing half-written
 
 
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        (  # a RoPE BERT: HF BERT's positions are a learned table (was a bare KeyError)
+            dict(position_embedding_type="rope"),
+            ["Hugging Face BERT has no position_embedding_type='rope'", "model_type='modernbert'"],
+        ),
+        (  # every setting at once, not the first one found
+            dict(mlp_type="glu", mlp_bias=False, local_attention_window=4, num_experts=2),
+            ["mlp_type='glu'", "mlp_bias=False", "local_attention_window=4", "num_experts=2"],
+        ),
+        (dict(model_type="roberta", causal=True, position_offset=1), ["RoBERTa has no causal"]),
+        (
+            dict(model_type="electra", position_embedding_type="rope", pre_layer_norm=True),
+            ["ELECTRA has no position_embedding_type='rope'", "pre_layer_norm=True"],
+        ),
+        (dict(embedding_size=64), ["BERT has no embedding_size=64 (ALBERT's factorization)"]),
+    ],
+    ids=["rope", "several", "causal-roberta", "electra", "factorized-bert"],
+)
+def test_a_model_hf_cannot_represent_is_refused_by_name(fields, named, tmp_path):
+    """to_hf names every setting the Hugging Face family cannot run (the abstract params of the
+    model: nothing is computed, nothing is written)."""
+    cfg = bertjax.BertConfig.preset("tiny", **fields)
+    model = bertjax.BertForPreTraining(cfg)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))
+    with pytest.raises(ValueError) as raised:
+        convert.to_hf(cfg, params["params"], str(tmp_path / "out"))
+    for text in named:
+        assert text in str(raised.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_special_tokens_come_from_the_vocabulary(pretraining_pair, tmp_path):
     family, _, cfg, params, _, path = pretraining_pair
     defaults = {"bert": (None, None), "roberta": (0, 2), "albert": (2, 3)}[family]

@@ -172,17 +172,12 @@ def to_hf(cfg: BertConfig, params: dict, path: str) -> None:
     (``path/discriminator``, ``path/generator``) for a pretraining state's params."""
     from flax import linen as nn
 
-    problems = []
-    if cfg.pre_layer_norm:
-        problems.append("pre_layer_norm=True")
-    if cfg.num_experts:
-        problems.append(f"num_experts={cfg.num_experts}")
+    problems = hf.encoder_problems(cfg)
     if cfg.num_hidden_groups is not None:
         problems.append(f"num_hidden_groups={cfg.num_hidden_groups} (shared layers)")
     if cfg.position_offset:
         problems.append(f"position_offset={cfg.position_offset}")
-    if problems:
-        raise ValueError(f"to_hf: Hugging Face ELECTRA has no {', '.join(problems)}")
+    hf.check_exportable(cfg, "ELECTRA", problems)
     params = nn.unbox(params)
     params = params.get("params", params)
     if "generator" in params:

@@ -112,6 +112,7 @@ def unstack_layers(cfg: BertConfig, params: dict) -> dict:
     return {**params, "bert": {**params["bert"], "encoder": encoder}}
 
 
+_FAMILIES = {"bert": "BERT", "roberta": "RoBERTa", "albert": "ALBERT"}
 _ARCHITECTURES = {
     ("bert", "mlm", True): "BertForPreTraining",
     ("bert", "mlm", False): "BertForMaskedLM",
@@ -123,6 +124,44 @@ _ARCHITECTURES = {
     ("roberta", "classifier", False): "RobertaForSequenceClassification",
     ("albert", "classifier", False): "AlbertForSequenceClassification",
 }
+
+
+def encoder_problems(cfg: BertConfig) -> list[str]:
+    """The settings of ``cfg`` that Hugging Face's BERT encoder (BERT, RoBERTa, ALBERT, ELECTRA)
+    cannot run, each with its value: learned absolute positions, post-LN, a plain MLP, biases
+    everywhere, global bidirectional attention, a dense feed-forward."""
+    problems = []
+    if cfg.position_embedding_type != "absolute":
+        problems.append(
+            f"position_embedding_type={cfg.position_embedding_type!r} (its positions are a "
+            "learned table; ModernBERT's shape exports with model_type='modernbert')"
+        )
+    if cfg.pre_layer_norm:
+        problems.append("pre_layer_norm=True (it normalizes after each block)")
+    if cfg.mlp_type != "mlp":
+        problems.append(f"mlp_type={cfg.mlp_type!r}")
+    for name in ("attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias"):
+        if not getattr(cfg, name):
+            problems.append(f"{name}=False")
+    if cfg.head_activation != cfg.hidden_act:
+        problems.append(f"head_act={cfg.head_act!r} (its heads use hidden_act)")
+    if cfg.local_attention_window:
+        problems.append(f"local_attention_window={cfg.local_attention_window}")
+    if cfg.causal:
+        problems.append("causal=True")
+    if cfg.num_experts:
+        problems.append(f"num_experts={cfg.num_experts} (mixture of experts)")
+    return problems
+
+
+def check_exportable(cfg: BertConfig, family: str, problems: list[str]) -> None:
+    """One error naming every setting of ``cfg`` (``problems``) that Hugging Face's ``family``
+    cannot represent, before anything is written."""
+    if problems:
+        raise ValueError(
+            f"to_hf: Hugging Face {family} has no {'; '.join(problems)}: this "
+            f"{cfg.model_type} model cannot be exported as {family}"
+        )
 
 
 def check_classifier_pooling(cfg, token_classification: bool, family: str) -> None:
@@ -160,13 +199,15 @@ def to_hf(
     from flax import linen as nn
     from safetensors.numpy import save_file
 
-    if cfg.pre_layer_norm:
-        raise ValueError("to_hf: pre_layer_norm=True has no Hugging Face BERT equivalent")
-    if cfg.num_experts:
-        raise ValueError(
-            f"to_hf: num_experts={cfg.num_experts} (mixture-of-experts) has no "
-            "Hugging Face BERT equivalent; convert a dense model (num_experts=0)"
-        )
+    problems = encoder_problems(cfg)
+    if cfg.model_type != "albert":
+        if cfg.embedding_size is not None:
+            problems.append(f"embedding_size={cfg.embedding_size} (ALBERT's factorization)")
+        if cfg.num_hidden_groups is not None:
+            problems.append(f"num_hidden_groups={cfg.num_hidden_groups} (ALBERT's sharing)")
+    if cfg.model_type == "bert" and cfg.position_offset:
+        problems.append(f"position_offset={cfg.position_offset} (RoBERTa's)")
+    check_exportable(cfg, _FAMILIES[cfg.model_type], problems)
     params = nn.unbox(params)
     params = params.get("params", params)
     if "layers" in params["bert"]["encoder"]:

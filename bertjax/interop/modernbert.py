@@ -239,8 +239,7 @@ def check_exportable(cfg: BertConfig) -> None:
         problems.append("a non-ModernBERT shape (it needs pre_layer_norm, RoPE and a GLU)")
     if cfg.type_vocab_size or cfg.num_experts or cfg.num_hidden_groups or cfg.embedding_size:
         problems.append("token types, MoE, shared layers or factorized embeddings")
-    if problems:
-        raise ValueError(f"to_hf: Hugging Face ModernBERT has no {'; '.join(problems)}")
+    hf.check_exportable(cfg, "ModernBERT", problems)
 
 
 def check_decoder_heads(cfg: BertConfig, heads: set[str]) -> None:
