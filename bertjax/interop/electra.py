@@ -19,13 +19,12 @@ whatever ``hidden_act`` says, so a generator converts only with ``hidden_act="ge
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import numpy as np
 
-from bertjax.interop import hf, hf_keys
+from bertjax import paths
+from bertjax.interop import hf, hf_files, hf_keys
 from bertjax.interop.hf_files import read_config, read_weights
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.electra import generator_config
@@ -108,14 +107,8 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
     if kind == "generator":
         _check_generator_activation(cfg, path)
     rules = _mapping(cfg, kind)
-    missing = sorted(set(rules) - keys)
-    unknown = sorted(k for k in keys - set(rules) if not k.endswith(_IGNORED))
-    if missing or unknown:
-        raise ValueError(
-            f"weights in {path} do not match its config.json (ELECTRA {kind}, "
-            f"{cfg.num_hidden_layers} layers): missing keys {missing[:20]}; unexpected keys "
-            f"{unknown[:20]}"
-        )
+    model = f"ELECTRA {kind}, {cfg.num_hidden_layers} layers"
+    hf_keys.check_keys(path, model, rules, keys, _IGNORED)
     params: dict = {}
     for key, (target, forward, _) in rules.items():
         hf_keys.set_path(params, target, np.asarray(forward(weights[key]), np.float32))
@@ -183,7 +176,7 @@ def to_hf(cfg: BertConfig, params: dict, path: str) -> None:
     if "generator" in params:
         parts = split_pretraining_params(cfg, params)
         for kind, (part_cfg, part_params) in parts.items():
-            _write(part_cfg, part_params, os.path.join(path, kind), kind)
+            _write(part_cfg, part_params, paths.join(path, kind), kind)
     elif "rtd_head" in params:
         _write(cfg, params, path, "discriminator")
     elif "mlm_head" in params:
@@ -205,48 +198,23 @@ def to_hf(cfg: BertConfig, params: dict, path: str) -> None:
 
 
 def _write(cfg: BertConfig, params: dict, path: str, kind: str) -> None:
-    from safetensors.numpy import save_file
-
     if kind == "generator":
         _check_generator_activation(cfg, f"to_hf({path!r})")
     if "layers" in params["bert"]["encoder"]:
         params = hf.unstack_layers(cfg, params)
     tensors = {
-        key: np.ascontiguousarray(
-            np.asarray(backward(np.asarray(hf_keys.get_path(params, source))), "f4")
-        )
+        key: backward(np.asarray(hf_keys.get_path(params, source)))
         for key, (source, _, backward) in _mapping(cfg, kind).items()
     }
     config = dict(
+        hf_files.bert_keys(cfg),
         architectures=[KINDS[kind]],
         model_type="electra",
-        vocab_size=cfg.vocab_size,
         embedding_size=cfg.embedding_dim,
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size,
-        hidden_act=cfg.hidden_act,
-        hidden_dropout_prob=cfg.hidden_dropout_prob,
-        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-        max_position_embeddings=cfg.max_position_embeddings,
-        type_vocab_size=cfg.type_vocab_size,
-        initializer_range=cfg.initializer_range,
-        layer_norm_eps=cfg.layer_norm_eps,
-        pad_token_id=cfg.pad_token_id,
         classifier_dropout=cfg.classifier_dropout,
         position_embedding_type="absolute",
-        tie_word_embeddings=True,
     )
+    num_labels = 0
     if kind == "classifier":
         num_labels = int(np.asarray(params["classifier"]["bias"]).shape[0])
-        config.update(
-            id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
-            label2id={f"LABEL_{i}": i for i in range(num_labels)},
-        )
-    os.makedirs(path, exist_ok=True)
-    tmp = os.path.join(path, "model.safetensors.tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(path, "model.safetensors"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
+    hf_files.write_model_dir(path, tensors, config, num_labels)

@@ -10,17 +10,20 @@ plus whichever heads the checkpoint has (``mlm_head``, ``nsp_head``, ``classifie
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
 from typing import Any
 
 import numpy as np
 
-from bertjax import paths
-from bertjax.interop.hf_files import read_config, read_weights
+from bertjax.interop.hf_files import (
+    FAMILY_NAMES,
+    bert_keys,
+    read_config,
+    read_weights,
+    write_model_dir,
+)
 from bertjax.interop.hf_keys import (
+    check_keys,
     describe_heads,
     get_path,
     heads_in,
@@ -59,15 +62,8 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
         "from_hf(%r): %s%s", path, "a base-model save; " * base_model, describe_heads(heads)
     )
     rules = key_map(cfg, heads)
-    missing = sorted(set(rules) - keys)
-    unknown = sorted(k for k in keys - set(rules) if not k.endswith(_IGNORED_SUFFIXES))
-    if missing or unknown:
-        raise ValueError(
-            f"weights in {path} do not match its config.json ({cfg.model_type}, "
-            f"{cfg.num_hidden_layers} layers): missing keys {missing[:20]}"
-            f"{' ...' if len(missing) > 20 else ''}; unexpected keys {unknown[:20]}"
-            f"{' ...' if len(unknown) > 20 else ''}"
-        )
+    model = f"{cfg.model_type}, {cfg.num_hidden_layers} layers"
+    check_keys(path, model, rules, keys, _IGNORED_SUFFIXES)
     params: dict = {}
     for key, (target, forward, _) in rules.items():
         value = np.asarray(forward(weights[key]), np.float32)
@@ -112,7 +108,6 @@ def unstack_layers(cfg: BertConfig, params: dict) -> dict:
     return {**params, "bert": {**params["bert"], "encoder": encoder}}
 
 
-_FAMILIES = {"bert": "BERT", "roberta": "RoBERTa", "albert": "ALBERT"}
 _ARCHITECTURES = {
     ("bert", "mlm", True): "BertForPreTraining",
     ("bert", "mlm", False): "BertForMaskedLM",
@@ -197,7 +192,6 @@ def to_hf(
     ``tokenizer_file`` (a SentencePiece .model, tokenizer.json or vocab.txt) is copied beside
     them (a .model as spiece.model), so the directory fine-tunes with its own tokenizer."""
     from flax import linen as nn
-    from safetensors.numpy import save_file
 
     problems = encoder_problems(cfg)
     if cfg.model_type != "albert":
@@ -207,7 +201,7 @@ def to_hf(
             problems.append(f"num_hidden_groups={cfg.num_hidden_groups} (ALBERT's sharing)")
     if cfg.model_type == "bert" and cfg.position_offset:
         problems.append(f"position_offset={cfg.position_offset} (RoBERTa's)")
-    check_exportable(cfg, _FAMILIES[cfg.model_type], problems)
+    check_exportable(cfg, FAMILY_NAMES[cfg.model_type], problems)
     params = nn.unbox(params)
     params = params.get("params", params)
     if "layers" in params["bert"]["encoder"]:
@@ -232,11 +226,10 @@ def to_hf(
             f"to_hf: RoBERTa needs position_offset == pad_token_id + 1, got "
             f"{cfg.position_offset} and {cfg.pad_token_id}"
         )
-    tensors = {}
-    for key, (source, _, backward) in key_map(cfg, heads).items():
-        tensors[key] = np.ascontiguousarray(
-            np.asarray(backward(np.asarray(get_path(params, source))), np.float32)
-        )
+    tensors = {
+        key: backward(np.asarray(get_path(params, source)))
+        for key, (source, _, backward) in key_map(cfg, heads).items()
+    }
     kind = "classifier" if "classifier" in heads else "mlm"
     if token_classification:
         arch = {
@@ -250,24 +243,7 @@ def to_hf(
         raise ValueError(
             f"to_hf: no Hugging Face architecture for {fam} with heads {sorted(heads)}"
         )
-    hf = dict(
-        architectures=[arch],
-        model_type=fam,
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size,
-        hidden_act=cfg.hidden_act,
-        hidden_dropout_prob=cfg.hidden_dropout_prob,
-        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-        max_position_embeddings=cfg.max_position_embeddings,
-        type_vocab_size=cfg.type_vocab_size,
-        initializer_range=cfg.initializer_range,
-        layer_norm_eps=cfg.layer_norm_eps,
-        pad_token_id=cfg.pad_token_id,
-        tie_word_embeddings=True,
-    )
+    hf = dict(bert_keys(cfg), architectures=[arch], model_type=fam)
     if fam in ("roberta", "albert"):
         hf.update(bos_token_id=cfg.cls_token_id, eos_token_id=cfg.sep_token_id)
     if fam == "albert":
@@ -279,23 +255,7 @@ def to_hf(
         )
     else:
         hf.update(classifier_dropout=cfg.classifier_dropout)
+    num_labels = 0
     if "classifier" in params:
         num_labels = int(np.asarray(params["classifier"]["bias"]).shape[0])
-        hf.update(
-            id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
-            label2id={f"LABEL_{i}": i for i in range(num_labels)},
-        )
-    paths.makedirs(path)
-    with tempfile.TemporaryDirectory() as tmp:  # safetensors writes a local file; then copy it
-        local = os.path.join(tmp, "model.safetensors")
-        save_file(tensors, local, metadata={"format": "pt"})
-        paths.upload(local, paths.join(path, "model.safetensors"))
-    paths.write_text(paths.join(path, "config.json"), json.dumps(hf, indent=2, sort_keys=True))
-    if tokenizer_file:
-        copy_tokenizer(tokenizer_file, path)
-
-
-def copy_tokenizer(tokenizer_file: str, path: str) -> None:
-    """Copies a tokenizer file into an HF directory (a SentencePiece .model as spiece.model)."""
-    name = "spiece.model" if tokenizer_file.endswith(".model") else os.path.basename(tokenizer_file)
-    paths.upload(tokenizer_file, paths.join(path, name))
+    write_model_dir(path, tensors, hf, num_labels, tokenizer_file)

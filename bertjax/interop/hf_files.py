@@ -1,9 +1,13 @@
 """What a Hugging Face model directory holds, read without transformers: config.json as a
-BertConfig (special-token ids from its vocabulary), its tokenizer file, its weight tensors."""
+BertConfig (special-token ids from its vocabulary), its tokenizer file, its weight tensors; and
+writing one (`write_model_dir`). The config.json keys BERT's encoder shares with BertConfig
+(`BERT_KEYS`) are read and written from one table."""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -13,6 +17,23 @@ from bertjax.modeling.bert_config import BertConfig
 
 # In the order they are preferred; spiece.model is a SentencePiece model (as ALBERT ships).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
+# The config.json keys of BERT's encoder (BERT, RoBERTa, ALBERT, ELECTRA) that are BertConfig
+# fields of the same name, with transformers' defaults (None: required).
+BERT_KEYS = {
+    "vocab_size": None,
+    "hidden_size": None,
+    "num_hidden_layers": None,
+    "num_attention_heads": None,
+    "intermediate_size": None,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "initializer_range": 0.02,
+    "layer_norm_eps": 1e-12,
+}
+FAMILY_NAMES = {"bert": "BERT", "roberta": "RoBERTa", "albert": "ALBERT", "electra": "ELECTRA"}
 
 
 def is_hf_dir(path: str) -> bool:
@@ -158,19 +179,8 @@ def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
         )
     pad = hf.get("pad_token_id", 1 if fam == "roberta" else 0)
     fields = dict(
+        _bert_encoder(hf, path, fam),
         model_type=fam,
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"],
-        hidden_act=hf.get("hidden_act", "gelu"),
-        hidden_dropout_prob=hf.get("hidden_dropout_prob", 0.1),
-        attention_probs_dropout_prob=hf.get("attention_probs_dropout_prob", 0.1),
-        max_position_embeddings=hf.get("max_position_embeddings", 512),
-        type_vocab_size=hf.get("type_vocab_size", 2),
-        initializer_range=hf.get("initializer_range", 0.02),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         position_offset=pad + 1 if fam == "roberta" else 0,
         classifier_dropout=hf.get(
             "classifier_dropout_prob" if fam == "albert" else "classifier_dropout"
@@ -182,11 +192,63 @@ def config_from_hf(hf: dict, path: str, **overrides: Any) -> BertConfig:
             embedding_size=hf.get("embedding_size", 128),
             num_hidden_groups=hf.get("num_hidden_groups", 1),
         )
+    return _valid(fields, path, overrides)
+
+
+def _bert_encoder(hf: dict, path: str, family: str) -> dict:
+    """The `BERT_KEYS` fields of a BERT-encoder config.json (learned absolute positions only)."""
+    position_type = hf.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+        name = FAMILY_NAMES[family]
+        raise ValueError(
+            f"{path}/config.json: {name} position_embedding_type={position_type!r} is not "
+            f"supported (only 'absolute', as in every released {name})"
+        )
+    return {k: hf[k] if default is None else hf.get(k, default) for k, default in BERT_KEYS.items()}
+
+
+def bert_keys(cfg: BertConfig) -> dict:
+    """The config.json entries of ``cfg``'s BERT encoder: `BERT_KEYS`, the padding id, and the
+    MLM decoder tied to the word embeddings."""
+    keys = {k: getattr(cfg, k) for k in BERT_KEYS}
+    return dict(keys, pad_token_id=cfg.pad_token_id, tie_word_embeddings=True)
+
+
+def _valid(fields: dict, path: str, overrides: dict) -> BertConfig:
+    """BertConfig(**fields, **overrides), or an error naming the config.json."""
     fields.update(overrides)
     try:
         return BertConfig.from_dict(fields)
     except ValueError as error:
         raise ValueError(f"{path}/config.json does not describe a valid model: {error}") from error
+
+
+def write_model_dir(
+    path: str, tensors: dict, config: dict, num_labels: int = 0, tokenizer_file: str = ""
+) -> None:
+    """An HF model directory at ``path`` (local or a URL): model.safetensors (float32),
+    config.json (with LABEL_i names for a classifier of ``num_labels``), and ``tokenizer_file``
+    copied beside them (a SentencePiece .model as spiece.model)."""
+    from safetensors.numpy import save_file
+
+    if num_labels:
+        config = dict(
+            config,
+            id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
+            label2id={f"LABEL_{i}": i for i in range(num_labels)},
+        )
+    tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+    paths.makedirs(path)
+    with tempfile.TemporaryDirectory() as tmp:  # safetensors writes a local file; then copy it
+        local = os.path.join(tmp, "model.safetensors")
+        save_file(tensors, local, metadata={"format": "pt"})
+        paths.upload(local, paths.join(path, "model.safetensors"))
+    paths.write_text(paths.join(path, "config.json"), json.dumps(config, indent=2, sort_keys=True))
+    if tokenizer_file:
+        name = os.path.basename(tokenizer_file)
+        paths.upload(
+            tokenizer_file, paths.join(path, "spiece.model" if name.endswith(".model") else name)
+        )
 
 
 def _electra_classifier(hf: dict) -> bool:
@@ -197,39 +259,18 @@ def _electra_classifier(hf: dict) -> bool:
 def _electra_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
     """An ELECTRA discriminator's or generator's config.json (BERT's vocabulary and encoder;
     embeddings of width ``embedding_size``, projected when it differs from the hidden size)."""
-    position_type = hf.get("position_embedding_type", "absolute")
-    if position_type != "absolute":
-        raise ValueError(
-            f"{path}/config.json: ELECTRA position_embedding_type={position_type!r} is not "
-            "supported (only 'absolute', as in every released ELECTRA)"
-        )
     embedding = hf.get("embedding_size", 128)
     fields = dict(
+        _bert_encoder(hf, path, "electra"),
         model_type="electra",
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"],
         embedding_size=None if embedding == hf["hidden_size"] else embedding,
-        hidden_act=hf.get("hidden_act", "gelu"),
-        hidden_dropout_prob=hf.get("hidden_dropout_prob", 0.1),
-        attention_probs_dropout_prob=hf.get("attention_probs_dropout_prob", 0.1),
-        max_position_embeddings=hf.get("max_position_embeddings", 512),
-        type_vocab_size=hf.get("type_vocab_size", 2),
-        initializer_range=hf.get("initializer_range", 0.02),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         classifier_dropout=hf.get("classifier_dropout"),
         # a fine-tuned ElectraForSequenceClassification has HF's head; a pretrained model
         # fine-tunes with ELECTRA's own (google-research/electra: first token -> classifier)
         classifier_pooling="electra_hf" if _electra_classifier(hf) else "first",
         **special_token_ids(path, "bert", hf),
     )
-    fields.update(overrides)
-    try:
-        return BertConfig.from_dict(fields)
-    except ValueError as error:
-        raise ValueError(f"{path}/config.json does not describe a valid model: {error}") from error
+    return _valid(fields, path, overrides)
 
 
 def _modernbert_layout(hf: dict, path: str) -> tuple[int, int]:
@@ -328,8 +369,4 @@ def _modernbert_config(hf: dict, path: str, **overrides: Any) -> BertConfig:
         causal=decoder,
         **ids,
     )
-    fields.update(overrides)
-    try:
-        return BertConfig.from_dict(fields)
-    except ValueError as error:
-        raise ValueError(f"{path}/config.json does not describe a valid model: {error}") from error
+    return _valid(fields, path, overrides)

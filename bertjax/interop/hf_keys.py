@@ -201,6 +201,23 @@ def describe_heads(heads: set[str]) -> str:
     return f"heads present: {', '.join(have) or 'none'}; absent: {', '.join(lack) or 'none'}"
 
 
+def check_keys(path: str, model: str, expected, found, ignored: tuple = ()) -> None:
+    """Raises naming the keys of the weights in ``path`` that its config.json's ``model`` reads
+    and they lack, and those they hold that nothing reads (but ``ignored`` suffixes: buffers,
+    tied copies)."""
+    missing = sorted(set(expected) - set(found))
+    unknown = sorted(k for k in set(found) - set(expected) if not k.endswith(ignored))
+    if missing or unknown:
+
+        def few(keys):
+            return f"{keys[:20]}{' ...' if len(keys) > 20 else ''}"
+
+        raise ValueError(
+            f"weights in {path} do not match its config.json ({model}): missing keys "
+            f"{few(missing)}; unexpected keys {few(unknown)}"
+        )
+
+
 def set_path(tree: dict, path: tuple[str, ...], value) -> None:
     for key in path[:-1]:
         tree = tree.setdefault(key, {})

@@ -18,17 +18,13 @@ differently (`hf_files.decoder_window`).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
 from typing import Any
 
 import numpy as np
 
-from bertjax import paths
 from bertjax.interop import hf, hf_keys
-from bertjax.interop.hf_files import read_config, read_weights
+from bertjax.interop.hf_files import read_config, read_weights, write_model_dir
 from bertjax.modeling.bert_config import BertConfig
 
 # The tied decoder weight (a copy of the word embeddings) when a save keeps it.
@@ -155,14 +151,7 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
     )
     rules = _mapping(cfg, heads)
     fused = _fused(rules)
-    missing = sorted(set(fused) - keys)
-    unknown = sorted(k for k in keys - set(fused) if not k.endswith(_IGNORED))
-    if missing or unknown:
-        raise ValueError(
-            f"weights in {path} do not match its config.json (modernbert, "
-            f"{cfg.num_hidden_layers} layers): missing keys {missing[:20]}; unexpected keys "
-            f"{unknown[:20]}"
-        )
+    hf_keys.check_keys(path, f"modernbert, {cfg.num_hidden_layers} layers", fused, keys, _IGNORED)
     params: dict = {}
     for rule, (target, forward, _) in rules.items():
         value = np.asarray(forward(weights[rule.split("#")[0]]), np.float32)
@@ -176,7 +165,7 @@ def from_hf(path: str, **overrides: Any) -> tuple[BertConfig, dict]:
     return cfg, params
 
 
-def hf_config(cfg: BertConfig, architecture: str, num_labels: int = 0) -> dict:
+def hf_config(cfg: BertConfig, architecture: str) -> dict:
     """The config.json of a ModernBERT model (transformers' ModernBertConfig fields)."""
     layer_types = [
         "sliding_attention" if cfg.attention_window(i) else "full_attention"
@@ -224,11 +213,6 @@ def hf_config(cfg: BertConfig, architecture: str, num_labels: int = 0) -> dict:
         classifier_activation=cfg.head_activation,
         tie_word_embeddings=True,
     )
-    if num_labels:
-        config.update(
-            id2label={str(i): f"LABEL_{i}" for i in range(num_labels)},
-            label2id={f"LABEL_{i}": i for i in range(num_labels)},
-        )
     return config
 
 
@@ -262,7 +246,6 @@ def to_hf(
     """Writes an HF ModernBERT directory (config.json + model.safetensors) at ``path``;
     ``tokenizer_file`` (tokenizer.json, or a SentencePiece .model as spiece.model) beside them."""
     from flax import linen as nn
-    from safetensors.numpy import save_file
 
     check_exportable(cfg)
     if cfg.attention_probs_dropout_prob != cfg.hidden_dropout_prob:
@@ -285,7 +268,6 @@ def to_hf(
         key, _, part = rule.partition("#")
         value = np.asarray(backward(np.asarray(hf_keys.get_path(params, source))), np.float32)
         tensors[key] = np.concatenate([tensors[key], value]) if part and key in tensors else value
-    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     num_labels = 0
     if "classifier" in heads:
         num_labels = int(np.asarray(params["classifier"]["bias"]).shape[0])
@@ -297,12 +279,5 @@ def to_hf(
         architecture = "ModernBertForMaskedLM" if heads else "ModernBertModel"
     if architecture in ("ModernBertModel", "ModernBertDecoderModel"):
         tensors = {k[len("model.") :]: v for k, v in tensors.items()}
-    paths.makedirs(path)
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, "model.safetensors")
-        save_file(tensors, local, metadata={"format": "pt"})
-        paths.upload(local, paths.join(path, "model.safetensors"))
-    config = hf_config(cfg, architecture, num_labels)
-    paths.write_text(paths.join(path, "config.json"), json.dumps(config, indent=2, sort_keys=True))
-    if tokenizer_file:
-        hf.copy_tokenizer(tokenizer_file, path)
+    config = hf_config(cfg, architecture)
+    write_model_dir(path, tensors, config, num_labels, tokenizer_file)
