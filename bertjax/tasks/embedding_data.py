@@ -10,28 +10,25 @@ pairs' module), then random documents, keyed by (seed, pair): the same on every 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
-import jax
 import numpy as np
 
 from bertjax import paths
 from bertjax.data import keys
-from bertjax.data.source import DataSource, host_rows, ordered_rows, shuffled_rows
 from bertjax.data.text import pairs
-from bertjax.data.tokenizer import Tokenizer
-from bertjax.data.tokenizer.configured import workdir_tokenizer
 from bertjax.evaluation import retrieval
 from bertjax.interop import sentence_transformers as st_files
-from bertjax.interop.pretrained import PretrainedSource
+from bertjax.tasks.encoded_rows import EncodedRows
 from bertjax.tasks.tasks import encode_pairs
 
 
-class PairData(DataSource):
+class PairData(EncodedRows):
     """Encoded train and held-out pairs of ``config.pairs`` (module docstring)."""
 
     dev_metric = "ndcg@10"  # WORKDIR/best keeps the checkpoint with the best held-out NDCG@10
+    order_stream = "pairs/order"
+    weight_key = "weights"
 
     def __init__(self, config, workdir: str, objective):
         self.config, self.workdir = config, workdir
@@ -44,35 +41,20 @@ class PairData(DataSource):
             if st_files.is_sentence_transformers_dir(path):
                 self._st_modules = st_files.read_modules(path)
                 path = self._st_modules.transformer_path
-            self.pretrained = PretrainedSource(path, "config.init_from")
-            overrides = {"dtype": config.model.dtype}
-            if self.pretrained.is_hf and config.model.get("scan_layers"):
-                overrides["scan_layers"] = True
-            self._model_cfg = self.pretrained.model_config(**overrides)
-            self.tokenizer = Tokenizer(
-                self.pretrained.tokenizer_file(paths.cache_dir(config.data.cache_dir)),
-                lowercase=config.data.lowercase,
-            )
+            self._load_pretrained(path)
         train, dev = self._load(c)
         if not config.init_from:
-            self.tokenizer = self._own_tokenizer(train)
-        length = int(config.data.max_seq_length)
-        query_length = int(c.max_query_length)
-        if self._model_cfg is not None:
-            limit = self._model_cfg.max_position_embeddings - self._model_cfg.position_offset
-            length, query_length = min(length, limit), min(query_length, limit)
+            texts = [p.query for p in train] + [p.positive for p in train]
+            self.tokenizer = self._own_tokenizer(texts)
+        length = self._fitting(int(config.data.max_seq_length))
+        query_length = self._fitting(int(c.max_query_length))
         self.num_negatives = int(c.num_negatives)
-        self.train = self._encode(train, query_length, length, self.num_negatives, "train")
-        self.dev = self._encode(dev, query_length, length, 0, "dev")
+        self._serve(
+            self._encode(train, query_length, length, self.num_negatives, "train"),
+            self._encode(dev, query_length, length, 0, "dev"),
+        )
         self.num_train, self.num_dev = len(train), len(dev)
         self.dev_positives = [p.positive for p in dev]
-        digest = hashlib.sha256()
-        for rows in (self.train, self.dev):
-            for key in sorted(rows):
-                digest.update(key.encode() + np.ascontiguousarray(rows[key]).tobytes())
-        self._fingerprint = digest.hexdigest()[:16]
-        self.global_batch_size = int(config.batch_size)
-        self._rows = host_rows(self.global_batch_size, jax.process_index(), jax.process_count())
         logging.info(
             "pairs %s: %d train, %d held-out, %d hard negatives, T=%d/%d",
             c.source,
@@ -100,27 +82,6 @@ class PairData(DataSource):
                 "pairs; both must be non-empty (config.pairs.dev_fraction or dev_file)"
             )
         return train, dev
-
-    def _own_tokenizer(self, train):
-        """The configured tokenizer, else a SentencePiece model of the training pairs."""
-        c = self.config.data
-        cache = paths.cache_dir(c.cache_dir)
-        if c.hf_vocab or c.tokenizer_model:
-            return Tokenizer(
-                paths.local_copy(c.hf_vocab or c.tokenizer_model, cache), lowercase=c.lowercase
-            )
-        texts = [p.query for p in train] + [p.positive for p in train]
-        path = workdir_tokenizer(
-            texts,
-            self.workdir,
-            cache,
-            jax.process_index(),
-            jax.process_count(),
-            vocab_size=int(c.vocab_size),
-            model_type=c.tokenizer_type,
-            seed=int(self.config.seed),
-        )
-        return Tokenizer(path)
 
     def _negatives(self, items, count: int, purpose: str) -> list[list[str]]:
         """``count`` hard negatives per pair: its own, then its group's, then random others."""
@@ -162,33 +123,6 @@ class PairData(DataSource):
             "doc_attention_mask": encoded["attention_mask"].reshape(n, slots, length),
             "weights": np.ones(n, np.float32),
         }
-
-    @staticmethod
-    def _take(rows, index, weights=None):
-        out = {k: v[index] for k, v in rows.items()}
-        if weights is not None:
-            out["weights"] = out["weights"] * weights
-        return out
-
-    def batch(self, step: int) -> dict:
-        """This host's rows of global batch ``step``: epoch-wise shuffles keyed by (seed, epoch)."""
-        seed, size = self.config.seed, self.global_batch_size
-        index = shuffled_rows(seed, step, size, self._rows, self.num_train, "pairs/order")
-        return self._take(self.train, index)
-
-    def eval_batches(self, num_batches: int):
-        """The held-out pairs in order, padded with weight-0 rows (``num_batches`` > 0 caps it)."""
-        for index, real in ordered_rows(
-            self.num_dev, self.global_batch_size, self._rows, num_batches
-        ):
-            yield self._take(self.dev, index, real)
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
-
-    def model_config(self):
-        return self._model_cfg
 
     def pretrained_encoder(self) -> dict:
         """The init_from model's encoder params (host arrays)."""
