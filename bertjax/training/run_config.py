@@ -17,6 +17,7 @@ from ml_collections.config_flags import config_flags  # its parser and flag clas
 from bertjax import cli, paths
 from bertjax.data import default_data_config
 from bertjax.data.plans.batch_plan import default_batch_warmup_config
+from bertjax.modeling import attention_kernels
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.objectives.registry import OBJECTIVES, with_objective
 from bertjax.training.phases import plan_phases
@@ -127,8 +128,6 @@ def check_model_config(config: ml_collections.ConfigDict) -> BertConfig:
     forced = cfg.attention_implementation
     if forced is None:
         return cfg
-    from bertjax.modeling import attention_kernels  # the kernel table imports jax and the ops
-
     length = int(config.data.max_seq_length) if "data" in config else cfg.max_position_embeddings
     for layer in range(cfg.num_hidden_layers):
         spec = attention_kernels.AttentionSpec(
