@@ -129,14 +129,14 @@ def test_no_gradient_from_later_positions_through_the_full_model(setup):
 
 
 @pytest.mark.slow
-def test_tiny_clm_run_beats_every_unigram_model(tmp_path):
+def test_tiny_clm_run_beats_every_unigram_model(tmp_path, small_spm, one_device):
     """Held-out next-token NLL below the empirical entropy of the held-out targets (what the best
     context-free predictor would reach on them), with input masking on in training."""
     config = add_clm_config(default_run_config())
     config.model.hidden_size, config.model.num_attention_heads = 32, 2
     config.model.intermediate_size, config.model.num_hidden_layers = 64, 2
     config.model.max_position_embeddings = 64
-    config.data.max_seq_length, config.data.vocab_size = 32, 400
+    config.data.max_seq_length, config.data.tokenizer_model = 32, small_spm  # 400 pieces
     config.data.sample_plan = "full_sentences"
     config.data.input_mask_rate = 0.1
     config.batch_size, config.num_train_steps = 16, 150

@@ -93,6 +93,15 @@ def session_tokenizer_runs(small_spm):
     SHRINK.remove(f"--config.data.tokenizer_model={small_spm}")
 
 
+@pytest.fixture
+def one_device():
+    """The test's in-process runs train on one device (`helpers.first_device_only`)."""
+    from helpers import first_device_only
+
+    with first_device_only():
+        yield
+
+
 @pytest.fixture(scope="session")
 def gcs_bucket():
     """A Google Cloud Storage emulator on the loopback address (tests/gcs_emulator.py, started

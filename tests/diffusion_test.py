@@ -237,12 +237,13 @@ def test_sampled_tokens_follow_softmax_at_temperature(x64):
 
 
 @pytest.mark.slow
-def test_diffusion_tiny_recipe_trains_and_generates(tmp_path, capsys):
+def test_diffusion_tiny_recipe_trains_and_generates(tmp_path, capsys, small_spm):
     config = trainer.load_config_file(os.path.join(ROOT, "configs", "diffusion_tiny.py"))
     config.batch_size, config.num_train_steps = 8, 3
     config.model.hidden_size, config.model.num_attention_heads = 32, 2
     config.model.intermediate_size, config.model.num_hidden_layers = 64, 2
-    config.data.max_seq_length, config.data.max_predictions, config.data.vocab_size = 32, 6, 400
+    config.data.max_seq_length, config.data.max_predictions = 32, 6
+    config.data.tokenizer_model = small_spm  # the session's 400-piece model of the built-in corpus
     config.model.max_position_embeddings = 64
     config.optim.warmup_steps = 1
     config.log_every, config.eval_every, config.eval_batches = 1, 3, 1

@@ -3,6 +3,7 @@ other's private helpers): train.py subprocess runs on a shrunken recipe, the Hug
 helpers, and a small Chinese corpus. The step tests' tiny setup lives in two_process_worker.py,
 which is also the two-process worker script."""
 
+import contextlib
 import json
 import os
 import socket
@@ -36,6 +37,20 @@ def xla_flags(devices: int | None = None) -> str:
     (conftest checks once and records it in BERTJAX_TEST_XLA_FLAGS)."""
     count = f"--xla_force_host_platform_device_count={devices}" if devices else ""
     return f"{count} {os.environ.get('BERTJAX_TEST_XLA_FLAGS', '')}".strip()
+
+
+@contextlib.contextmanager
+def first_device_only():
+    """Inside, `jax.devices()` is this worker's first CPU device alone, so the trainer's mesh spans
+    one device: for in-process runs of many steps whose point is not sharding (a step on the
+    worker's 8 fake devices costs several times one device's; sharding has tests of its own)."""
+    import jax
+    import pytest
+
+    first = jax.devices()[:1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax, "devices", lambda backend=None: list(first))
+        yield
 
 
 def child_env() -> dict:
