@@ -446,7 +446,9 @@ def test_mds_shards_import_into_a_store_of_the_same_tokens(tmp_path, builtin_spm
 
 class _Latency(_Counting):
     """A filesystem that counts requests and adds latency to each (a `cat_ranges` call is one
-    request, its ranges in flight together, as gcsfs's)."""
+    request, its ranges in flight together, as gcsfs's: an asynchronous filesystem)."""
+
+    async_impl = True
 
     def __init__(self, fs, latency):
         super().__init__(fs)

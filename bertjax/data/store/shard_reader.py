@@ -2,153 +2,36 @@
 
 Opening reads the manifest and each shard's index region (document and sentence offsets, token
 counts, block checksums), never the tokens; with ``index=False`` (the pipeline, every plan) only
-the manifest, then each shard's block checksums on its first read and the index ranges of the
-pieces a sentence plan builds (`piece_index`), so that the time to the first batch does not grow
-with the store. `tokens` and `word_starts` are column views that
-fetch, per gather, only the blocks holding the asked-for positions: adjacent
-blocks go in one range request, all of a gather's requests at once (fsspec `cat_ranges`), each
-block is checked against its CRC, and blocks stay in an LRU cache of bounded size. A host thus
-reads about the bytes of its own rows; the batch prefetch thread (config.data.prefetch) is the
-read-ahead. A local path (a gcsfuse mount too) is read the same way.
+the manifest, then the index ranges of the pieces a sentence plan builds (`piece_indexes`, the
+pieces of a window together) and the checksums of the blocks it reads, with them, so that the
+time to the first batch does not grow with the store. `tokens` and `word_starts` are column
+views that fetch, per gather, only the blocks holding the asked-for positions (block_cache.py:
+runs of blocks per shard, one read for all, each block checked against its CRC, an LRU cache of
+bounded size shared by every thread). A host thus reads about the bytes of its own rows; the
+pipeline gathers the rows of several batches at once (`gather_many`). A local path (a gcsfuse
+mount too) is read the same way.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
-import threading
 import zlib
 
 import numpy as np
 
 from bertjax.data.store import shard_format as fmt
+from bertjax.data.store.block_cache import BlockCache, RangeReader
 from bertjax.data.store.memmap import SPLITS
 
 CACHE_BYTES = 256 << 20  # default bound of the block cache per split
 COUNT_SHARDS = 16  # shards whose token counts stand for the store's before its index is loaded
 
 
-class _Blocks:
-    """Data-region blocks of every shard of a split, fetched by range and cached (LRU)."""
-
-    def __init__(self, url, fs, shards, layouts, block_tokens, cache_bytes):
-        self.url, self.fs, self.shards, self.layouts = url, fs, shards, layouts
-        self.block_tokens, self.cache_bytes = block_tokens, cache_bytes
-        self.crcs: dict[int, np.ndarray] = {}  # shard -> CRC-32 of its blocks, read on first use
-        self.block_bytes = layouts[0]["block_bytes"] if layouts else 1
-        root = fmt.filesystem(url)[1].rstrip("/")
-        self.paths = [f"{root}/{s['path']}" for s in shards]
-        self.cache: collections.OrderedDict = collections.OrderedDict()
-        self.cached = 0
-        self.lock = threading.Lock()
-        self.bytes_read = 0  # bytes fetched from storage so far (blocks, checksums, counts)
-        self.index_bytes_read = 0  # bytes of piece indexes fetched (documents, sentences)
-
-    def sections(self, shards: list[int], name: str) -> list[bytes]:
-        """One index section (index_layout's ``name``) of each of ``shards``, read at once."""
-        if not shards:
-            return []
-        starts = [self.layouts[k][name][0] for k in shards]
-        ends = [self.layouts[k][name][1] for k in shards]
-        bodies = self.fs.cat_ranges([self.paths[k] for k in shards], starts, ends)
-        for k, body, start, end in zip(shards, bodies, starts, ends):
-            if isinstance(body, Exception):
-                raise fmt.StoreError(
-                    f"cannot read shard {self._name(k)} ({body!r}): the manifest lists it; "
-                    "restore it or prepare the store again (complete shards are kept)"
-                )
-            self.bytes_read += len(body)
-            if len(body) != end - start:
-                raise fmt.StoreError(
-                    f"shard {self._name(k)} is truncated: bytes [{start}, {end}) gave "
-                    f"{len(body)}; the manifest says {self.shards[k]['bytes']} bytes: prepare "
-                    "the store again (complete shards are kept)"
-                )
-        return bodies
-
-    def ranges(self, shards: list[int], name: str, starts, ends) -> list[bytes]:
-        """Byte ranges [start, end) of one index section of each of ``shards``, read at once."""
-        base = [self.layouts[k][name][0] for k in shards]
-        bodies = self.fs.cat_ranges(
-            [self.paths[k] for k in shards],
-            [b + s for b, s in zip(base, starts)],
-            [b + e for b, e in zip(base, ends)],
-        )
-        for k, body, start, end in zip(shards, bodies, starts, ends):
-            if isinstance(body, Exception) or len(body) != end - start:
-                raise fmt.StoreError(
-                    f"cannot read bytes [{start}, {end}) of the {name} of shard {self._name(k)} "
-                    f"({body!r:.200}): restore it or prepare the store again"
-                )
-            self.index_bytes_read += len(body)
-        return bodies
-
-    def fetch(self, keys: np.ndarray) -> list[bytes]:
-        """The blocks ``keys`` ([K, 2] unique (shard, block) pairs, sorted), in that order."""
-        with self.lock:
-            unknown = sorted({int(k) for k in np.unique(keys[:, 0])} - set(self.crcs))
-        if unknown:  # block checksums of shards not read before (a few bytes per block)
-            for k, body in zip(unknown, self.sections(unknown, "block_crc32")):
-                with self.lock:
-                    self.crcs[k] = np.frombuffer(body, "<u4")
-        found: dict[tuple[int, int], bytes] = {}
-        with self.lock:
-            for shard, block in keys.tolist():
-                data = self.cache.get((shard, block))
-                if data is not None:
-                    self.cache.move_to_end((shard, block))
-                    found[(shard, block)] = data
-        missing = [k for k in map(tuple, keys.tolist()) if k not in found]
-        runs: list[list[tuple[int, int]]] = []  # adjacent blocks of one shard: one range request
-        for key in missing:
-            if runs and runs[-1][-1][0] == key[0] and runs[-1][-1][1] + 1 == key[1]:
-                runs[-1].append(key)
-            else:
-                runs.append([key])
-        if runs:
-            starts, ends = [], []
-            for run in runs:
-                shard, first, last = run[0][0], run[0][1], run[-1][1]
-                base = self.layouts[shard]["index_bytes"]
-                starts.append(base + first * self.block_bytes)
-                ends.append(min(base + (last + 1) * self.block_bytes, self.shards[shard]["bytes"]))
-            bodies = self.fs.cat_ranges([self.paths[r[0][0]] for r in runs], starts, ends)
-            for run, body, start, end in zip(runs, bodies, starts, ends):
-                if isinstance(body, Exception):
-                    raise fmt.StoreError(f"cannot read {self._name(run[0][0])}: {body}")
-                self.bytes_read += len(body)
-                if len(body) != end - start:
-                    raise fmt.StoreError(
-                        f"shard {self._name(run[0][0])} is truncated: bytes [{start}, {end}) "
-                        f"gave {len(body)}; the manifest says {self.shards[run[0][0]]['bytes']} "
-                        "bytes: prepare the store again (complete shards are kept)"
-                    )
-                for i, key in enumerate(run):
-                    data = body[i * self.block_bytes : (i + 1) * self.block_bytes]
-                    if zlib.crc32(data) != int(self.crcs[key[0]][key[1]]):
-                        raise fmt.StoreError(
-                            f"shard {self._name(key[0])}: block {key[1]} (bytes "
-                            f"{start + i * self.block_bytes}..) fails its CRC-32 check: the file "
-                            "is corrupted; delete it and rerun the prepare job to rewrite it"
-                        )
-                    found[key] = data
-            with self.lock:
-                for key in missing:
-                    self.cache[key] = found[key]
-                    self.cached += len(found[key])
-                while self.cached > self.cache_bytes and len(self.cache) > 1:
-                    self.cached -= len(self.cache.popitem(last=False)[1])
-        return [found[k] for k in map(tuple, keys.tolist())]
-
-    def _name(self, shard: int) -> str:
-        return fmt.join(self.url, self.shards[shard]["path"])
-
-
 class Column:
     """A read-only int64-indexable view of one column (tokens or word starts) of a split."""
 
-    def __init__(self, blocks: _Blocks, offsets: np.ndarray, dtype, word_starts: bool):
+    def __init__(self, blocks: BlockCache, offsets: np.ndarray, dtype, word_starts: bool):
         self.blocks, self.offsets, self.dtype = blocks, offsets, np.dtype(dtype)
         self.word_starts = word_starts
         self.shape = (int(offsets[-1]),)
@@ -195,6 +78,17 @@ class Column:
             out.append(tokens.astype(self.dtype))
         return tuple(out)
 
+    def gather_many(self, indexes) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`gather` (with word starts) of each of ``indexes``, their blocks fetched in one read."""
+        indexes = [np.asarray(i, np.int64) for i in indexes]
+        joined = np.concatenate([i.reshape(-1) for i in indexes] or [np.zeros(0, np.int64)])
+        columns = self.gather(joined)
+        bounds = np.cumsum([0] + [i.size for i in indexes])
+        return [
+            tuple(c[a:b].reshape(i.shape) for c in columns)
+            for i, a, b in zip(indexes, bounds[:-1], bounds[1:])
+        ]
+
 
 class ShardedStore:
     """One split of a sharded store at a path or URL; the same interface as store.Store."""
@@ -206,10 +100,15 @@ class ShardedStore:
         tokenizer,
         cache_bytes: int = CACHE_BYTES,
         index: bool = True,
+        read_threads: int = 16,
+        gap_blocks: int = 0,
     ):
         """``index=False`` opens from the manifest alone: the document and sentence index of
         every shard is read on first use of `documents` / `sentences` (the pipeline never asks:
-        it reads pieces, `piece_index`), block checksums per shard on its first read."""
+        it reads pieces, `piece_indexes`), the checksums of blocks with the blocks.
+        ``read_threads``: threads reading one fetch's ranges on a synchronous filesystem;
+        ``gap_blocks``: blocks a fetch reads between two it needs rather than send two ranges
+        (block_cache.py)."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r}: must be one of {SPLITS}")
         self.url = self.directory = url.rstrip("/")
@@ -226,7 +125,9 @@ class ShardedStore:
         ]
         self._num_documents = sum(int(s["documents"]) for s in shards)
         offsets = np.concatenate([[0], np.cumsum([s["tokens"] for s in shards])]).astype(np.int64)
-        self.blocks = _Blocks(self.url, self.fs, shards, self.layouts, block_tokens, cache_bytes)
+        self.reader = RangeReader(self.fs, read_threads)
+        self.blocks = BlockCache(self.url, self.reader, shards, self.layouts, block_tokens,
+                                 cache_bytes, gap_blocks)  # fmt: skip
         self.tokens = Column(self.blocks, offsets, dtype, word_starts=False)
         self.word_starts = Column(self.blocks, offsets, np.uint8, word_starts=True)
         self._index = None
@@ -255,7 +156,7 @@ class ShardedStore:
             documents.append(section["documents"][1:] + sentence_base)
             sentences.append(section["sentences"].reshape(-1, 2) + token_base)
             counts += section["token_counts"]
-            self.blocks.crcs[k] = section["block_crc32"]
+            self.blocks.set_crcs(k, section["block_crc32"])
             token_base += shard["tokens"]
             sentence_base += shard["sentences"]
         self._index = {
@@ -312,25 +213,39 @@ class ShardedStore:
         return documents, np.asarray([s["tokens"] for s in self.shards], np.int64)
 
     def piece_index(self, shard: int, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """Documents first..end-1 of one shard: (their sentence offsets from 0 [n + 1], their
-        sentences' global token ranges [S, 2]), read as two ranges of the shard's index (not
-        checked against the index's CRC, which covers the whole region: checked for order)."""
+        """Documents first..end-1 of one shard: `piece_indexes` of one piece."""
+        return self.piece_indexes([(shard, first, end)])[0]
+
+    def piece_indexes(self, pieces) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Of each (shard, first, end) of ``pieces``, documents first..end-1 of that shard: (their
+        sentence offsets from 0 [n + 1], their sentences' global token ranges [S, 2]); read as
+        two rounds of ranges for all the pieces together (their document offsets, then their
+        sentences), not checked against the index's CRC, which covers the whole region: checked
+        for order."""
         if self._index is not None:
-            documents = self._index["documents"]
-            lo = int(sum(int(s["documents"]) for s in self.shards[:shard])) + first
-            docs = np.asarray(documents[lo : lo + end - first + 1], np.int64)
-            return docs - docs[0], self._index["sentences"][docs[0] : docs[-1]]
-        (docs,) = self.blocks.ranges([shard], "documents", [8 * first], [8 * (end + 1)])
-        docs = np.frombuffer(docs, "<i8").astype(np.int64)
-        lo, hi = int(docs[0]), int(docs[-1])
-        (sentences,) = self.blocks.ranges([shard], "sentences", [16 * lo], [16 * hi])
-        sentences = np.frombuffer(sentences, "<i8").reshape(-1, 2) + self.tokens.offsets[shard]
-        if np.any(np.diff(docs) < 0) or np.any(sentences[:, 1] < sentences[:, 0]):
-            raise fmt.StoreError(
-                f"shard {self.blocks._name(shard)}: its index is not in order at documents "
-                f"{first}..{end - 1}: the file is corrupted; delete it and rerun the prepare job"
-            )
-        return docs - lo, sentences
+            documents, out = self._index["documents"], []
+            for shard, first, end in pieces:
+                lo = int(sum(int(s["documents"]) for s in self.shards[:shard])) + first
+                docs = np.asarray(documents[lo : lo + end - first + 1], np.int64)
+                out.append((docs - docs[0], self._index["sentences"][docs[0] : docs[-1]]))
+            return out
+        shards = [shard for shard, _, _ in pieces]
+        docs = self.blocks.ranges(shards, "documents", [8 * first for _, first, _ in pieces],
+                                  [8 * (end + 1) for _, _, end in pieces])  # fmt: skip
+        docs = [np.frombuffer(d, "<i8").astype(np.int64) for d in docs]
+        sentences = self.blocks.ranges(shards, "sentences", [16 * int(d[0]) for d in docs],
+                                       [16 * int(d[-1]) for d in docs])  # fmt: skip
+        out = []
+        for (shard, first, end), d, body in zip(pieces, docs, sentences):
+            sentence = np.frombuffer(body, "<i8").reshape(-1, 2) + self.tokens.offsets[shard]
+            if np.any(np.diff(d) < 0) or np.any(sentence[:, 1] < sentence[:, 0]):
+                raise fmt.StoreError(
+                    f"shard {self.blocks.name(shard)}: its index is not in order at documents "
+                    f"{first}..{end - 1}: the file is corrupted; delete it and rerun the prepare "
+                    "job"
+                )
+            out.append((d - d[0], sentence))
+        return out
 
     @property
     def fingerprint(self) -> str:

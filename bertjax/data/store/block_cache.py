@@ -1,0 +1,268 @@
+"""The data-region blocks of a sharded store's split, read by range and kept in a bounded LRU cache,
+for any number of threads at once.
+
+A fetch groups the blocks it lacks into runs, one per shard stretch: adjacent blocks, and blocks
+at most `gap_blocks` apart with the blocks between them (read, checked and cached as well: a
+range costs a round trip, a few blocks more cost little); each run is one range, plus one range
+of the CRC-32s of its blocks unless the shard's index was loaded. All of a fetch's ranges go in
+one `RangeReader.read`. Blocks another thread is reading are waited for, never read twice; a
+block enters the cache once (its bytes counted once), and the cache is evicted to its bound
+(`cache_bytes`) after every insert.
+
+`RangeReader` sends the ranges of one read in flight together: an asynchronous filesystem
+(gcsfs, s3fs: `async_impl`) does so itself in one `cat_ranges` call; a synchronous one (a local
+path, which a gcsfuse mount is) reads a call's ranges one after another, so they are spread over
+`threads` threads. It counts requests (calls, or ranges on a synchronous filesystem) and ranges.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import zlib
+
+import numpy as np
+
+from bertjax.data.store import shard_format as fmt
+
+
+class RangeReader:
+    """Byte ranges of files of one filesystem, in flight together; counts what it sends."""
+
+    def __init__(self, fs, threads: int = 16):
+        self.fs = fs
+        self.concurrent = bool(getattr(fs, "async_impl", False))
+        self.threads = max(1, int(threads))
+        self._pool = None
+        self._lock = threading.Lock()
+        self.requests = 0  # round trips asked for (a call; a range on a synchronous filesystem)
+        self.ranges = 0  # byte ranges asked for (object storage bills each as a request)
+
+    def read(self, paths: list, starts: list, ends: list) -> list:
+        """The bytes (or the exception) of each range [start, end) of ``paths``."""
+        with self._lock:
+            self.ranges += len(paths)
+            self.requests += 1 if self.concurrent else len(paths)
+        if self.concurrent or self.threads == 1 or len(paths) <= 1:
+            return self.fs.cat_ranges(list(paths), list(starts), list(ends))
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, "bertjax-ranges")
+        parts = np.array_split(np.arange(len(paths)), min(self.threads, len(paths)))
+        futures = [
+            self._pool.submit(
+                self.fs.cat_ranges,
+                [paths[i] for i in part],
+                [starts[i] for i in part],
+                [ends[i] for i in part],
+            )
+            for part in parts
+        ]
+        return [body for future in futures for body in future.result()]
+
+    def counts(self) -> tuple[int, int]:
+        with self._lock:
+            return self.requests, self.ranges
+
+
+class _Pending:
+    """Blocks one fetch is reading: other fetches wait for them here."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.data: dict[tuple[int, int], bytes] = {}
+        self.error: Exception | None = None
+
+
+class BlockCache:
+    """Data-region blocks of every shard of a split, fetched by range and cached (LRU)."""
+
+    def __init__(
+        self,
+        url,
+        reader: RangeReader,
+        shards,
+        layouts,
+        block_tokens,
+        cache_bytes,
+        gap_blocks: int = 0,
+    ):
+        self.url, self.reader, self.shards, self.layouts = url, reader, shards, layouts
+        self.block_tokens, self.cache_bytes = block_tokens, int(cache_bytes)
+        self.gap_blocks = int(gap_blocks)
+        self.crcs: dict[int, np.ndarray] = {}  # shard -> CRC-32 of its blocks (0 = not known)
+        self._known: dict[int, np.ndarray] = {}  # shard -> which of those were read
+        self.block_bytes = layouts[0]["block_bytes"] if layouts else 1
+        root = fmt.filesystem(url)[1].rstrip("/")
+        self.paths = [f"{root}/{s['path']}" for s in shards]
+        self.cache: collections.OrderedDict = collections.OrderedDict()
+        self.cached = 0  # bytes held by the cache
+        self.lock = threading.Lock()
+        self._pending: dict[tuple[int, int], _Pending] = {}
+        self.bytes_read = 0  # bytes fetched from storage so far (blocks, checksums, counts)
+        self.index_bytes_read = 0  # bytes of piece indexes fetched (documents, sentences)
+
+    def set_crcs(self, shard: int, crcs: np.ndarray) -> None:
+        """Every block checksum of ``shard`` (from its loaded index)."""
+        self.crcs[shard] = np.asarray(crcs, np.uint32)
+        self._known[shard] = np.ones(len(crcs), bool)
+
+    def _check(self, k: int, body, start: int, end: int, what: str) -> bytes:
+        if isinstance(body, Exception):
+            raise fmt.StoreError(
+                f"cannot read {what} of shard {self.name(k)} ({body!r:.200}): the manifest lists "
+                "it; restore it or prepare the store again (complete shards are kept)"
+            )
+        if len(body) != end - start:
+            raise fmt.StoreError(
+                f"shard {self.name(k)} is truncated: bytes [{start}, {end}) gave {len(body)}; the "
+                f"manifest says {self.shards[k]['bytes']} bytes: prepare the store again "
+                "(complete shards are kept)"
+            )
+        return body
+
+    def sections(self, shards: list[int], name: str) -> list[bytes]:
+        """One index section (index_layout's ``name``) of each of ``shards``, read at once."""
+        if not shards:
+            return []
+        starts = [self.layouts[k][name][0] for k in shards]
+        ends = [self.layouts[k][name][1] for k in shards]
+        bodies = self.reader.read([self.paths[k] for k in shards], starts, ends)
+        out = [self._check(k, *args, name) for k, *args in zip(shards, bodies, starts, ends)]
+        with self.lock:
+            self.bytes_read += sum(len(b) for b in out)
+        return out
+
+    def ranges(self, shards: list[int], name: str, starts, ends) -> list[bytes]:
+        """Byte ranges [start, end) of one index section of each of ``shards``, read at once."""
+        if not shards:
+            return []
+        base = [self.layouts[k][name][0] for k in shards]
+        starts = [b + s for b, s in zip(base, starts)]
+        ends = [b + e for b, e in zip(base, ends)]
+        bodies = self.reader.read([self.paths[k] for k in shards], starts, ends)
+        out = [
+            self._check(k, *args, f"the {name}") for k, *args in zip(shards, bodies, starts, ends)
+        ]
+        with self.lock:
+            self.index_bytes_read += sum(len(b) for b in out)
+        return out
+
+    def fetch(self, keys: np.ndarray) -> list[bytes]:
+        """The blocks ``keys`` ([K, 2] unique (shard, block) pairs, sorted), in that order."""
+        wanted = list(map(tuple, np.asarray(keys).tolist()))
+        found: dict[tuple[int, int], bytes] = {}
+        waits: dict[int, _Pending] = {}
+        mine = _Pending()
+        with self.lock:
+            for key in wanted:
+                data = self.cache.get(key)
+                if data is not None:
+                    self.cache.move_to_end(key)
+                    found[key] = data
+                elif key in self._pending:
+                    waits[id(self._pending[key])] = self._pending[key]
+                else:
+                    self._pending[key] = mine
+        missing = [k for k in wanted if k not in found and self._pending.get(k) is mine]
+        if missing:
+            try:
+                mine.data = self._read(missing)
+            except Exception as e:  # the waiters raise it too
+                mine.error = e
+                raise
+            finally:
+                with self.lock:
+                    for key in missing:
+                        self._pending.pop(key, None)
+                    if mine.error is None:
+                        self._insert(mine.data)
+                mine.done.set()
+            found.update(mine.data)
+        for pending in waits.values():
+            pending.done.wait()
+            if pending.error is not None:
+                raise pending.error
+            found.update(pending.data)
+        return [found[k] for k in wanted]
+
+    def _insert(self, blocks: dict) -> None:
+        """Into the cache (under the lock): each block once, then evicted to the bound."""
+        for key, data in blocks.items():
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                continue
+            self.cache[key] = data
+            self.cached += len(data)
+        while self.cached > self.cache_bytes and len(self.cache) > 1:
+            self.cached -= len(self.cache.popitem(last=False)[1])
+
+    def _runs(self, keys: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        """(shard, first block, last block) runs covering ``keys`` (sorted), gaps filled."""
+        runs: list[list[int]] = []
+        for shard, block in keys:
+            if runs and runs[-1][0] == shard and block - runs[-1][2] - 1 <= self.gap_blocks:
+                runs[-1][2] = block
+            else:
+                runs.append([shard, block, block])
+        return [tuple(r) for r in runs]
+
+    def _read(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        """Reads the runs covering ``keys`` and their checksums in one read; checks each block."""
+        runs = self._runs(sorted(keys))
+        shard_of, paths, starts, ends = [], [], [], []
+        parts = []  # (run, index of its blocks' range, index of its checksums' range or -1)
+        for shard, first, last in runs:
+            base = self.layouts[shard]["index_bytes"]
+            shard_of.append(shard)
+            paths.append(self.paths[shard])
+            starts.append(base + first * self.block_bytes)
+            ends.append(min(base + (last + 1) * self.block_bytes, self.shards[shard]["bytes"]))
+            crc = -1
+            known = self._known.get(shard)
+            if known is None or not known[first : last + 1].all():
+                crc_base = self.layouts[shard]["block_crc32"][0]
+                crc = len(paths)
+                shard_of.append(shard)
+                paths.append(self.paths[shard])
+                starts.append(crc_base + 4 * first)
+                ends.append(crc_base + 4 * (last + 1))
+            parts.append(((shard, first, last), len(paths) - 1 - (crc >= 0), crc))
+        bodies = self.reader.read(paths, starts, ends)
+        bodies = [self._check(*args, "bytes") for args in zip(shard_of, bodies, starts, ends)]
+        with self.lock:
+            self.bytes_read += sum(len(b) for b in bodies)
+        out: dict[tuple[int, int], bytes] = {}
+        for run, data, crc in parts:
+            if crc >= 0:
+                self._learn(run[0], run[1], np.frombuffer(bodies[crc], "<u4"))
+            out.update(self._split(run, starts[data], bodies[data]))
+        return out
+
+    def _learn(self, shard: int, first: int, crcs: np.ndarray) -> None:
+        with self.lock:
+            if shard not in self.crcs:
+                blocks = self.layouts[shard]["blocks"]
+                self.crcs[shard] = np.zeros(blocks, np.uint32)
+                self._known[shard] = np.zeros(blocks, bool)
+            self.crcs[shard][first : first + len(crcs)] = crcs
+            self._known[shard][first : first + len(crcs)] = True
+
+    def _split(self, run, start: int, body: bytes) -> dict[tuple[int, int], bytes]:
+        """The blocks of one run's bytes (read from byte ``start``), each checked."""
+        shard, first, last = run
+        out = {}
+        for i, block in enumerate(range(first, last + 1)):
+            data = body[i * self.block_bytes : (i + 1) * self.block_bytes]
+            if zlib.crc32(data) != int(self.crcs[shard][block]):
+                raise fmt.StoreError(
+                    f"shard {self.name(shard)}: block {block} (bytes {start + i * self.block_bytes}"
+                    "..) fails its CRC-32 check: the file is corrupted; delete it and rerun the "
+                    "prepare job to rewrite it"
+                )
+            out[(shard, block)] = data
+        return out
+
+    def name(self, shard: int) -> str:
+        return fmt.join(self.url, self.shards[shard]["path"])
