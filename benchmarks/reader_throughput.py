@@ -1,172 +1,203 @@
-"""Finished (read, planned, masked) batches per second from a sharded store, beside the local
-memmap store of the same corpus, with and without 50 ms added to every request.
+"""Finished (read, planned, masked) batches per second from a sharded store behind object
+storage's latency: tokens/s, round trips (requests) and bytes a batch, and the start-up (time and
+requests to the first batch), per plan and per read setting; Grain beside bertjax on the same
+store (`--grain`, benchmarks/grain_reader.py), Hugging Face `datasets` streaming (`--hf`).
 
-`LatencyFS` wraps the local filesystem as object storage behaves: every `cat_ranges` call pays
-one round trip (its ranges are in flight together, as gcsfs's), every `cat_file` one; the block
-cache (config.data.store_cache_bytes) is 1 MiB, far smaller than the store, so rows keep
-fetching. The pipeline computes `prefetch` batches ahead on `prefetch_threads` threads (or, with
---workers, in `workers` processes); the rate is over N steps after the first 20 (global batch 32
-on one host, as the trainer asks for them). The corpus is the built-in one four times over
-(~1.7 M tokens), prepared once into a sharded store of 1 MiB shards and into today's local
-store.
+The store is real text prepared once (benchmarks/slow_store.py): Vim's help files (~9.5 M tokens
+with an 8000-piece SentencePiece, 256 KiB shards: ~86 of them), or the built-in corpus four times
+(`--corpus builtin`). Every request pays ``--latency-ms`` (`LatencyFS`: a `cat_ranges` call is one
+round trip, its ranges in flight together). One host asks for ``--steps`` consecutive batches of
+``--batch`` rows of T after the first one, as the trainer does. Each run is its own process (its
+start-up and peak memory its own).
 
-  python benchmarks/reader_throughput.py                    # T=128 and 512, ~2 minutes
-  python benchmarks/reader_throughput.py --steps 100 --plans full_sentences
+  python benchmarks/reader_throughput.py                      # every plan, defaults, ~10 min
+  python benchmarks/reader_throughput.py --plans full_sentences,token_windows \
+      --settings defaults,threads32 --grain
+  python benchmarks/reader_throughput.py --latency-ms 0 --settings workers1,workers2  # cores
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import subprocess
 import sys
 import tempfile
 import time
 
-import numpy as np
+import slow_store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bertjax import trainer
+from bertjax.data import make_pipeline
+from bertjax.data.store import shard_format as fmt
 
-from bertjax import trainer  # noqa: E402
-from bertjax.data import make_pipeline  # noqa: E402
-from bertjax.data.store import beam_prepare, shard_writer  # noqa: E402
-from bertjax.data.store import shard_format as fmt  # noqa: E402
-from bertjax.data.text import corpus  # noqa: E402
-from bertjax.data.tokenizer import train_sentencepiece  # noqa: E402
-
-WARM = 20  # steps before the timed ones
-
-
-class LatencyFS:
-    """A filesystem that adds ``latency`` seconds to every request (a `cat_ranges` call is one
-    request, its ranges in flight together)."""
-
-    def __init__(self, fs, latency: float):
-        self.fs, self.latency, self.requests = fs, latency, 0
-
-    def _wait(self):
-        self.requests += 1
-        time.sleep(self.latency)
-
-    def cat_ranges(self, paths, starts, ends, **kwargs):
-        self._wait()
-        return self.fs.cat_ranges(paths, starts, ends, **kwargs)
-
-    def cat_file(self, path, *args, **kwargs):
-        self._wait()
-        return self.fs.cat_file(path, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.fs, name)
+PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm", "token_windows")
+SETTINGS = {  # config.data overrides by name ("defaults": nothing set)
+    "defaults": {},
+    "threads32": {"prefetch": 32, "prefetch_threads": 32},
+    "workers1": {"workers": 1},
+    "workers2": {"workers": 2},
+    "workers4": {"workers": 4},
+}
 
 
-def _prepare(work: str, spm: str) -> tuple[str, str]:
-    """(corpus file, sharded store path)."""
-    docs = [d for _, d in corpus.iter_documents("builtin")]
-    path = os.path.join(work, "corpus.txt")
-    with open(path, "w") as f:
-        f.write(("\n\n".join("\n".join(d) for d in docs) + "\n") * 4)
+def run_bertjax(args) -> dict:
+    """One run in this process: the figures of `report`."""
+    fs = slow_store.LatencyFS(fmt.filesystem(args.store)[0], args.latency_ms / 1000, args.per)
+    slow_store.install(fs)
     config = trainer.default_run_config()
-    config.data.update(corpus=path, tokenizer_model=spm, shard_bytes=1 << 20)
-    out = os.path.join(work, "store")
-    items = shard_writer.work_items(config.data)
-    spec = beam_prepare.make_spec(config, out, items)
-    tok = shard_writer.local_tokenizer(spec)
-    shard_writer.write_manifest([shard_writer.prepare_item(spec, i, tok) for i in items], spec)
-    return path, out
-
-
-def hf_streaming(work: str, store_path: str, length: int, steps: int) -> float | None:
-    """Tokens/s of Hugging Face `datasets` streaming the same tokens as rows of T (the store's
-    token stream cut every T tokens, in a parquet file), shuffled in a buffer of 1000 rows, 32
-    rows a batch as numpy: reading only, no masking. None when `datasets` is not installed."""
-    try:
-        import datasets
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        return None
-    from bertjax.data.store.shard_reader import ShardedStore
-    from bertjax.data.tokenizer import Tokenizer
-
-    manifest = fmt.read_manifest(store_path)
-    tok = Tokenizer(os.path.join(store_path, manifest["tokenizer_file"]))
-    tokens = ShardedStore(store_path, "train", tok, index=False).tokens
-    rows = np.asarray(tokens[np.arange(len(tokens) // length * length)]).reshape(-1, length)
-    path = os.path.join(work, f"rows{length}.parquet")
-    pq.write_table(pa.table({"input_ids": list(rows)}), path)
-    stream = datasets.load_dataset("parquet", data_files=path, split="train", streaming=True)
-    batches = stream.shuffle(seed=0, buffer_size=1000).iter(batch_size=32)
-    next(batches)
+    config.batch_size = args.batch
+    plan = {"packed": {"sample_plan": "full_sentences", "pack_rows": True}}.get(
+        args.plan, {"sample_plan": args.plan}
+    )
+    config.data.update(
+        store=args.store,
+        tokenizer_model=args.spm,
+        max_seq_length=args.length,
+        max_predictions=max(1, args.length * 15 // 100),
+        **plan,
+        **SETTINGS[args.setting],
+    )
+    cpu, start = time.process_time(), time.perf_counter()
+    pipeline = make_pipeline(config, args.work, process_index=0, process_count=1)
+    pipeline.batch(0)
+    first, first_counts = time.perf_counter() - start, fs.counts()
     start = time.perf_counter()
-    for _, batch in zip(range(steps), batches):
-        np.asarray(batch["input_ids"], np.int32)
-    return 32 * length * steps / (time.perf_counter() - start)
+    for step in range(1, args.steps + 1):
+        pipeline.batch(step)
+    took = time.perf_counter() - start
+    counts = [b - a for a, b in zip(first_counts, fs.counts())]
+    cpu = time.process_time() - cpu
+    pipeline.close()
+    return report(args, took, first, first_counts[0], counts, cpu)
+
+
+def report(args, took: float, first: float, first_requests: int, counts, cpu: float) -> dict:
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {
+        "tokens_per_s": args.batch * args.length * args.steps / took,
+        "requests_per_batch": counts[0] / args.steps,
+        "ranges_per_batch": counts[1] / args.steps,
+        "mib_per_batch": counts[2] / args.steps / 2**20,
+        "first_s": first,
+        "first_requests": first_requests,
+        "peak_mib": (usage + children) / 1024,
+        "cpu_s": cpu,
+    }
+
+
+def child(args) -> None:
+    if args.peer == "grain":
+        import grain_reader
+
+        result = grain_reader.run(args)
+    else:
+        result = run_bertjax(args)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def spawn(args, plan: str, setting: str, peer: str = "bertjax") -> dict | None:
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--plan",
+        plan,
+        "--setting",
+        setting,
+        "--peer",
+        peer,
+        "--store",
+        args.store,
+        "--spm",
+        args.spm,
+        "--work",
+        args.work,
+        "--batch",
+        str(args.batch),
+        "--length",
+        str(args.length),
+        "--steps",
+        str(args.steps),
+        "--latency-ms",
+        str(args.latency_ms),
+        "--per",
+        args.per,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode or not lines:
+        print(f"| {plan} | {peer} {setting} | failed: {done.stderr.strip()[-400:]!r} |")
+        return None
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--lengths", default="128,512")
-    parser.add_argument("--plans", default="full_sentences,nsp,token_windows")
-    parser.add_argument("--threads", default="1,32")
-    parser.add_argument("--workers", default="", help="also with these config.data.workers")
-    args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="bertjax-reader-")
-    os.environ["BERTJAX_CACHE_DIR"] = os.path.join(work, "cache")
-    spm = train_sentencepiece(
-        (s for _, d in corpus.iter_documents("builtin") for s in d),
-        os.path.join(work, "spm"),
-        vocab_size=8000,
+    parser.add_argument("--corpus", default="vim", choices=("vim", "builtin"))
+    parser.add_argument("--shard-bytes", type=int, default=256 << 10)
+    parser.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "bertjax-bench"))
+    parser.add_argument("--plans", default=",".join(PLANS))
+    parser.add_argument("--settings", default="defaults")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--per",
+        default="call",
+        choices=("call", "range"),
+        help="the latency is paid per cat_ranges call or per range (LatencyFS)",
     )
-    path, store = _prepare(work, spm)
-    real = fmt.filesystem
-    print("one host, global batch 32, block cache 1 MiB, shared 2-core CPU (compare within a run)")
-    print("| plan | T | store | latency ms | threads | tokens/s | requests/batch | first batch s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for plan in args.plans.split(","):
-        for length in (int(t) for t in args.lengths.split(",")):
-            runs = [("local memmap", "", 0, 1, 0)]
-            for latency in (0, 50):
-                runs += [("sharded", store, latency, int(t), 0) for t in args.threads.split(",")]
-            for w in (int(w) for w in args.workers.split(",") if w):
-                runs.append((f"sharded, {w} worker processes", store, 0, 1, w))
-            for name, url, latency, threads, workers in runs:
-                fake = None
-                if url:
-                    fs = LatencyFS(real(url)[0], latency / 1000)
+    parser.add_argument("--grain", action="store_true", help="Grain beside, on the same store")
+    parser.add_argument("--hf", action="store_true", help="HF datasets streaming beside")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("plan", "setting", "peer", "store", "spm", "work"):
+        parser.add_argument(f"--{name}", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    prepared = slow_store.prepared_store(args.corpus, args.data_dir, args.shard_bytes)
+    _, args.spm, args.store = prepared
+    args.work = tempfile.mkdtemp(prefix="bertjax-reader-")
+    manifest = fmt.read_manifest(args.store)
+    train = manifest["splits"]["train"]
+    print(
+        f"store: {args.corpus}, {train['tokens']:,} train tokens in {len(train['shards'])} "
+        f"shards; batch {args.batch} x {args.length}, {args.steps} steps after the first; "
+        f"{args.latency_ms:g} ms a request (per {args.per}); one host; each run its own process"
+    )
+    print(
+        "| plan | reader | settings | tokens/s | requests a batch | ranges a batch | MiB a batch "
+        "| start + first batch s | requests to the first batch | peak MiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    runs = [(p, s, "bertjax") for p in args.plans.split(",") for s in args.settings.split(",")]
+    if args.grain:
+        runs += [(p, "grain", "grain") for p in args.plans.split(",")]
+    for plan, setting, peer in runs:
+        r = spawn(args, plan, setting, peer)
+        if r is not None:
+            print(
+                f"| {plan} | {peer} | {setting} | {r['tokens_per_s']:,.0f} | "
+                f"{r['requests_per_batch']:.2f} | {r['ranges_per_batch']:.1f} | "
+                f"{r['mib_per_batch']:.2f} | {r['first_s']:.2f} | {r['first_requests']} | "
+                f"{r['peak_mib']:,.0f} |",
+                flush=True,
+            )
+    if args.hf:
+        import grain_reader
 
-                    def patched(location, fs=fs):
-                        return fs, real(location)[1]
-
-                    fmt.filesystem = fake = patched
-                config = trainer.default_run_config()
-                config.batch_size = 32
-                config.data.update(corpus=path, tokenizer_model=spm, store=url,
-                                   store_cache_bytes=1 << 20, sample_plan=plan,
-                                   max_seq_length=length, max_predictions=length * 15 // 100,
-                                   prefetch=max(2, threads, 4 * workers),
-                                   prefetch_threads=threads, workers=workers)  # fmt: skip
-                start = time.perf_counter()
-                pipeline = make_pipeline(config, work, process_index=0, process_count=1)
-                pipeline.batch(0)
-                first = time.perf_counter() - start
-                for step in range(1, WARM + 1):  # worker processes started and warm
-                    pipeline.batch(step)
-                before = fs.requests if fake else 0
-                start = time.perf_counter()
-                for step in range(WARM + 1, WARM + args.steps + 1):
-                    pipeline.batch(step)
-                rate = 32 * length * args.steps / (time.perf_counter() - start)
-                requests = (fs.requests - before) / args.steps if fake else 0
-                pipeline.close()
-                fmt.filesystem = real
-                print(f"| {plan} | {length} | {name} | {latency} | {threads} | {rate:,.0f} | "
-                      f"{requests:.1f} | {first:.2f} |", flush=True)  # fmt: skip
-            rate = hf_streaming(work, store, length, args.steps)
-            if rate is not None and plan == args.plans.split(",")[0]:
-                print(f"| (HF datasets streaming, reading only) | {length} | parquet rows | 0 | "
-                      f"1 | {rate:,.0f} | - | - |", flush=True)  # fmt: skip
+        rate = grain_reader.hf_streaming(args)
+        if rate is not None:
+            print(
+                f"| (token rows) | HF datasets streaming, local parquet, reading only | - | "
+                f"{rate:,.0f} | - | - | - | - | - | - |"
+            )
 
 
 if __name__ == "__main__":
