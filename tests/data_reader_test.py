@@ -146,17 +146,22 @@ def test_a_synchronous_filesystem_reads_the_ranges_of_one_fetch_on_threads(store
 
 
 def test_runs_coalesce_across_gaps_of_up_to_gap_blocks(store):
+    """Blocks at most two apart are one run; a run's checksums (just before the data region) and
+    its blocks are one range when no more than two blocks' bytes lie between them."""
     fs = _SlowFS(0.0, asynchronous=True)
     cache = _cache(store, fs, gap_blocks=2)
     cache.fetch(np.array([[0, 0], [0, 3], [0, 7], [1, 2]]))
-    data = sorted((r[0][-7:], r[1], r[2]) for r in fs.asked if r[1] >= store[2][0]["index_bytes"])
-    base = store[2][0]["index_bytes"]
-    assert data == [
-        ("0.shard", base, base + 4 * 3 * BLOCK),  # blocks 0-3: the gap read
-        ("0.shard", base + 7 * 3 * BLOCK, base + 8 * 3 * BLOCK),
-        ("1.shard", base + 2 * 3 * BLOCK, base + 3 * 3 * BLOCK),
+    index, crc, block = store[2][0]["index_bytes"], store[2][0]["block_crc32"][0], 3 * BLOCK
+    asked = sorted((r[0][-7:], r[1], r[2]) for r in fs.asked)
+    assert asked == [
+        ("0.shard", crc, index + 4 * block),  # blocks 0-3 (the gap read) and their checksums
+        ("0.shard", crc + 4 * 7, crc + 4 * 8),  # block 7's checksum: 7 blocks away
+        ("0.shard", index + 7 * block, index + 8 * block),
+        ("1.shard", crc + 4 * 2, crc + 4 * 3),
+        ("1.shard", index + 2 * block, index + 3 * block),
     ]
     assert len(cache.cache) == 6  # the gap's blocks are checked and kept too
+    assert np.count_nonzero(cache._known[0]) == 5 and np.count_nonzero(cache._known[1]) == 1
 
 
 def test_a_corrupted_block_stops_the_reader_and_every_thread_waiting_for_it(store, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 
 from bertjax import trainer
 from bertjax.data import make_pipeline
+from bertjax.data.plans.epoch_order import TokenWindowOrder
 from bertjax.data.plans.index_shuffle import IndexShuffle
 from bertjax.data.store import shard_format as fmt
 from bertjax.data.tokenizer import Tokenizer
@@ -173,3 +174,22 @@ def test_a_store_of_2_to_the_42_tokens_opens_from_its_manifest(small_spm, monkey
     halves = [pipeline(i, 2).batch(late) for i in (0, 1)]
     for key, value in one.batch(late).items():
         np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), value, key)
+
+
+def test_rows_of_a_large_store_are_read_in_windows_of_pieces():
+    """token_windows beyond WINDOW pieces' worth of rows: every row of the epoch once (pieces of
+    500 consecutive rows, 2 lanes of 4 rows), a step's 8 rows in at most 2 windows of 4 pieces,
+    and the same windows step after step."""
+    order = TokenWindowOrder(10_000, 500, piece_key=3, window_key=lambda w: w + 11, lanes=2,
+                             lane_rows=4)  # fmt: skip
+    rows = order[np.arange(len(order))]
+    np.testing.assert_array_equal(np.sort(rows), np.arange(10_000))
+    steps = rows.reshape(-1, 8) // 500  # the piece of each row, a step a line
+    for step in steps[:20]:
+        assert len(np.unique(step[:4])) <= 4 and len(np.unique(step[4:])) <= 4
+        assert not set(step[:4]) & set(step[4:])  # each lane its own pieces
+    assert len(np.unique(steps[:250, :4])) == 4  # lane 0: one window for its first 250 steps
+    short = TokenWindowOrder(9_800, 500, piece_key=3, window_key=lambda w: w, lanes=2,
+                             lane_rows=4)  # fmt: skip
+    covered = np.unique(short[np.arange(len(short))])
+    assert covered.max() < 9_800 and len(covered) > 0.97 * 9_800  # the short piece wraps

@@ -26,7 +26,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # ((step, (weight, ...)), ...): bertjax/data/mixture.py (the rule for changes on resume)
     c.mixture = ()
     c.mixture_changes = ()
-    c.store_cache_bytes = 256 << 20  # store: bound of the in-memory cache of blocks, per split
+    # store: bound of the in-memory cache of blocks, per split (-1: chosen from the batch's bytes,
+    # bertjax/data/read_settings.py)
+    c.store_cache_bytes = -1
     c.shard_bytes = 512 << 20  # prepare: token data per shard (0.5 GiB)
     c.block_tokens = 16 << 10  # prepare: tokens per read and checksum unit of a shard (48 KiB)
     c.tfds_data_dir = ""  # tfds: data_dir passed to tfds.data_source ("" = tfds default)
@@ -46,8 +48,13 @@ def default_data_config() -> ml_collections.ConfigDict:
     # any size; the sentence plans read the index of the pieces their rows fall in
     c.sample_plan = "nsp"
     # sentence plans: a plan per piece of about this many tokens of whole documents, so start-up
-    # and memory do not grow with the store (bertjax/data/plans/piece_plans.py)
+    # and memory do not grow with the store (bertjax/data/plans/piece_plans.py); token_windows:
+    # rows read in windows of pieces of this many tokens
     c.piece_tokens = 1 << 20
+    # a global batch is cut into lanes of this many rows, each reading its own pieces, so that a
+    # host plans and reads about its own rows whatever the host count (bertjax/data/plans/
+    # epoch_order.py; 0 = one lane; lanes only where it divides config.batch_size)
+    c.lane_rows = 32
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
     # of it shuffled, targets are positions; needs config.loss.objective="pert") | "causal" (no
@@ -88,10 +95,13 @@ def default_data_config() -> ml_collections.ConfigDict:
     # bertjax-cache under the system temp dir); see bertjax/data/prepare.py
     c.cache_dir = ""
     c.num_workers = 0  # tokenization processes while preparing the store (0 = in-process)
-    c.prefetch = 2  # batches computed ahead in a background thread (0 = none)
-    # threads computing those batches at once: 1 computes them in order; a store behind tens of
-    # ms per request (gs://) keeps up only with many reads in flight (16-32, prefetch as many)
-    c.prefetch_threads = 1
+    # How a sharded store is read (-1: chosen from the store and the batch, logged once:
+    # bertjax/data/read_settings.py; a local store: 2 batches ahead on one thread, as before)
+    c.prefetch = -1  # batches computed ahead in the background (0 = none)
+    c.prefetch_threads = -1  # reads (of read_steps batches each) computed and in flight at once
+    c.read_steps = -1  # consecutive batches whose rows are read together, in one round of ranges
+    c.read_threads = -1  # threads sending one read's ranges on a synchronous filesystem (gcsfuse)
+    c.read_gap_bytes = -1  # bytes read between two needed blocks of a shard rather than a range
     # processes computing prefetched batches instead (0 = threads of this process); each opens
     # the store itself: more cores for planning and masking (benchmarks/reader_throughput.py)
     c.workers = 0
@@ -250,17 +260,21 @@ def validate(config) -> None:
     for entry in tuple(c.mixture_changes):
         if len(entry) != 2 or min(entry[1], default=0) < 0 or sum(entry[1]) <= 0:
             _fail("mixture_changes", tuple(c.mixture_changes), "must be pairs (step, weights)")
-    for key in ("store_cache_bytes", "shard_bytes", "block_tokens"):
+    for key in ("shard_bytes", "block_tokens"):
         if c[key] <= 0:
             _fail(key, c[key], "must be > 0")
+    for key in ("store_cache_bytes", "prefetch_threads", "read_steps", "read_threads"):
+        if c[key] != -1 and c[key] < 1:
+            _fail(key, c[key], "must be >= 1, or -1 (chosen from the store)")
+    for key in ("prefetch", "read_gap_bytes"):
+        if c[key] < -1:
+            _fail(key, c[key], "must be >= 0, or -1 (chosen from the store)")
+    if c.lane_rows < 0:
+        _fail("lane_rows", c.lane_rows, "must be >= 0 (0: one lane)")
     if c.num_workers < 0:
         _fail("num_workers", c.num_workers, "must be >= 0")
-    if not 1 <= c.prefetch_threads <= max(1, c.prefetch):
-        _fail("prefetch_threads", c.prefetch_threads, "must be in [1, config.data.prefetch]")
-    if c.workers < 0 or (c.workers and c.prefetch < c.workers):
+    if c.workers < 0 or (c.workers and 0 <= c.prefetch < c.workers):
         _fail("workers", c.workers, "must be >= 0 and at most config.data.prefetch")
-    if c.prefetch < 0:
-        _fail("prefetch", c.prefetch, "must be >= 0")
 
 
 def ngram_probabilities(c) -> tuple[float, ...]:

@@ -21,9 +21,9 @@ def _start(make_pipeline, config, workdir: str, process_index: int, process_coun
     )
 
 
-def compute_batch(step: int) -> dict[str, np.ndarray]:
-    """The worker's batch of ``step`` (run in the worker)."""
-    return _PIPELINE.compute_batch(step)
+def compute_batches(steps: list[int]) -> list[dict[str, np.ndarray]]:
+    """The worker's batches of ``steps``, their rows read together (run in the worker)."""
+    return _PIPELINE.compute_batches(steps)
 
 
 def process_pool(make_pipeline, config, workdir: str, process_index: int, process_count: int):

@@ -11,37 +11,35 @@ cross a piece: NSP's random B comes from another document of the same piece (BER
 create_pretraining_data drew it from the same input file), FULL-SENTENCES rows do not run across
 a piece's last document, and each piece's last row is short.
 
-Order. Epoch e shuffles the pieces (`IndexShuffle`, keyed by e) and groups them WINDOW (4) at a
-time (BERT's run_pretraining.py read 4 files at once); a window gets `len(window) * R` rows,
-shuffled within the window (a second keyed `IndexShuffle`) and shared out over its pieces in
-proportion to their units (rows, or packed rows) in this epoch, so each unit of a window is read
-about equally often. Every host reads all 4 pieces of a window over its life, so building their
-plans to share the rows out costs it nothing more. Position p of the epoch is computed alone,
-from O(shards) numbers and its window's pieces. A piece hands out units j = 0, 1, ... of its own
-shuffled plan (j modulo its size). R is calibrated once per row length on epoch 0's first window
-(units per token, times the store's mean tokens per piece), so an epoch is about one pass over
-the store: a piece with more units than its share leaves the rest for the next epoch's (new)
-plan, one with fewer repeats some. Deviation from a whole-store plan: these piece edges and
-windows of equal size (measured: tests/data_plan_stats_test.py, benchmarks/plan_stats.py). A
-store of one piece (the built-in corpus) gives exactly the whole-store plan of samples.py and
-its permutation. A piece of over MAX_PIECE_TOKENS tokens (documents that long) is refused with
-a message naming token_windows.
+Order (epoch_order.py). Epoch e shuffles the pieces and reads them WINDOW (4) at a time, per lane
+of the global batch; a window's units are shuffled together and shared out over its pieces in
+proportion to their units (rows, or packed rows) in this epoch. Every host reads all pieces of
+the windows of its lanes over its life, so building their plans to share the rows out costs it
+nothing more; lanes keep those windows few per host whatever the host count. A piece hands out
+units j = 0, 1, ... of its own shuffled plan (j modulo its size). R is calibrated once per row
+length on epoch 0's first window of lane 0 (units per token, times the store's mean tokens per
+piece), so an epoch is about one pass over the store: a piece with more units than its share
+leaves the rest for the next epoch's (new) plan, one with fewer repeats some. Deviation from a
+whole-store plan: these piece edges and windows of equal size (measured:
+tests/data_plan_stats_test.py, benchmarks/plan_stats.py). A store of one piece (the built-in
+corpus) gives exactly the whole-store plan of samples.py and its permutation. A piece of over
+MAX_PIECE_TOKENS tokens (documents that long) is refused with a message naming token_windows.
+
+Threads. Index reads and plan building happen outside any lock (once_cache.py): prefetch threads
+build different pieces at once, and a piece another thread is building is waited for, not built
+twice; the index ranges of a window's pieces are read together (two rounds of ranges).
 """
 
 from __future__ import annotations
-
-import collections
-import threading
 
 import numpy as np
 
 from bertjax.data import keys
 from bertjax.data.plans import rows, samples
-from bertjax.data.plans.index_shuffle import IndexShuffle
+from bertjax.data.plans.epoch_order import WINDOW, EpochOrder, lane_count
+from bertjax.data.plans.once_cache import OnceCache
 
-WINDOW = 4  # pieces read together (BERT's run_pretraining.py interleaves min(4, files) files)
 MAX_PIECE_TOKENS = 1 << 27  # a piece above this (documents this long) is refused
-_CACHE_PIECES = 4 * WINDOW  # piece plans kept per split
 
 
 class Pieces:
@@ -83,74 +81,44 @@ class _PieceView:
         return len(self.documents) - 1
 
 
-def _piece_order(split, epoch: int, length: int) -> IndexShuffle:
-    """Epoch ``epoch``'s shuffle of the pieces."""
-    key = keys.row_keys(split.seed, epoch, f"{split.purpose}/pieces/{length}", np.zeros(1))
-    return IndexShuffle(len(split.pieces), int(key[0]))
+def piece_key(seed: int, purpose: str, epoch: int, length: int) -> int:
+    """The key of epoch ``epoch``'s shuffle of the pieces at row length ``length``."""
+    return int(keys.row_keys(seed, epoch, f"{purpose}/pieces/{length}", np.zeros(1))[0])
 
 
-class PiecePlan:
+def window_key(seed: int, purpose: str, epoch: int, length: int):
+    """window W -> the key of its shuffle, in epoch ``epoch`` at row length ``length``."""
+    name = f"{purpose}/window/{length}"
+    return lambda w: int(keys.row_keys(seed, epoch, name, np.array([w]))[0])
+
+
+class PiecePlan(EpochOrder):
     """One epoch of a sentence plan at one row length: ``locate`` and ``samples`` by position."""
 
     def __init__(self, split, length: int, epoch: int, units_per_piece: int):
-        self.split, self.length, self.epoch, self.r = split, length, epoch, units_per_piece
+        self.split, self.length, self.epoch = split, length, epoch
         self.pieces = split.pieces
-        self.m = len(self.pieces)
-        self.piece_order = _piece_order(split, epoch, length)
-        self._windows: dict[int, tuple] = {}
-
-    def __len__(self) -> int:
-        return self.m * self.r
-
-    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(piece, unit of the piece) of each position of the epoch."""
-        positions = np.asarray(positions, np.int64)
-        per_window = WINDOW * self.r
-        window, within = np.divmod(positions, per_window)
-        piece, unit = np.empty_like(positions), np.empty_like(positions)
-        for w in np.unique(window).tolist():
-            chosen = window == w
-            members, shuffle, bounds = self._window(w)
-            slot = within[chosen] if shuffle is None else shuffle[within[chosen]]
-            which = np.searchsorted(bounds, slot, side="right")
-            piece[chosen] = members[which]
-            unit[chosen] = slot - np.concatenate([[0], bounds])[which]
-        return piece, unit
-
-    def _window(self, w: int):
-        """(pieces, shuffle of its slots or None, end slot of each piece) of window ``w``: the
-        window's rows shared out in proportion to each piece's units (its plan, built here)."""
-        with self.split.lock:  # prefetch threads share the epoch
-            if w not in self._windows:
-                if len(self._windows) >= 4:
-                    self._windows.pop(next(iter(self._windows)))
-                self._windows[w] = self._share(w)
-            return self._windows[w]
-
-    def _share(self, w: int):
-        members = self._members(w)
-        size = len(members) * self.r
-        shuffle = None
-        if len(members) > 1:
-            purpose = f"{self.split.purpose}/window/{self.length}"
-            key = keys.row_keys(self.split.seed, self.epoch, purpose, np.array([w]))
-            shuffle = IndexShuffle(size, int(key[0]))
-            if size <= 1 << 22:  # its values, once: a lookup per row afterwards
-                shuffle = shuffle[np.arange(size)]
-        weight = np.asarray(
-            [self.split.units(self.length, self.epoch, int(p)) for p in members], np.float64
+        super().__init__(
+            len(split.pieces),
+            units_per_piece,
+            piece_key(split.seed, split.purpose, epoch, length),
+            window_key(split.seed, split.purpose, epoch, length),
+            split.lanes,
+            split.lane_rows,
+            split.windows_kept,
         )
-        if not weight.sum():
-            self._no_rows(members)
-        bounds = np.floor(np.cumsum(weight) / weight.sum() * size).astype(np.int64)
-        bounds[-1] = size
-        return members, shuffle, bounds
 
-    def _members(self, window: int) -> np.ndarray:
-        """The pieces of one window of this epoch."""
-        return self.piece_order[np.arange(window * WINDOW, min(self.m, (window + 1) * WINDOW))]
+    def units(self, piece: int) -> int:
+        return self.split.units(self.length, self.epoch, piece)
 
-    def _no_rows(self, members: np.ndarray):
+    def window_units(self, members: np.ndarray) -> list[int]:
+        self.split.views(members.tolist())  # the window's indexes in one read
+        return super().window_units(members)
+
+    def prepare(self, pieces: np.ndarray) -> None:
+        self.split.views(pieces.tolist())  # several windows' indexes in one read
+
+    def no_rows(self, members: np.ndarray):
         store, c = self.split.store, self.split.c
         raise ValueError(
             f"store {store.directory!r} ({store.split}): no piece of pieces {members.tolist()} "
@@ -190,43 +158,47 @@ class PiecePlan:
 
 class PieceSplit:
     """Per-piece plans of one split: built on first use, an LRU of them kept; units per piece
-    calibrated per row length."""
+    calibrated per row length. ``lane_rows``, ``batch_size``: the lanes of the order
+    (epoch_order.py; lane_rows 0: one lane); ``host_rows``: this host's rows of a batch, which
+    fix how many pieces it keeps."""
 
-    def __init__(self, store, data_config, seed: int, purpose: str):
+    def __init__(self, store, data_config, seed: int, purpose: str, *, lane_rows: int = 0,
+                 batch_size: int = 1, host_rows: int = 1):  # fmt: skip
         self.store, self.c, self.seed, self.purpose = store, data_config, seed, purpose
         self.pieces = Pieces(*store.shard_counts(), data_config.piece_tokens)
         shard, largest = self.pieces.largest()
         if largest > MAX_PIECE_TOKENS:
             self._too_large(shard, int(self.pieces.documents[shard]), largest)
-        self._cache: collections.OrderedDict = collections.OrderedDict()
-        self._views: collections.OrderedDict = collections.OrderedDict()
-        self._epochs: collections.OrderedDict = collections.OrderedDict()
-        self._units: dict[int, int] = {}
-        self.lock = threading.RLock()
+        self.lanes = lane_count(batch_size, lane_rows, len(self.pieces))
+        self.lane_rows = lane_rows if self.lanes > 1 else 1
+        # windows a host reads at once: its lanes (one more where its rows straddle two), and
+        # the next window of each while a prefetched batch crosses into it
+        host_lanes = -(-host_rows // self.lane_rows) + 1 if self.lanes > 1 else 1
+        self.windows_kept = 2 * min(self.lanes, host_lanes) + 2
+        kept = WINDOW * self.windows_kept + WINDOW  # pieces: those windows' and calibration's
+        self._plans = OnceCache(kept)
+        self._views = OnceCache(kept)
+        self._epochs = OnceCache(4)
+        self._units = OnceCache(16)
 
     def piece(self, length: int, epoch: int, piece: int):
         """(plan, order, packing or None) of one piece in one epoch at one row length."""
-        key = (length, epoch, piece)
-        with self.lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-            c = self.c
-            view = self._view(piece)
-            suffix = f"/{piece}" if piece else ""  # piece 0: the whole-store plan's keys
-            plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}{suffix}")
-            if c.sample_plan == "nsp" and view.num_documents < 2:
-                zeros = np.zeros(0, np.int64)
-                plan = samples.Plan(zeros, zeros, zeros, zeros, zeros.astype(np.int32))
-            else:
-                plan = samples.make_plan(view, c.sample_plan, length, c.short_seq_prob, plan_rng)
-            order_rng = keys.generator(self.seed, epoch, f"{self.purpose}/order/{length}{suffix}")
-            order = order_rng.permutation(len(plan))
-            packing = rows.pack(plan.lengths(), order, length) if c.pack_rows else None
-            self._cache[key] = (plan, order, packing)
-            if len(self._cache) > _CACHE_PIECES:
-                self._cache.popitem(last=False)
-            return self._cache[key]
+        return self._plans.get((length, epoch, piece), lambda: self._build(length, epoch, piece))
+
+    def _build(self, length: int, epoch: int, piece: int):
+        c = self.c
+        view = self.views([piece])[0]
+        suffix = f"/{piece}" if piece else ""  # piece 0: the whole-store plan's keys
+        plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}{suffix}")
+        if c.sample_plan == "nsp" and view.num_documents < 2:
+            zeros = np.zeros(0, np.int64)
+            plan = samples.Plan(zeros, zeros, zeros, zeros, zeros.astype(np.int32))
+        else:
+            plan = samples.make_plan(view, c.sample_plan, length, c.short_seq_prob, plan_rng)
+        order_rng = keys.generator(self.seed, epoch, f"{self.purpose}/order/{length}{suffix}")
+        order = order_rng.permutation(len(plan))
+        packing = rows.pack(plan.lengths(), order, length) if c.pack_rows else None
+        return plan, order, packing
 
     def _too_large(self, shard: int, documents: int, tokens: float):
         raise ValueError(
@@ -237,27 +209,23 @@ class PieceSplit:
             "(windows of the token stream, computed per row), or split the documents"
         )
 
-    def _view(self, piece: int) -> _PieceView:
-        """The index of one piece (two range reads of its shard), cached."""
-        with self.lock:
-            if piece in self._views:
-                self._views.move_to_end(piece)
-                return self._views[piece]
-            shard, first, end = self.pieces.locate(piece)
-            view = _PieceView(self.store, *self.store.piece_index(shard, first, end))
-            if (
-                len(view.sentences)
-                and view.sentences[-1, 1] - view.sentences[0, 0] > MAX_PIECE_TOKENS
-            ):
-                self._too_large(shard, end - first, view.sentences[-1, 1] - view.sentences[0, 0])
-            self._views[piece] = view
-            if len(self._views) > _CACHE_PIECES:
-                self._views.popitem(last=False)
-            return view
+    def views(self, pieces: list[int]) -> list[_PieceView]:
+        """The index of each of ``pieces`` (those not kept: read together, two rounds of
+        ranges), cached."""
+        return self._views.get_many(list(pieces), self._read_views)
+
+    def _read_views(self, pieces: list[int]) -> list[_PieceView]:
+        where = [self.pieces.locate(p) for p in pieces]
+        views = [_PieceView(self.store, *index) for index in self.store.piece_indexes(where)]
+        for (shard, first, end), view in zip(where, views):
+            span = view.sentences[-1, 1] - view.sentences[0, 0] if len(view.sentences) else 0
+            if span > MAX_PIECE_TOKENS:
+                self._too_large(shard, end - first, span)
+        return views
 
     def tokens(self, piece: int) -> int:
         """Tokens of one piece's documents, their [SEP]s included (from its index)."""
-        sentences = self._view(piece).sentences
+        sentences = self.views([piece])[0].sentences
         return int(sentences[-1, 1] - sentences[0, 0] + 1) if len(sentences) else 0
 
     def units(self, length: int, epoch: int, piece: int) -> int:
@@ -266,27 +234,27 @@ class PieceSplit:
         return len(order) if packing is None else len(packing[0]) - 1
 
     def units_per_piece(self, length: int) -> int:
-        """R: units of epoch 0's plans per token over the pieces of its first window, times the
-        store's mean tokens per piece (from the manifest)."""
-        if length not in self._units:
-            m = len(self.pieces)
-            # The pieces of epoch 0's first window: the first batch builds them anyway.
-            chosen = _piece_order(self, 0, length)[np.arange(min(m, WINDOW))].tolist()
-            found = sum(self.units(length, 0, p) for p in chosen)
-            if m <= 1:
-                self._units[length] = found
-            else:
-                measured = max(1, sum(self.tokens(p) for p in chosen))
-                mean = self.pieces.tokens.sum() / m
-                self._units[length] = max(1, round(found / measured * mean))
-        return self._units[length]
+        """R: units of epoch 0's plans per token over the pieces of its first window (of lane
+        0), times the store's mean tokens per piece (from the manifest)."""
+        return self._units.get(length, lambda: self._calibrate(length))
+
+    def _calibrate(self, length: int) -> int:
+        m = len(self.pieces)
+        # The pieces of epoch 0's first window of lane 0: its first batch builds them anyway.
+        first = EpochOrder(m, 1, piece_key(self.seed, self.purpose, 0, length), None, self.lanes,
+                           self.lane_rows)  # fmt: skip
+        chosen = first.members(0, 0).tolist()
+        self.views(chosen)
+        found = sum(self.units(length, 0, p) for p in chosen)
+        if m <= 1:
+            return found
+        measured = max(1, sum(self.tokens(p) for p in chosen))
+        mean = self.pieces.tokens.sum() / m
+        return max(1, round(found / measured * mean))
 
     def epoch(self, length: int, epoch: int) -> PiecePlan:
         """The epoch's PiecePlan (a few kept: each holds its windows' shares)."""
-        key = (length, epoch)
-        with self.lock:
-            if key not in self._epochs:
-                self._epochs[key] = PiecePlan(self, length, epoch, self.units_per_piece(length))
-                if len(self._epochs) > 4:
-                    self._epochs.popitem(last=False)
-            return self._epochs[key]
+        return self._epochs.get(
+            (length, epoch),
+            lambda: PiecePlan(self, length, epoch, self.units_per_piece(length)),
+        )

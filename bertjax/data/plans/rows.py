@@ -13,16 +13,9 @@ import numpy as np
 from bertjax.data.store.shard_reader import Column
 
 
-def pair_rows(
-    tokens: np.ndarray,
-    word_starts: np.ndarray,
-    special: np.ndarray,
-    cols: tuple[np.ndarray, ...],
-    width: int,
-    ids: tuple[int, int, int],
-) -> dict[str, np.ndarray]:
-    """Rows `[CLS] A [SEP] (B [SEP])` padded to `width`; cols = (a_start, a_end, b_start, b_end)."""
-    cls_id, sep_id, pad_id = ids
+def pair_layout(cols: tuple[np.ndarray, ...], width: int) -> dict[str, np.ndarray]:
+    """Where each position of the rows `[CLS] A [SEP] (B [SEP])` of ``cols`` (a_start, a_end,
+    b_start, b_end) reads: ``source`` [R, width] store positions, and the masks of A, B, [SEP]."""
     a0, a1, b0, b1 = (np.asarray(c, np.int64)[:, None] for c in cols)
     la, lb = a1 - a0, b1 - b0
     t = np.arange(width, dtype=np.int64)[None, :]
@@ -32,11 +25,36 @@ def pair_rows(
     # Special and padding positions gather the row's own first token (then overwrite it), so a
     # sharded store reads no block but the row's.
     source = np.where(in_a, a0 + t - 1, np.where(in_b, b0 + t - la - 2, a0))
-    text = in_a | in_b
-    if isinstance(tokens, Column):  # a sharded store: both columns from one read of the blocks
-        token_ids, starts = tokens.gather(source)
-    else:
-        token_ids, starts = tokens[source], word_starts[source]
+    return {"source": source, "text": in_a | in_b, "in_b": in_b, "sep": sep, "after_a": t > la + 1}
+
+
+def read_sources(tokens, word_starts, sources: list[np.ndarray]) -> list[tuple]:
+    """(token ids, word starts) at each of ``sources``: a sharded store reads the blocks of all
+    of them at once (`Column.gather_many`), a local store indexes its memmaps."""
+    if isinstance(tokens, Column):
+        return tokens.gather_many(sources)
+    return [(tokens[s], word_starts[s]) for s in sources]
+
+
+def pair_rows(
+    tokens: np.ndarray,
+    word_starts: np.ndarray,
+    special: np.ndarray,
+    cols: tuple[np.ndarray, ...],
+    width: int,
+    ids: tuple[int, int, int],
+    gathered: tuple[np.ndarray, np.ndarray] | None = None,
+    layout: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Rows `[CLS] A [SEP] (B [SEP])` padded to `width`; cols = (a_start, a_end, b_start, b_end);
+    ``gathered``: the (token ids, word starts) at the sources of ``layout`` (`pair_layout`'s),
+    read already."""
+    cls_id, sep_id, pad_id = ids
+    layout = layout if layout is not None else pair_layout(cols, width)
+    text, sep = layout["text"], layout["sep"]
+    if gathered is None:
+        gathered = read_sources(tokens, word_starts, [layout["source"]])[0]
+    token_ids, starts = gathered
     input_ids = np.where(text, token_ids, pad_id).astype(np.int32)
     input_ids[sep] = sep_id
     input_ids[:, 0] = cls_id
@@ -44,7 +62,7 @@ def pair_rows(
     real[:, 0] = True
     return {
         "input_ids": input_ids,
-        "token_type_ids": (in_b | (sep & (t > la + 1))).astype(np.int32),
+        "token_type_ids": (layout["in_b"] | (sep & layout["after_a"])).astype(np.int32),
         "attention_mask": real.astype(np.int32),
         "word_starts": text & (starts > 0),
         # Document [SEP]s stored inside FULL-SENTENCES segments are special too.
@@ -98,9 +116,11 @@ def packed_rows(
     row_of_sample: np.ndarray,
     offsets: np.ndarray,
     num_rows: int,
+    gathered: tuple[np.ndarray, np.ndarray] | None = None,
+    layout: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Several samples per row at `offsets`; `segment_ids` 1, 2, … per sample, 0 on padding."""
-    single = pair_rows(tokens, word_starts, special, cols, width, ids)
+    single = pair_rows(tokens, word_starts, special, cols, width, ids, gathered, layout)
     lengths = single["attention_mask"].sum(1)
     t = np.arange(width)[None, :]
     inside = t < lengths[:, None]

@@ -209,35 +209,46 @@ class BlockCache:
         return [tuple(r) for r in runs]
 
     def _read(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-        """Reads the runs covering ``keys`` and their checksums in one read; checks each block."""
-        runs = self._runs(sorted(keys))
-        shard_of, paths, starts, ends = [], [], [], []
-        parts = []  # (run, index of its blocks' range, index of its checksums' range or -1)
-        for shard, first, last in runs:
-            base = self.layouts[shard]["index_bytes"]
-            shard_of.append(shard)
-            paths.append(self.paths[shard])
-            starts.append(base + first * self.block_bytes)
-            ends.append(min(base + (last + 1) * self.block_bytes, self.shards[shard]["bytes"]))
-            crc = -1
+        """Reads the runs covering ``keys`` and their checksums in one read; checks each block.
+        A run's checksums (the end of the shard's index region, just before its data) and its
+        blocks are one range when at most `gap_blocks` blocks' bytes lie between them (a run
+        from a shard's first block: always)."""
+        shard_of, paths, starts, ends, parts = [], [], [], [], []
+        for shard, first, last in self._runs(sorted(keys)):
+            layout = self.layouts[shard]
+            begin = layout["index_bytes"] + first * self.block_bytes
+            end = min(
+                layout["index_bytes"] + (last + 1) * self.block_bytes, self.shards[shard]["bytes"]
+            )
+            crc = None  # where the run's checksums start, when they are read
             known = self._known.get(shard)
             if known is None or not known[first : last + 1].all():
-                crc_base = self.layouts[shard]["block_crc32"][0]
-                crc = len(paths)
-                shard_of.append(shard)
-                paths.append(self.paths[shard])
-                starts.append(crc_base + 4 * first)
-                ends.append(crc_base + 4 * (last + 1))
-            parts.append(((shard, first, last), len(paths) - 1 - (crc >= 0), crc))
+                crc = layout["block_crc32"][0] + 4 * first
+                if begin - (crc + 4 * (last - first + 1)) <= self.gap_blocks * self.block_bytes:
+                    begin, crc = crc, crc  # one range: checksums, what follows, blocks
+                else:
+                    shard_of.append(shard)
+                    paths.append(self.paths[shard])
+                    starts.append(crc)
+                    ends.append(crc + 4 * (last - first + 1))
+            shard_of.append(shard)
+            paths.append(self.paths[shard])
+            starts.append(begin)
+            ends.append(end)
+            parts.append(((shard, first, last), len(paths) - 1, crc))
         bodies = self.reader.read(paths, starts, ends)
         bodies = [self._check(*args, "bytes") for args in zip(shard_of, bodies, starts, ends)]
         with self.lock:
             self.bytes_read += sum(len(b) for b in bodies)
+        found = {(p, s): b for p, s, b in zip(paths, starts, bodies)}
         out: dict[tuple[int, int], bytes] = {}
-        for run, data, crc in parts:
-            if crc >= 0:
-                self._learn(run[0], run[1], np.frombuffer(bodies[crc], "<u4"))
-            out.update(self._split(run, starts[data], bodies[data]))
+        for (shard, first, last), i, crc in parts:
+            body, start = bodies[i], starts[i]
+            if crc is not None:  # from its own range, or from the head of the run's range
+                crcs = found[(paths[i], crc)] if crc != start else body
+                self._learn(shard, first, np.frombuffer(crcs[: 4 * (last - first + 1)], "<u4"))
+            skip = self.layouts[shard]["index_bytes"] + first * self.block_bytes - start
+            out.update(self._split((shard, first, last), start + skip, body[skip:]))
         return out
 
     def _learn(self, shard: int, first: int, crcs: np.ndarray) -> None:

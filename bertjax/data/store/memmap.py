@@ -339,6 +339,10 @@ class Store:
         sentences = np.asarray(self.sentences[documents[0] : documents[-1]], np.int64)
         return documents - documents[0], sentences.reshape(-1, 2)
 
+    def piece_indexes(self, pieces) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`piece_index` of each (shard, first, end) of ``pieces``."""
+        return [self.piece_index(*piece) for piece in pieces]
+
     def token_counts(self, max_tokens: int | None = None, chunk: int = 1 << 24) -> np.ndarray:
         """[V] int64 occurrences of each token id: of every token, or (``max_tokens``) of an
         evenly strided sample of at most that many."""

@@ -134,6 +134,13 @@ class ShardedStore:
         if index:
             self._load_index()
 
+    def set_reads(self, cache_bytes: int, read_threads: int, gap_bytes: int) -> None:
+        """The block cache's bound, the threads of a read on a synchronous filesystem, and the
+        gap (bytes) across which a read joins two runs of blocks (read_settings.py)."""
+        self.blocks.cache_bytes = int(cache_bytes)
+        self.reader.threads = max(1, int(read_threads))
+        self.blocks.gap_blocks = int(gap_bytes) // max(1, self.blocks.block_bytes)
+
     def _load_index(self) -> dict:
         """Documents, sentences, token counts and block checksums of every shard."""
         if self._index is not None:

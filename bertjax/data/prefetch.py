@@ -1,0 +1,55 @@
+"""Batches computed ahead of the step that asks: reads of ``group`` consecutive steps each (their
+rows read in one round, bertjax/data/read_settings.py), submitted to an executor (threads, or
+the worker processes of config.data.workers) up to ``ahead`` steps past the step asked for.
+Only whole groups are submitted, so a read always serves ``group`` batches. A step asked for
+out of order (a restart, a jump) is computed at once and the reads ahead start again after it.
+The batches are the ones computed in order: a batch is a function of the config and its step."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+
+
+class Prefetch:
+    """``compute(steps) -> batches`` of the steps ahead, ``group`` steps a call."""
+
+    def __init__(self, compute: Callable, executor, ahead: int, group: int):
+        self.compute, self.executor = compute, executor
+        self.ahead, self.group = int(ahead), max(1, min(int(group), int(ahead)))
+        self._futures: dict[int, tuple[concurrent.futures.Future, int]] = {}
+        self._next: int | None = None  # the first step not submitted
+        self._lock = threading.Lock()
+
+    def batch(self, step: int, compute_now: Callable):
+        """The batch of ``step``: from its read ahead, or ``compute_now(step)`` (then the reads
+        ahead start: the first batch comes first)."""
+        with self._lock:
+            entry = self._futures.get(step)
+        now = compute_now(step) if entry is None else None
+        with self._lock:
+            entry = self._futures.pop(step, None)
+            dropped = {s for s in self._futures if s < step or s > step + self.ahead}
+            for s in dropped:
+                future, _ = self._futures.pop(s)
+                if not any(f is future for f, _ in self._futures.values()):
+                    future.cancel()
+            if entry is None or self._next is None or self._next <= step:
+                self._next = step + 1
+                while self._next in self._futures:  # still ahead from before a jump back
+                    self._next += 1
+            while self._next + self.group - 1 <= step + self.ahead:
+                steps = list(range(self._next, self._next + self.group))
+                future = self.executor.submit(self.compute, steps)
+                for i, s in enumerate(steps):
+                    self._futures[s] = (future, i)
+                self._next += self.group
+        if entry is None:
+            return now
+        future, i = entry
+        return future.result()[i]
+
+    def close(self) -> None:
+        """Cancels the reads not started and waits for those running (at most one a thread)."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
