@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 
 from etils import epath
@@ -79,16 +78,23 @@ def read_text(path: str) -> str:
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    """Writes a whole file; a reader never sees half of it (a local file is written beside
-    and renamed; an object store's single upload is atomic)."""
+    """Writes a whole file; a reader never sees half of it (a local file is written beside, under
+    a name no other process or thread uses, and renamed; an object store's single upload is
+    atomic); a failed write leaves the file as it was."""
     if is_url(path):
         Path(path).write_bytes(data)
         return
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def write_text(path: str, text: str) -> None:
@@ -112,31 +118,56 @@ def cache_dir(configured: str = "") -> str:
     return resolve(chosen)
 
 
-def _version(path: str) -> str:
+def _version(path: str) -> str | None:
     """What changes when the object at URL ``path`` is rewritten: its size and its store's
-    version tag (generation, ETag or modification time, whichever the filesystem reports)."""
+    version tag (generation, ETag or modification time, whichever the filesystem reports); None
+    when it reports none (an HTTP server without ETag, some S3-compatible stores): the size
+    alone would not tell a rewrite of the same size apart."""
     import fsspec
 
     fs, inner = fsspec.core.url_to_fs(path)
     info = fs.info(inner)
-    tags = ("generation", "ETag", "etag", "md5Hash", "LastModified", "updated", "mtime")
-    return json.dumps([info.get("size"), *(str(info.get(t, "")) for t in tags)])
+    tags = [str(info.get(t, "")) for t in VERSION_TAGS]
+    if not any(tags):
+        return None
+    return json.dumps([info.get("size"), *tags])
+
+
+VERSION_TAGS = ("generation", "ETag", "etag", "md5Hash", "LastModified", "updated", "mtime")
 
 
 def local_copy(path: str, cache: str | None = None) -> str:
     """A local file with the content of ``path``: ``path`` itself when it is local (a file://
     URL is local: its path), else a copy under ``cache`` (default `cache_dir()`) keyed by the URL
-    and the object's version, made once; a rewritten object gets a new copy."""
+    and the object's version, made once; a rewritten object gets a new copy. An object whose
+    filesystem reports no version is fetched on every call and kept by its content's hash."""
     if not is_url(path):
         return _local(path)
-    digest = hashlib.sha256(f"{path} {_version(path)}".encode()).hexdigest()[:16]
-    target = os.path.join(cache or cache_dir(), "downloads", digest, os.path.basename(path))
-    if not os.path.isfile(target):
+    import fsspec
+
+    downloads = os.path.join(cache or cache_dir(), "downloads")
+    os.makedirs(downloads, exist_ok=True)
+    version = _version(path)
+    if version is not None:
+        digest = hashlib.sha256(f"{path} {version}".encode()).hexdigest()[:16]
+        target = os.path.join(downloads, digest, os.path.basename(path))
+        if os.path.isfile(target):
+            return target
+    handle, tmp = tempfile.mkstemp(prefix=".download-", dir=downloads)
+    try:
+        content = hashlib.sha256()
+        with fsspec.open(path, "rb") as source, os.fdopen(handle, "wb") as sink:
+            while chunk := source.read(1 << 20):
+                content.update(chunk)
+                sink.write(chunk)
+        if version is None:
+            digest = hashlib.sha256(f"{path} {content.hexdigest()}".encode()).hexdigest()[:16]
+            target = os.path.join(downloads, digest, os.path.basename(path))
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with Path(path).open("rb") as source, open(tmp, "wb") as sink:
-            shutil.copyfileobj(source, sink)
         os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return target
 
 

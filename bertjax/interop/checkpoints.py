@@ -34,11 +34,10 @@ def tokenizer_meta(tokenizer) -> dict:
 
 
 def write_tokenizer(meta: dict, directory: str) -> str:
-    """Writes the tokenizer stored in a checkpoint's meta into ``directory``; returns its path."""
-    os.makedirs(directory, exist_ok=True)
+    """Writes the tokenizer stored in a checkpoint's meta into ``directory`` (whole or not at
+    all: workers sharing a cache directory never read half of it); returns its path."""
     path = os.path.join(directory, meta["tokenizer_file"])
-    with open(path, "wb") as f:
-        f.write(base64.b64decode(meta["tokenizer_bytes"]))
+    paths.write_bytes(path, base64.b64decode(meta["tokenizer_bytes"]))
     return path
 
 

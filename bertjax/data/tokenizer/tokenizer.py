@@ -82,9 +82,10 @@ class Tokenizer:
     ):
         """Loads a SentencePiece `.model`, an HF `vocab.txt` or an HF `tokenizer.json`: a local
         path or a URL (file://, gs://, s3://; copied once into the local cache)."""
+        path = paths.resolve(path)  # ~ expanded, file:// made local, before it is looked for
         if not paths.exists(path) or paths.isdir(path):
             raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
-        path = paths.local_copy(paths.resolve(path))
+        path = paths.local_copy(path)
         if language not in ("en", "zh"):
             raise ValueError(f"language={language!r}: must be 'en' or 'zh'")
         self.path, self.language, self.lowercase = path, language, lowercase
