@@ -1,13 +1,16 @@
-"""Time to the first batch and bytes read against the store size, for every sample plan: does a
-host's start-up grow with the corpus? (It must not: DESIGN.md "Start-up never grows".)
+"""Time, requests and bytes to the first batch against the store size, for every sample plan: does
+a host's start-up grow with the corpus? (It must not: DESIGN.md "Start-up never grows".)
 
 Each store is synthetic (`SyntheticStore`): a filesystem that computes every byte asked for, of
 shards of up to 2^27 tokens whose documents are 5 sentences of 51 tokens and a [SEP], so a store
 of any size costs nothing to make. For each size and plan, one host (process 0 of --hosts) times a
-fresh `make_pipeline(...)` and `batch(0)` (global batch 256, T=128), and reports the bytes it read
-from the store, the manifest included, and the bytes of piece indexes and plans it holds.
+fresh `make_pipeline(...)` and `batch(0)` (global batch 256, T=128, the read settings chosen for
+a URL store), and reports the requests (ranges) and bytes it read from the store, the manifest
+included, and the bytes of piece indexes and plans it holds. `--latency-ms` adds that much to
+every range (slow_store.LatencyFS, a range a request, as a synchronous filesystem).
 
   python benchmarks/first_batch.py                         # 2 M .. 2^42 tokens, every plan
+  python benchmarks/first_batch.py --shards 100,1000,4096 --latency-ms 50   # flat in shards?
   python benchmarks/first_batch.py --tokens 2e6,1e8 --plans nsp,full_sentences --hosts 64
 """
 
@@ -25,6 +28,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+import slow_store  # noqa: E402
 
 from bertjax import trainer  # noqa: E402
 from bertjax.data import make_pipeline  # noqa: E402
@@ -97,7 +102,9 @@ class SyntheticStore:
         self.served += end - start
         return b"".join(out)
 
-    def cat_file(self, path):
+    def cat_file(self, path, start=None, end=None):
+        if start is not None:
+            return self._range(path, start, end)
         self.served += len(self.manifest)
         return self.manifest
 
@@ -111,7 +118,7 @@ def held_bytes(pipeline) -> int:
     if pieces is None:
         return 0
     total = sum(v.documents.nbytes + v.sentences.nbytes for v in pieces._views.values())
-    for plan, order, packing in pieces._cache.values():
+    for plan, order, packing in pieces._plans.values():
         total += order.nbytes + sum(getattr(plan, n).nbytes for n in ("a_start", "a_end",
                                     "b_start", "b_end", "label"))  # fmt: skip
         total += sum(a.nbytes for a in packing) if packing else 0
@@ -121,6 +128,8 @@ def held_bytes(pipeline) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", default="2e6,1.6e7,1.28e8,1.024e9,4.398e12")
+    parser.add_argument("--shards", default="", help="instead of --tokens: shards of 2^27 tokens")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--plans", default=",".join(PLANS))
     parser.add_argument("--hosts", type=int, default=8, help="process count (this is host 0)")
     args = parser.parse_args()
@@ -132,16 +141,21 @@ def main() -> None:
     )
     tok = Tokenizer(spm, num_threads=1)
     print(f"one host of {args.hosts}, batch 256 global, T=128, synthetic store (shards of 2^27 "
-          "tokens); shared 2-core CPU")  # fmt: skip
-    print("| plan | tokens | shards | start-up + first batch s | MiB read | MiB held |")
-    print("|---|---|---|---|---|---|")
+          f"tokens), {args.latency_ms:g} ms a range; shared 2-core CPU")  # fmt: skip
+    print("| plan | tokens | shards | start-up + first batch s | requests (ranges) | MiB read "
+          "| MiB held |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    sizes = [int(float(t)) for t in args.tokens.split(",")]
+    if args.shards:
+        sizes = [int(n) * SHARD_TOKENS for n in args.shards.split(",")]
     for plan in args.plans.split(","):
-        for tokens in (int(float(t)) for t in args.tokens.split(",")):
+        for tokens in sizes:
             fake = SyntheticStore(tok, tokens)
-            fmt.filesystem = lambda url, fake=fake: (fake, url.split("://", 1)[-1])
+            slow = slow_store.LatencyFS(fake, args.latency_ms / 1000, per="range")
+            fmt.filesystem = lambda url, slow=slow: (slow, url.split("://", 1)[-1])
             config = trainer.default_run_config()
             config.batch_size = 256
-            config.data.update(store="synthetic://store", tokenizer_model=spm, prefetch=0,
+            config.data.update(store="synthetic://store", tokenizer_model=spm,
                                max_seq_length=128, max_predictions=20)  # fmt: skip
             if plan == "packed":
                 config.data.update(sample_plan="full_sentences", pack_rows=True)
@@ -151,9 +165,12 @@ def main() -> None:
             pipeline = make_pipeline(config, work, process_index=0, process_count=args.hosts)
             pipeline.batch(0)
             took = time.perf_counter() - start
+            _, ranges, _ = slow.counts()
+            served = fake.served
+            pipeline.close()
             shards = len(pipeline.store.shards)
-            print(f"| {plan} | {tokens:.3g} | {shards:,} | {took:.2f} | "
-                  f"{fake.served / 2**20:,.1f} | {held_bytes(pipeline) / 2**20:,.1f} |",
+            print(f"| {plan} | {tokens:.3g} | {shards:,} | {took:.2f} | {ranges} | "
+                  f"{served / 2**20:,.1f} | {held_bytes(pipeline) / 2**20:,.1f} |",
                   flush=True)  # fmt: skip
 
 

@@ -37,6 +37,7 @@ PLANS = ("nsp", "sop", "pairs", "full_sentences", "doc_sentences", "mlm", "token
 SETTINGS = {  # config.data overrides by name ("defaults": nothing set)
     "defaults": {},
     "threads32": {"prefetch": 32, "prefetch_threads": 32},
+    "serial": {"prefetch": 0},  # one batch at a time, in the asking thread: a core's rate
     "workers1": {"workers": 1},
     "workers2": {"workers": 2},
     "workers4": {"workers": 4},
@@ -52,6 +53,8 @@ def run_bertjax(args) -> dict:
     plan = {"packed": {"sample_plan": "full_sentences", "pack_rows": True}}.get(
         args.plan, {"sample_plan": args.plan}
     )
+    if args.cache_mib:
+        config.data.store_cache_bytes = int(args.cache_mib * 2**20)
     config.data.update(
         store=args.store,
         tokenizer_model=args.spm,
@@ -60,18 +63,21 @@ def run_bertjax(args) -> dict:
         **plan,
         **SETTINGS[args.setting],
     )
-    cpu, start = time.process_time(), time.perf_counter()
+    start = time.perf_counter()
     pipeline = make_pipeline(config, args.work, process_index=0, process_count=1)
     pipeline.batch(0)
-    first, first_counts = time.perf_counter() - start, fs.counts()
-    start = time.perf_counter()
-    for step in range(1, args.steps + 1):
+    first, first_requests = time.perf_counter() - start, fs.counts()[0]
+    for step in range(1, args.warm + 1):  # worker processes started and busy
+        pipeline.batch(step)
+    first_counts = fs.counts()
+    cpu, start = time.process_time(), time.perf_counter()
+    for step in range(args.warm + 1, args.warm + args.steps + 1):
         pipeline.batch(step)
     took = time.perf_counter() - start
     counts = [b - a for a, b in zip(first_counts, fs.counts())]
-    cpu = time.process_time() - cpu
+    cpu = time.process_time() - cpu if not config.data.workers else float("nan")
     pipeline.close()
-    return report(args, took, first, first_counts[0], counts, cpu)
+    return report(args, took, first, first_requests, counts, cpu)
 
 
 def report(args, took: float, first: float, first_requests: int, counts, cpu: float) -> dict:
@@ -85,7 +91,7 @@ def report(args, took: float, first: float, first_requests: int, counts, cpu: fl
         "first_s": first,
         "first_requests": first_requests,
         "peak_mib": (usage + children) / 1024,
-        "cpu_s": cpu,
+        "tokens_per_cpu_s": args.batch * args.length * args.steps / cpu if cpu else 0.0,
     }
 
 
@@ -122,10 +128,14 @@ def spawn(args, plan: str, setting: str, peer: str = "bertjax") -> dict | None:
         str(args.length),
         "--steps",
         str(args.steps),
+        "--warm",
+        str(args.warm),
         "--latency-ms",
         str(args.latency_ms),
         "--per",
         args.per,
+        "--cache-mib",
+        str(args.cache_mib),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
@@ -145,14 +155,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--warm", type=int, default=0, help="steps before the timed ones")
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument(
         "--per",
-        default="call",
+        default="range",
         choices=("call", "range"),
         help="the latency is paid per cat_ranges call or per range (LatencyFS)",
     )
-    parser.add_argument("--grain", action="store_true", help="Grain beside, on the same store")
+    parser.add_argument("--cache-mib", type=float, default=0, help="block cache (0: chosen)")
+    parser.add_argument(
+        "--grain",
+        default="",
+        help="Grain runs beside (grain_reader.py): any "
+        "of grain (16 threads, 2 processes), grain-1 (no process), "
+        "grain-arrayrecord (local ArrayRecord, no latency)",
+    )
     parser.add_argument("--hf", action="store_true", help="HF datasets streaming beside")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -168,25 +186,28 @@ def main() -> None:
     train = manifest["splits"]["train"]
     print(
         f"store: {args.corpus}, {train['tokens']:,} train tokens in {len(train['shards'])} "
-        f"shards; batch {args.batch} x {args.length}, {args.steps} steps after the first; "
+        f"shards; batch {args.batch} x {args.length}, {args.steps} steps after the first "
+        f"{args.warm + 1}; "
         f"{args.latency_ms:g} ms a request (per {args.per}); one host; each run its own process"
     )
     print(
-        "| plan | reader | settings | tokens/s | requests a batch | ranges a batch | MiB a batch "
+        "| plan | reader | settings | tokens/s | tokens per CPU s | requests a batch "
+        "| ranges a batch | MiB a batch "
         "| start + first batch s | requests to the first batch | peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     runs = [(p, s, "bertjax") for p in args.plans.split(",") for s in args.settings.split(",")]
-    if args.grain:
-        runs += [(p, "grain", "grain") for p in args.plans.split(",")]
+    runs += [("token_windows", g, "grain") for g in args.grain.split(",") if g]
     for plan, setting, peer in runs:
         r = spawn(args, plan, setting, peer)
         if r is not None:
+            per_cpu = r["tokens_per_cpu_s"]
+            per_cpu = f"{per_cpu:,.0f}" if per_cpu == per_cpu and per_cpu else "-"
+            mib = f"{r['mib_per_batch']:.2f}" if peer == "bertjax" else "-"
             print(
-                f"| {plan} | {peer} | {setting} | {r['tokens_per_s']:,.0f} | "
-                f"{r['requests_per_batch']:.2f} | {r['ranges_per_batch']:.1f} | "
-                f"{r['mib_per_batch']:.2f} | {r['first_s']:.2f} | {r['first_requests']} | "
-                f"{r['peak_mib']:,.0f} |",
+                f"| {plan} | {peer} | {setting} | {r['tokens_per_s']:,.0f} | {per_cpu} | "
+                f"{r['requests_per_batch']:.2f} | {r['ranges_per_batch']:.1f} | {mib} | "
+                f"{r['first_s']:.2f} | {r['first_requests']} | {r['peak_mib']:,.0f} |",
                 flush=True,
             )
     if args.hf:
@@ -196,7 +217,7 @@ def main() -> None:
         if rate is not None:
             print(
                 f"| (token rows) | HF datasets streaming, local parquet, reading only | - | "
-                f"{rate:,.0f} | - | - | - | - | - | - |"
+                f"{rate:,.0f} | - | - | - | - | - | - | - |"
             )
 
 

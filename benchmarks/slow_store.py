@@ -5,7 +5,8 @@ built-in corpus), prepared once into a directory kept between runs.
 `LatencyFS` wraps an fsspec filesystem: every `cat_ranges` call is one round trip (its ranges in
 flight together, as gcsfs's) and every `cat_file` one; it sleeps ``latency`` seconds first (the
 GIL is released, so calls on several threads overlap) and counts round trips, ranges and bytes.
-`install(fs)` makes the sharded reader open every store through it.
+`install(fs)` makes the sharded reader open every store through it. ``BERTJAX_ROOT=DIR`` runs a
+benchmark against the bertjax of another checkout (e.g. the commit before a change).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# BERTJAX_ROOT: measure another checkout's bertjax with this harness (a "before" column)
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.environ.get("BERTJAX_ROOT") or HERE
 sys.path.insert(0, ROOT)
 
 from bertjax import trainer  # noqa: E402
