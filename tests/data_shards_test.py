@@ -390,6 +390,13 @@ def test_a_mixture_is_a_function_of_the_step_and_a_weight_change_loses_nothing(p
     for key, value in changed.batch(3).items():
         joined = np.concatenate([h.batch(3)[key] for h in hosts])
         np.testing.assert_array_equal(joined, value, err_msg=key)
+    ahead = config.copy_and_resolve_references()  # batches read ahead, 2 steps a read
+    ahead.data.update(prefetch=4, prefetch_threads=2, read_steps=2)
+    ahead = _mixture(ahead, stores, ((2, (1.0, 3.0)),))
+    for step in range(5):
+        for key, value in changed.batch(step).items():
+            np.testing.assert_array_equal(ahead.batch(step)[key], value, err_msg=key)
+    ahead.close()
     saved = {"data": {"mixture": [[url, 3.0], [local, 1.0]], "mixture_changes": []}}
     changed.check_resume(saved, 2)  # the change starts at the resume step: allowed
     with pytest.raises(ValueError, match="config.data.mixture / mixture_changes"):

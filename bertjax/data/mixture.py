@@ -8,7 +8,9 @@ to the earlier store), the same every step of a weight phase; the rows' places i
 a permutation keyed by (seed, step). Store k's rows are its own samples, in order: row i of
 store k at step s is its sample consumed_k(s) + i, where consumed_k(s) = sum over the steps
 before s of n_k at that step: a closed form of (config, step), so the batch of step N is a pure
-function of (config, N) on any number of hosts.
+function of (config, N) on any number of hosts. Batches ahead are computed as the pipeline's
+(prefetch.py, the first store's read settings): the rows of `read_steps` steps from each store
+in one read of that store.
 
 Changing weights on resume, the rule: a change is a new entry of `mixture_changes` at a step
 at or after the step the run resumes from; each store then continues from the sample where it
@@ -20,12 +22,14 @@ change at a step before the resume step rewrites the past; the trainer refuses s
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 
 import numpy as np
 
 from bertjax.data import keys
+from bertjax.data.prefetch import Prefetch
 from bertjax.data.source import DataSource, host_rows
 
 
@@ -80,6 +84,13 @@ class Mixture(DataSource):
             raise ValueError("config.data.mixture with a growing batch (config.batch_warmup)")
         self.phases = weight_phases(c, config.batch_size)
         self.process_index, self.process_count = process_index, process_count
+        reads = pipelines[0].reads
+        self._prefetch = None
+        if reads.prefetch:
+            threads = concurrent.futures.ThreadPoolExecutor(reads.prefetch_threads, "bertjax-mix")
+            self._prefetch = Prefetch(
+                self.compute_batches, threads, reads.prefetch, reads.read_steps
+            )
 
     @property
     def fingerprint(self) -> str:
@@ -100,24 +111,48 @@ class Mixture(DataSource):
         return store, consumed(self.phases, step)[store] + rank
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        step = int(step)
-        store, sample = self.sources(step)
-        hosts = host_rows(len(store), self.process_index, self.process_count)
-        store, sample = store[hosts], sample[hosts]
-        length = self.pipelines[0].seq_len(step)
-        parts = {}
-        for k in np.unique(store):
-            chosen = store == k
-            rows = self.pipelines[k].sample_rows(
-                length, sample[chosen], sample[chosen], f"mask/mixture/{k}"
-            )
-            parts[k] = (chosen, self.pipelines[k].mask_rows(rows))
-        first = next(iter(parts.values()))[1]
-        out = {}
-        for key, value in first.items():
-            out[key] = np.zeros((len(store), *value.shape[1:]), value.dtype)
-            for chosen, batch in parts.values():
-                out[key][chosen] = batch[key]
+        if self._prefetch is None:
+            return self.compute_batches([int(step)])[0]
+        return self._prefetch.batch(int(step), lambda s: self.compute_batches([s])[0])
+
+    def compute_batches(self, steps: list[int]) -> list[dict[str, np.ndarray]]:
+        """This host's rows of the batches of ``steps``, computed now: each store's rows of all
+        of them located, then read together (one read a store), then built and masked."""
+        located = []  # per step: (store of each row, {store k: (its rows, its located rows)})
+        for step in steps:
+            store, sample = self.sources(int(step))
+            hosts = host_rows(len(store), self.process_index, self.process_count)
+            store, sample = store[hosts], sample[hosts]
+            length = self.pipelines[0].seq_len(int(step))
+            parts = {}
+            for k in np.unique(store).tolist():
+                chosen = store == k
+                rows = self.pipelines[k].locate_rows(
+                    length, sample[chosen], sample[chosen], f"mask/mixture/{k}"
+                )
+                parts[k] = (chosen, rows)
+            located.append((store, parts))
+        read = {}
+        for k, pipeline in enumerate(self.pipelines):
+            mine = [(i, parts[k][1]) for i, (_, parts) in enumerate(located) if k in parts]
+            for (i, _), got in zip(mine, pipeline.read_rows([rows for _, rows in mine])):
+                read[i, k] = got
+        out = []
+        for i, (store, parts) in enumerate(located):
+            batches = {
+                k: (
+                    chosen,
+                    self.pipelines[k].mask_rows(self.pipelines[k].build_rows(rows, read[i, k])),
+                )
+                for k, (chosen, rows) in parts.items()
+            }
+            first = next(iter(batches.values()))[1]
+            batch = {}
+            for key, value in first.items():
+                batch[key] = np.zeros((len(store), *value.shape[1:]), value.dtype)
+                for chosen, part in batches.values():
+                    batch[key][chosen] = part[key]
+            out.append(batch)
         return out
 
     def seq_len(self, step: int) -> int:
@@ -147,5 +182,7 @@ class Mixture(DataSource):
             )
 
     def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
         for p in self.pipelines:
             p.close()
