@@ -117,8 +117,9 @@ def held_bytes(pipeline) -> int:
     pieces = pipeline._split.pieces
     if pieces is None:
         return 0
+    plans = getattr(pieces, "_plans", None) or pieces._cache  # before issue 55: _cache
     total = sum(v.documents.nbytes + v.sentences.nbytes for v in pieces._views.values())
-    for plan, order, packing in pieces._plans.values():
+    for plan, order, packing in plans.values():
         total += order.nbytes + sum(getattr(plan, n).nbytes for n in ("a_start", "a_end",
                                     "b_start", "b_end", "label"))  # fmt: skip
         total += sum(a.nbytes for a in packing) if packing else 0

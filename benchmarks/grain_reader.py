@@ -205,3 +205,31 @@ def hf_streaming(args) -> float | None:
     for _, batch in zip(range(args.steps), batches):
         np.asarray(batch["input_ids"], np.int32)
     return args.batch * width * args.steps / (time.perf_counter() - start)
+
+
+def shuffle_rates(n: int = 1 << 20) -> dict[str, float]:
+    """Positions per second of Grain's index shuffle (`grain.experimental.index_shuffle`, one call
+    a position, as `MapDataset.shuffle` asks it) and of bertjax's `IndexShuffle` (positions in
+    arrays of 256, 4096, 65536 a call), over n positions of a permutation of 2^32 + 5."""
+    from grain import experimental
+
+    from bertjax.data.plans.index_shuffle import IndexShuffle
+
+    size = (1 << 32) + 5
+    start = time.perf_counter()
+    for i in range(n):
+        experimental.index_shuffle(i, size - 1, SEED, 4)
+    rates = {"grain index_shuffle, a position a call": n / (time.perf_counter() - start)}
+    shuffle = IndexShuffle(size, SEED)
+    for per in (256, 4096, 1 << 16):
+        start = time.perf_counter()
+        for first in range(0, n, per):
+            shuffle[np.arange(first, first + per)]
+        rates[f"bertjax IndexShuffle, {per} positions a call"] = n / (time.perf_counter() - start)
+    return rates
+
+
+if __name__ == "__main__":  # python benchmarks/grain_reader.py: the two index shuffles
+    print("| index shuffle | positions/s |\n|---|---|")
+    for name, rate in shuffle_rates().items():
+        print(f"| {name} | {rate:,.0f} |")

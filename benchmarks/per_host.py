@@ -9,7 +9,7 @@ work, measured with `time.process_time` over --steps steps after the first): CPU
 KiB read per step, pieces planned over those steps; beside it the same with config.data.lane_rows
 = 0 (one lane: the order before lanes).
 
-  python benchmarks/per_host.py                          # 1, 4, 16, 64 hosts; nsp, full_sentences
+  python benchmarks/per_host.py --steps 200              # 1, 4, 16, 64 hosts; nsp, full_sentences
   python benchmarks/per_host.py --plans token_windows --steps 100
 """
 
@@ -32,13 +32,14 @@ from bertjax.data.text import corpus
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
 
-def measure(tok, spm, work, plan: str, hosts: int, rows: int, steps: int, lane_rows: int):
+def measure(tok, spm, work, plan, hosts: int, rows: int, steps: int, lane_rows: int, piece_tokens):
     fake = first_batch.SyntheticStore(tok, 4096 * first_batch.SHARD_TOKENS)
     fmt.filesystem = lambda url: (fake, url.split("://", 1)[-1])
     config = trainer.default_run_config()
     config.batch_size = rows * hosts
     config.data.update(store="synthetic://store", tokenizer_model=spm, max_seq_length=128,
-                       max_predictions=20, prefetch=0, lane_rows=lane_rows)  # fmt: skip
+                       max_predictions=20, prefetch=0, lane_rows=lane_rows,
+                       piece_tokens=piece_tokens)  # fmt: skip
     if plan == "packed":
         config.data.update(sample_plan="full_sentences", pack_rows=True)
     else:
@@ -68,6 +69,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32, help="rows per host a step")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--plans", default="nsp,full_sentences")
+    parser.add_argument("--piece-tokens", type=int, default=1 << 16,
+                        help="small pieces, so that windows turn over within --steps")  # fmt: skip
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bertjax-per-host-")
     sentences = (s for _, d in corpus.iter_documents("builtin") for s in d)
@@ -84,8 +87,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for plan in args.plans.split(","):
         for hosts in (int(h) for h in args.hosts.split(",")):
-            lanes = measure(tok, spm, work, plan, hosts, args.rows, args.steps, 32)
-            one = measure(tok, spm, work, plan, hosts, args.rows, args.steps, 0)
+            common = (tok, spm, work, plan, hosts, args.rows, args.steps)
+            lanes = measure(*common, 32, args.piece_tokens)
+            one = measure(*common, 0, args.piece_tokens)
             print(
                 f"| {plan} | {hosts} | {hosts * args.rows} | {lanes[0]:.1f} | {lanes[1]:,.0f} | "
                 f"{lanes[2]} | {one[0]:.1f} | {one[1]:,.0f} | {one[2]} |",
