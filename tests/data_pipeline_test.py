@@ -179,6 +179,10 @@ def test_invalid_values_name_the_key(spm_path, workdir):
         "pack_rows": True,
         "mask_token_weighting": "zipf",
         "mask_token_smoothing": -1.0,
+        "read_steps": 0,
+        "prefetch_threads": -2,
+        "read_gap_bytes": -5,
+        "lane_rows": -1,
     }
     for key, value in bad.items():
         with pytest.raises(ValueError, match=f"config.data.{key}"):
