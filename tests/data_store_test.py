@@ -114,7 +114,7 @@ def test_failure_midway_leaves_nothing_behind(tmp_path, tok):
     good.write_text(TEXT)
     bad = tmp_path / "b.txt"
     bad.write_bytes(b"ok\n\x80oops\n")
-    with pytest.raises(ValueError, match=r"b\.txt:2"):
+    with pytest.raises(ValueError, match=r"b\.txt line 2: invalid UTF-8"):
         _prepare(tmp_path / "store", tok, f"{good},{bad}")
     assert sorted(os.listdir(tmp_path)) == ["a.txt", "b.txt"]  # no store, no DIR.tmp-<pid>
 
