@@ -1,0 +1,103 @@
+"""Runs a list of training runs in one process of a multi-process run (a test helper, run as a
+script by tests/multiprocess_test.py):
+
+    python multiprocess_worker.py SPEC_JSON PROCESS_ID NUM_PROCESSES PORT OUT_DIR
+
+SPEC_JSON holds a list of runs, each ``{"name", "config": "configs/X.py:smoke", "set": {"a.b":
+value}, "workdir", "wait_for": path or null}``. With NUM_PROCESSES > 1 the process joins a
+localhost run as train.py --multihost does (`bertjax.training.processes.initialize`); its devices
+come from XLA_FLAGS. Each run is `trainer.train_and_evaluate`, as in train.py; what each process
+saw is written to OUT_DIR/process<ID>.json after every run: its summary, whether it raised (the
+error's type and message), how often this process trained a tokenizer or built a token store,
+and the CPU seconds the run took in this process.
+Around a run the process writes OUT_DIR/<name>.started and <name>.done. At the end the
+processes leave together (`processes.finish`), as train.py's do.
+"""
+
+import functools
+import json
+import os
+import resource
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _counted(module, name: str, calls: dict) -> None:
+    """Counts this process's calls of ``module.name`` in ``calls[name]``."""
+    original = getattr(module, name)
+
+    @functools.wraps(original)
+    def counting(*args, **kwargs):
+        calls[name] += 1
+        return original(*args, **kwargs)
+
+    setattr(module, name, counting)
+
+
+def _config(run: dict):
+    from bertjax import trainer
+
+    config = trainer.load_config_file(os.path.join(ROOT, run["config"]))
+    for key, value in run.get("set", {}).items():
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return config
+
+
+def _plain(value):
+    """A JSON value of a summary entry (numpy and jax scalars as floats)."""
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return float(value)
+
+
+def main(spec_path, process_id, num_processes, port, out_dir) -> None:
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    from bertjax.data.store import configured as store
+    from bertjax.data.tokenizer import configured as tokenizer
+    from bertjax.training import processes
+
+    process_id, num_processes = int(process_id), int(num_processes)
+    if num_processes > 1:
+        processes.initialize(f"127.0.0.1:{port}", num_processes, process_id, 10, 120)
+    from bertjax import trainer
+
+    with open(spec_path) as f:
+        runs = json.load(f)
+    results = {}
+    for run in runs:
+        if run.get("wait_for"):
+            while not os.path.exists(run["wait_for"]):
+                time.sleep(0.2)
+        calls = {"train_sentencepiece": 0, "prepare_store": 0}
+        counted = {"train_sentencepiece": tokenizer, "prepare_store": store}
+        for name, module in counted.items():
+            _counted(module, name, calls)
+        open(os.path.join(out_dir, f"{run['name']}.started"), "w").close()
+        result, start = {}, resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            summary = trainer.train_and_evaluate(_config(run), run["workdir"])
+            result["summary"] = {k: _plain(v) for k, v in summary.items()}
+        except Exception as error:  # recorded: the test asserts which runs fail, and how
+            result["error"] = [type(error).__name__, str(error)]
+        finally:
+            for name, module in counted.items():
+                setattr(module, name, getattr(module, name).__wrapped__)
+        end = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = end.ru_utime - start.ru_utime + end.ru_stime - start.ru_stime
+        results[run["name"]] = {**result, **calls, "cpu_s": round(cpu, 1)}
+        with open(os.path.join(out_dir, f"process{process_id}.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        open(os.path.join(out_dir, f"{run['name']}.done"), "w").close()
+    processes.finish()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])
