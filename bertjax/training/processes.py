@@ -56,7 +56,7 @@ def _client():
 
 
 _FAILED = "bertjax/failed/"  # key-value directory: a process's error, published before it exits
-_RERUN = "Rerun the same command on every host: the run resumes from its last complete checkpoint"
+_RERUN = "the same command on every host: the run resumes from its last complete checkpoint"
 
 
 class _Group:
@@ -82,7 +82,7 @@ class _Group:
                 live = self.client.get_live_nodes(everyone)
                 failed = dict(self.client.key_value_dir_get(_FAILED))
             except Exception:  # the client is shut down, or the service (process 0) is gone
-                if not self.finishing.is_set():
+                if not self.finishing.is_set() and self.index != 0:  # best effort: JAX aborts
                     self._stop(f"lost {self.describe(0)}, which hosts the run's coordination "
                                "service (it failed, was killed, or its host is gone)")  # fmt: skip
                 self.others_gone.set()
@@ -95,9 +95,8 @@ class _Group:
                     self.others_gone.set()
                     return
             elif failed:
-                self._stop(
-                    "; ".join(f"{self.describe(i)} failed ({why})" for i, why in failed.items())
-                )
+                what = "; ".join(f"{self.describe(i)} failed ({why})" for i, why in failed.items())
+                self._stop(what, "Fix that, then rerun")
             elif gone:
                 self._stop(
                     ", ".join(self.describe(i) for i in sorted(gone)) + " left the run (it "
@@ -106,10 +105,11 @@ class _Group:
                 )
             time.sleep(WATCH_INTERVAL_S)
 
-    def _stop(self, what: str) -> None:
+    def _stop(self, what: str, then: str = "Rerun") -> None:
         """Prints one line (what happened, what to do) and exits this process."""
         sys.stdout.flush()
-        sys.stderr.write(f"error: {what}; {self.describe(self.index)} stops too. {_RERUN}\n")
+        me = self.describe(self.index)
+        sys.stderr.write(f"error: {what}; {me} stops too. {then} {_RERUN}\n")
         sys.stderr.flush()
         os._exit(EXIT_PROCESS_LOST)
 
