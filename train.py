@@ -34,6 +34,7 @@ if __name__ == "__main__":
     check_config_overrides(sys.argv, DEFAULT_CONFIG)  # before config_flags applies them
 
 from bertjax import cli  # noqa: E402 (after the re-exec)
+from bertjax.training.processes import HEARTBEAT_TIMEOUT_S  # noqa: E402
 from bertjax.training.run_config import define_config_flag  # noqa: E402
 
 # config_flags' locked --config file flag; the recipe comes ready for the objective that
@@ -63,7 +64,7 @@ _PROCESS_ID = flags.DEFINE_integer(
 )
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds",
-    30,
+    HEARTBEAT_TIMEOUT_S,
     "--multihost: seconds without a heartbeat before a process counts as lost and the others "
     "stop (JAX's default is 100).",
 )

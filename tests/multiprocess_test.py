@@ -35,16 +35,34 @@ HEARTBEAT_S = 5  # the SIGKILL run's heartbeat timeout (train.py's default: 30 s
 QUICK = {"peak_flops_per_device": 1e12}  # no CPU matmul peak measured at start (~1 s)
 
 
-def _pretraining(store: str) -> dict:
-    """configs/bert_tiny.py:smoke from the sharded store, STEPS steps."""
+def _pretraining(store: str, budget: float) -> dict:
+    """configs/bert_tiny.py:smoke from the sharded store, for a FLOP budget of STEPS steps."""
     return {
         **QUICK,
         "data.store": store,
-        "num_train_steps": STEPS,
+        "budget_flops": budget,
         "checkpoint_every": EVERY,
         "eval_every": STEPS // 2,
         "eval_batches": 2,
     }
+
+
+@pytest.fixture(scope="module")
+def budget(small_spm) -> float:
+    """config.budget_flops that buys STEPS steps of the pretraining run (as cramming counts it:
+    the trainer's FLOPs per sequence times the rows), so the run's end is a budget's end."""
+    from bertjax import objectives, trainer
+    from bertjax.data.tokenizer import Tokenizer
+    from bertjax.training.metrics import train_flops_per_sequence
+    from bertjax.training.run_config import model_config
+
+    config = trainer.load_config_file(os.path.join(ROOT, RECIPE))
+    length, objective = int(config.data.max_seq_length), objectives.make_objective(config)
+    per_sequence = objective.train_flops_per_sequence(
+        model_config(config, Tokenizer(small_spm)), length, config.data.mask_rate * length,
+        int(config.data.max_predictions), train_flops_per_sequence,
+    )  # fmt: skip
+    return (STEPS * config.batch_size - 0.5) * per_sequence
 
 
 @pytest.fixture(scope="module")
@@ -145,19 +163,19 @@ def _checkpoints(workdir: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, store, corpus_files, gcs_bucket):
+def runs(tmp_path_factory, store, budget, corpus_files, gcs_bucket):
     """The pair's and the single process's runs (see the module docstring); the pair's last run,
     ``stopped``, gets SIGTERM to process 1 once it logged its first step. (base, the pair's
     results per process, the single process's, the pair's logs, the stopped run's workdir)."""
     base = tmp_path_factory.mktemp("multiprocess")
     (base / "pair").mkdir()
     (base / "single").mkdir()
-    STOPPED_SET.update(_pretraining(store))
+    STOPPED_SET.update(_pretraining(store, budget))
 
     def runs(side: str) -> list:
         teacher = base / "pair-pretrain"
         runs = [
-            dict(name="pretrain", config=RECIPE, set=_pretraining(store)),
+            dict(name="pretrain", config=RECIPE, set=STOPPED_SET),
             dict(name="phases", config="configs/phases_tiny.py:smoke",
                  set={**QUICK, "phase_order": ["pretrain", "extend"], "data.corpus": corpus_files,
                       "data.cache_dir": str(base / f"{side}-cache")}),
@@ -182,7 +200,8 @@ def runs(tmp_path_factory, store, corpus_files, gcs_bucket):
             }
             stopped = f"{gcs_bucket}/stopped"
             runs += [
-                dict(name="nonfinite", config=RECIPE, set={**diverging, "num_train_steps": 4},
+                dict(name="nonfinite", config=RECIPE,
+                     set={**diverging, "budget_flops": 0.0, "num_train_steps": 4},
                      workdir=str(base / "pair-nonfinite")),
                 dict(name="stopped", config=RECIPE, set=STOPPED_SET, workdir=stopped),
             ]  # fmt: skip
@@ -242,8 +261,10 @@ def test_two_processes_log_what_one_process_logs(runs, gcs_bucket, name):
 def test_held_out_baselines_and_task_scores_count_every_host_s_rows(runs):
     """The numbers a host computes from its own rows are summed over the processes: the MLM
     majority baseline (from held_out_counts), the task and retrieval metrics of every dev row,
-    and the best checkpoint chosen from them, the same on both processes and in the single one."""
+    and the best checkpoint chosen from them, the same on both processes and in the single one;
+    the FLOP budget ends the pretraining run at one step everywhere."""
     base, results, reference, _, _ = runs
+    assert [r["pretrain"]["summary"]["step"] for r in [*results, reference]] == [STEPS] * 3
     for name, keys in {
         "pretrain": ["eval/majority_baseline", "eval/perplexity"],
         "finetune": ["eval/accuracy", "eval/f1", "eval/matthews"],
@@ -394,3 +415,30 @@ def test_multihost_without_a_cluster_or_coordinator_says_what_to_give(tmp_path):
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --multihost could not join a run")
     assert "--coordinator_address=HOST:PORT" in last and "--num_processes" in last
+
+
+SIGINT_SCRIPT = """
+import os, signal, sys, time
+from bertjax.training import processes
+from bertjax.training.stopping import StopRequests
+processes.initialize(f"127.0.0.1:{sys.argv[1]}", 1, 0)
+stop = StopRequests()
+os.kill(os.getpid(), signal.SIGINT)
+step = 0
+while not stop.reached(step):
+    step += 1
+    time.sleep(0.01)
+print("stopped at", step, "synced", stop.synced)
+processes.finish()
+"""
+
+
+def test_ctrl_c_goes_through_jax_s_preemption_sync_like_sigterm():
+    """Under --multihost, SIGINT is handed to JAX's notifier as a SIGTERM of the process (so
+    Ctrl-C on one host stops all, as SIGTERM does in the tests above): here one process, whose
+    sync point comes a few steps after the signal."""
+    command = [sys.executable, "-c", SIGINT_SCRIPT, str(free_port())]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    words = result.stdout.split()
+    assert words[:2] == ["stopped", "at"] and int(words[2]) > 0 and words[-1] == "True"
