@@ -388,12 +388,12 @@ def _by_step(workdir) -> dict:
 
 def test_processes_started_with_different_configs_stop_naming_the_keys(runs):
     """A flag missing on one host: both processes stop before their first step (nothing is
-    written), exit 1, and say which key differs and what each process has."""
+    written), exit 2 (bad input), and say which key differs and what each process has."""
     base, _, _, _, _ = runs
     workdir = str(base / "mismatch")
     each = {0: ["--config.optim.learning_rate=5e-4"]}
     codes = [p.wait(timeout=120) for p in _train_py(workdir, base, "mismatch", each=each)]
-    assert codes == [1, 1]
+    assert codes == [2, 2]  # bad input (bertjax/cli.py)
     for i in range(2):
         last = (base / f"mismatch{i}.log").read_text().strip().splitlines()[-1]
         assert last.startswith("error: the 2 processes were started with different configs")
@@ -411,7 +411,7 @@ def test_multihost_without_a_cluster_or_coordinator_says_what_to_give(tmp_path):
         f"--workdir={tmp_path}",
     ]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
-    assert result.returncode == 1
+    assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --multihost could not join a run")
     assert "--coordinator_address=HOST:PORT" in last and "--num_processes" in last
