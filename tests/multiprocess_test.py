@@ -12,6 +12,7 @@ itself, as 2 processes: the stopped run resumed and process 1 killed with SIGKIL
 to its end, bitwise the uninterrupted run; and started with a flag missing on one process.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,16 +20,16 @@ import subprocess
 import sys
 import time
 
+import multiprocess_worker as mp
 import numpy as np
 import pytest
-from helpers import child_env, free_port, xla_flags
+from helpers import child_env, free_port
 
 from bertjax import paths
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "multiprocess_worker.py")
+ROOT = mp.ROOT
 RECIPE = "configs/bert_tiny.py:smoke"
 STEPS, EVERY = 12, 4  # the pretraining run; a checkpoint every 4 steps, held-out metrics at 6, 12
 HEARTBEAT_S = 5  # the SIGKILL run's heartbeat timeout (train.py's default: 30 s)
@@ -99,83 +100,32 @@ def store(gcs_bucket, small_spm, corpus_files):
     return url
 
 
-def _start(command: list, log_path, devices: int) -> subprocess.Popen:
-    env = dict(child_env(), XLA_FLAGS=xla_flags(devices))
-    log = open(log_path, "w")  # a file: a pipe nobody reads would block the process
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+@dataclasses.dataclass
+class Runs:
+    """What the `runs` fixture leaves: where, what each process saw, the pair's logs."""
 
-
-def _worker(runs: list, out, process_id: int, processes: int, port: int, devices: int):
-    spec = out / "spec.json"
-    spec.write_text(json.dumps(runs))
-    command = [sys.executable, WORKER, str(spec), str(process_id), str(processes), str(port), out]
-    return _start([str(c) for c in command], out / f"process{process_id}.log", devices)
-
-
-def _train_py(workdir: str, out, name: str, extra=(), each=None) -> list:
-    """train.py --multihost as 2 processes x 4 devices on the stopped run's config; ``each``
-    adds flags to one process."""
-    port = free_port()
-    flags = [f"--config.{k}={v}" for k, v in STOPPED_SET.items()]
-    procs = []
-    for i in range(2):
-        command = [
-            sys.executable, os.path.join(ROOT, "train.py"), f"--config={RECIPE}",
-            f"--workdir={workdir}", "--multihost", f"--coordinator_address=127.0.0.1:{port}",
-            "--num_processes=2", f"--process_id={i}", *flags, *extra, *(each or {}).get(i, []),
-        ]  # fmt: skip
-        procs.append(_start(command, out / f"{name}{i}.log", 4))
-    return procs
-
-
-STOPPED_SET: dict = {}  # the stopped run's config keys (set by the `runs` fixture)
-
-
-def _wait(predicate, procs, what: str, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        running = all(p.poll() is None for p in procs)
-        assert running and time.time() < deadline, f"{what}: processes exited or timed out"
-        time.sleep(0.2)
-
-
-def _gcs():
-    """gcsfs, its listings cache dropped: other processes write the bucket meanwhile."""
-    import fsspec
-
-    fs = fsspec.filesystem("gs")
-    fs.invalidate_cache()
-    return fs
-
-
-def _steps_logged(workdir: str) -> list[int]:
-    fs, path = _gcs(), f"{workdir}/metrics.jsonl"
-    if not fs.exists(path):
-        return [0]
-    return [json.loads(line)["step"] for line in fs.cat(path).decode().splitlines()] or [0]
-
-
-def _checkpoints(workdir: str) -> list[int]:
-    """The complete checkpoint steps in a gs:// workdir (orbax's commit marker written)."""
-    fs = _gcs()
-    done = fs.glob(f"{workdir}/checkpoints/*/state/commit_success.txt")
-    return sorted(int(path.split("/")[-3]) for path in done) or [0]
+    base: object  # the tmp directory of the runs' local workdirs and logs
+    results: list  # each pair process's multiprocess_worker.py results
+    reference: dict  # the single process's
+    logs: list  # each pair process's output
+    stopped: str  # the stopped run's workdir (gs://)
+    pretraining: dict  # its config keys (and the pretraining run's)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, store, budget, corpus_files, gcs_bucket):
+def runs(tmp_path_factory, store, budget, corpus_files, gcs_bucket) -> Runs:
     """The pair's and the single process's runs (see the module docstring); the pair's last run,
-    ``stopped``, gets SIGTERM to process 1 once it logged its first step. (base, the pair's
-    results per process, the single process's, the pair's logs, the stopped run's workdir)."""
+    ``stopped``, gets SIGTERM to process 1 once it logged its first step."""
     base = tmp_path_factory.mktemp("multiprocess")
     (base / "pair").mkdir()
     (base / "single").mkdir()
-    STOPPED_SET.update(_pretraining(store, budget))
+    pretraining = _pretraining(store, budget)
 
-    def runs(side: str) -> list:
+    def planned(side: str) -> list:
+        """The runs of one side ("pair" or "single"), in order."""
         teacher = base / "pair-pretrain"
-        runs = [
-            dict(name="pretrain", config=RECIPE, set=STOPPED_SET),
+        out = [
+            dict(name="pretrain", config=RECIPE, set=pretraining),
             dict(name="phases", config="configs/phases_tiny.py:smoke",
                  set={**QUICK, "phase_order": ["pretrain", "extend"], "data.corpus": corpus_files,
                       "data.cache_dir": str(base / f"{side}-cache")}),
@@ -189,31 +139,31 @@ def runs(tmp_path_factory, store, budget, corpus_files, gcs_bucket):
                  set={**QUICK, "loss.teacher": str(teacher)},
                  wait_for=str(base / "pair" / "pretrain.done")),
         ]  # fmt: skip
-        for run in runs:  # the phases run's tokenizer goes through a URL workdir
+        for run in out:  # the phases run's tokenizer goes through a URL workdir
             local = str(base / f"{side}-{run['name']}")
             run["workdir"] = f"{gcs_bucket}/{side}-phases" if run["name"] == "phases" else local
         if side == "pair":
             diverging = {
-                **STOPPED_SET,
+                **pretraining,
                 "optim.learning_rate": 1e30,
                 "skip_nonfinite_updates": False,
             }
             stopped = f"{gcs_bucket}/stopped"
-            runs += [
+            out += [
                 dict(name="nonfinite", config=RECIPE,
                      set={**diverging, "budget_flops": 0.0, "num_train_steps": 4},
                      workdir=str(base / "pair-nonfinite")),
-                dict(name="stopped", config=RECIPE, set=STOPPED_SET, workdir=stopped),
+                dict(name="stopped", config=RECIPE, set=pretraining, workdir=stopped),
             ]  # fmt: skip
-        return runs
+        return out
 
     port = free_port()
-    pair = [_worker(runs("pair"), base / "pair", i, 2, port, 4) for i in range(2)]
-    single = _worker(runs("single"), base / "single", 0, 1, 0, 8)
+    pair = [mp.start_worker(planned("pair"), base / "pair", i, 2, port, 4) for i in range(2)]
+    single = mp.start_worker(planned("single"), base / "single", 0, 1, 0, 8)
     stopped = f"{gcs_bucket}/stopped"
     try:
-        _wait(lambda: (base / "pair" / "stopped.started").exists(), pair, "the pair's runs")
-        _wait(lambda: max(_steps_logged(stopped)) >= 1, pair, "the stopped run")
+        mp.wait(lambda: (base / "pair" / "stopped.started").exists(), pair, "the pair's runs")
+        mp.wait(lambda: max(mp.steps_logged(stopped)) >= 1, pair, "the stopped run")
         pair[1].send_signal(signal.SIGTERM)
         codes = [p.wait(timeout=600) for p in pair]
         assert single.wait(timeout=600) == 0, (base / "single/process0.log").read_text()[-3000:]
@@ -224,13 +174,7 @@ def runs(tmp_path_factory, store, budget, corpus_files, gcs_bucket):
     assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
     results = [json.loads((base / "pair" / f"process{i}.json").read_text()) for i in range(2)]
     reference = json.loads((base / "single" / "process0.json").read_text())
-    return base, results, reference, logs, stopped
-
-
-def _metrics(workdir: str) -> list[dict]:
-    lines = paths.read_text(f"{workdir}/metrics.jsonl").splitlines()
-    rows = [json.loads(line) for line in lines]
-    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+    return Runs(base, results, reference, logs, stopped, pretraining)
 
 
 @pytest.mark.parametrize("name", ["pretrain", "phases", "finetune", "embed", "distill"])
@@ -239,13 +183,13 @@ def test_two_processes_log_what_one_process_logs(runs, gcs_bucket, name):
     equals the single process's to 1e-5 (and 1e-8 absolute: a distillation KL of ~1e-4 is a
     difference of near-equal float32 terms), and each process of the pair ends with the same
     summary (process 0 writes it)."""
-    base, results, reference, _, _ = runs
+    base, results, reference = runs.base, runs.results, runs.reference
     for result in [*results, reference]:
         assert "error" not in result[name], result[name]["error"]
     side = {s: f"{base}/{s}-{name}" for s in ("pair", "single")}
     if name == "phases":
         side = {s: f"{gcs_bucket}/{s}-phases" for s in ("pair", "single")}
-    ours, theirs = _metrics(side["pair"]), _metrics(side["single"])
+    ours, theirs = mp.metrics(side["pair"]), mp.metrics(side["single"])
     assert [r["step"] for r in ours] == [r["step"] for r in theirs]
     assert len(ours) >= 3 and len({k for r in ours for k in r}) > 5  # numbers to compare
     for mine, other in zip(ours, theirs):
@@ -263,7 +207,7 @@ def test_held_out_baselines_and_task_scores_count_every_host_s_rows(runs):
     majority baseline (from held_out_counts), the task and retrieval metrics of every dev row,
     and the best checkpoint chosen from them, the same on both processes and in the single one;
     the FLOP budget ends the pretraining run at one step everywhere."""
-    base, results, reference, _, _ = runs
+    base, results, reference = runs.base, runs.results, runs.reference
     assert [r["pretrain"]["summary"]["step"] for r in [*results, reference]] == [STEPS] * 3
     for name, keys in {
         "pretrain": ["eval/majority_baseline", "eval/perplexity"],
@@ -284,7 +228,7 @@ def test_held_out_baselines_and_task_scores_count_every_host_s_rows(runs):
 def test_two_processes_prepare_one_tokenizer_and_one_store(runs, gcs_bucket):
     """From a corpus, process 0 trains the tokenizer (into a URL workdir, or a local one) and
     both read it; the two processes of this host build one token store, not two."""
-    base, results, reference, _, _ = runs
+    base, results, reference = runs.base, runs.results, runs.reference
     for name, tokenizers, stores in (("phases", 1, 1), ("finetune", 1, 0), ("embed", 1, 0)):
         assert [r[name]["train_sentencepiece"] for r in results] == [tokenizers, 0], name
         assert sum(r[name]["prepare_store"] for r in results) == stores, name
@@ -305,11 +249,12 @@ def killed(runs, tmp_path_factory):
     """train.py resumes the stopped run as 2 processes; process 1 gets SIGKILL once the first
     resumed step is logged. (process 0's exit status, seconds from the kill to its exit, its
     log)."""
-    base, _, _, logs, stopped = runs
-    resumed_from = _saved_step(logs[0])
-    procs = _train_py(stopped, base, "killed", [f"--heartbeat_timeout_seconds={HEARTBEAT_S}"])
+    resumed_from = _saved_step(runs.logs[0])
+    heartbeat = [f"--heartbeat_timeout_seconds={HEARTBEAT_S}"]
+    stopped, logs = runs.stopped, runs.base / "killed"
+    procs = mp.start_train_py(RECIPE, runs.pretraining, stopped, logs, heartbeat)
     try:
-        _wait(lambda: max(_steps_logged(stopped)) > resumed_from, procs, "the resumed run")
+        mp.wait(lambda: max(mp.steps_logged(stopped)) > resumed_from, procs, "the resumed run")
         procs[1].send_signal(signal.SIGKILL)
         killed_at = time.time()
         code = procs[0].wait(timeout=HEARTBEAT_S + 60)
@@ -317,24 +262,24 @@ def killed(runs, tmp_path_factory):
     finally:
         for p in procs:
             p.kill()
-    return code, elapsed, (base / "killed0.log").read_text()
+    return code, elapsed, (runs.base / "killed0.log").read_text()
 
 
 def test_sigterm_to_one_process_stops_both_at_one_step(runs):
     """SIGTERM to process 1 only (process 0 is stepping on): both save the same step, which is
     the run's last checkpoint, and exit 0 (the pair's exit codes are checked in `runs`)."""
-    _, results, _, logs, stopped = runs
+    results, logs, stopped = runs.results, runs.logs, runs.stopped
     steps = [_saved_step(log) for log in logs]
     assert steps[0] == steps[1] and 1 <= steps[0] < STEPS
     assert [r["stopped"]["summary"]["stopped_by_signal"] for r in results] == [True, True]
     assert [r["stopped"]["summary"]["step"] for r in results] == steps
-    assert max(_checkpoints(stopped)) == steps[0]
+    assert max(mp.checkpoints(stopped)) == steps[0]
 
 
 def test_a_non_finite_loss_stops_both_processes_at_one_step(runs):
     """Diverging (learning rate 1e30, no skipping): both processes raise the same error, naming
     the same step, before the next collective (the run after it, ``stopped``, ran on)."""
-    _, results, _, _, _ = runs
+    results = runs.results
     errors = [r["nonfinite"].get("error") for r in results]
     assert errors[0] == errors[1] and errors[0][0] == "FloatingPointError", errors
     assert "non-finite loss or gradient at or before step" in errors[0][1]
@@ -360,8 +305,8 @@ def test_the_rerun_after_sigterm_and_sigkill_is_bitwise_the_uninterrupted_run(ru
     import jax
     import orbax.checkpoint as ocp
 
-    base, _, _, _, stopped = runs
-    procs = _train_py(stopped, base, "rerun")
+    base, stopped = runs.base, runs.stopped
+    procs = mp.start_train_py(RECIPE, runs.pretraining, stopped, base / "rerun")
     codes = [p.wait(timeout=300) for p in procs]
     assert codes == [0, 0], (base / "rerun0.log").read_text()[-3000:]
 
@@ -375,24 +320,16 @@ def test_the_rerun_after_sigterm_and_sigkill_is_bitwise_the_uninterrupted_run(ru
     ours, theirs = params(stopped), params(base / "pair-pretrain")
     assert len(jax.tree.leaves(ours)) > 20
     jax.tree.map(np.testing.assert_array_equal, ours, theirs)
-    assert _by_step(stopped) == _by_step(base / "pair-pretrain")
-
-
-def _by_step(workdir) -> dict:
-    """The logged numbers of each step (a rerun logs again from its checkpoint: the last wins)."""
-    merged = {}
-    for row in _metrics(workdir):
-        merged.setdefault(row["step"], {}).update(row)
-    return merged
+    assert mp.by_step(stopped) == mp.by_step(base / "pair-pretrain")
 
 
 def test_processes_started_with_different_configs_stop_naming_the_keys(runs):
     """A flag missing on one host: both processes stop before their first step (nothing is
     written), exit 2 (bad input), and say which key differs and what each process has."""
-    base, _, _, _, _ = runs
-    workdir = str(base / "mismatch")
-    each = {0: ["--config.optim.learning_rate=5e-4"]}
-    codes = [p.wait(timeout=120) for p in _train_py(workdir, base, "mismatch", each=each)]
+    base = runs.base
+    workdir, each = str(base / "mismatch"), {0: ["--config.optim.learning_rate=5e-4"]}
+    procs = mp.start_train_py(RECIPE, runs.pretraining, workdir, base / "mismatch", each=each)
+    codes = [p.wait(timeout=120) for p in procs]
     assert codes == [2, 2]  # bad input (bertjax/cli.py)
     for i in range(2):
         last = (base / f"mismatch{i}.log").read_text().strip().splitlines()[-1]

@@ -12,12 +12,16 @@ error's type and message), how often this process trained a tokenizer or built a
 and the CPU seconds the run took in this process.
 Around a run the process writes OUT_DIR/<name>.started and <name>.done. At the end the
 processes leave together (`processes.finish`), as train.py's do.
+
+Imported (tests/multiprocess_test.py): how the tier starts these workers and train.py as
+processes with N CPU devices each, waits on them, and reads what their runs wrote.
 """
 
 import functools
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -97,6 +101,95 @@ def main(spec_path, process_id, num_processes, port, out_dir) -> None:
             json.dump(results, f, indent=1)
         open(os.path.join(out_dir, f"{run['name']}.done"), "w").close()
     processes.finish()
+
+
+# ---- the test's side: starting processes, waiting on them, reading what they wrote ----
+
+
+def start(command: list, log_path, devices: int) -> subprocess.Popen:
+    """``command`` as a JAX process with ``devices`` CPU devices, its output in ``log_path`` (a
+    file: a pipe nobody reads would block the process)."""
+    from helpers import child_env, xla_flags
+
+    env = dict(child_env(), XLA_FLAGS=xla_flags(devices))
+    log = open(log_path, "w")
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def start_worker(runs: list, out, process_id: int, processes: int, port: int, devices: int):
+    """This script as process ``process_id`` of ``processes`` on ``runs``, writing into ``out``."""
+    spec = out / "spec.json"
+    spec.write_text(json.dumps(runs))
+    command = [sys.executable, __file__, spec, process_id, processes, port, out]
+    return start([str(c) for c in command], out / f"process{process_id}.log", devices)
+
+
+def start_train_py(recipe: str, settings: dict, workdir: str, logs, extra=(), each=None) -> list:
+    """train.py --multihost as 2 processes x 4 devices on ``recipe`` with ``settings`` (config
+    keys); ``extra`` flags for both, ``each`` ({process: flags}) for one. Logs: ``logs``0.log,
+    ``logs``1.log."""
+    from helpers import free_port
+
+    port = free_port()
+    flags = [f"--config.{k}={v}" for k, v in settings.items()]
+    procs = []
+    for i in range(2):
+        command = [
+            sys.executable, os.path.join(ROOT, "train.py"), f"--config={recipe}",
+            f"--workdir={workdir}", "--multihost", f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2", f"--process_id={i}", *flags, *extra, *(each or {}).get(i, []),
+        ]  # fmt: skip
+        procs.append(start(command, f"{logs}{i}.log", 4))
+    return procs
+
+
+def wait(predicate, procs, what: str, timeout: float = 600) -> None:
+    """Until ``predicate()``; fails when a process exits first or after ``timeout`` s."""
+    deadline = time.time() + timeout
+    while not predicate():
+        running = all(p.poll() is None for p in procs)
+        assert running and time.time() < deadline, f"{what}: processes exited or timed out"
+        time.sleep(0.2)
+
+
+def _gcs():
+    """gcsfs, its listings cache dropped: other processes write the bucket meanwhile."""
+    import fsspec
+
+    fs = fsspec.filesystem("gs")
+    fs.invalidate_cache()
+    return fs
+
+
+def steps_logged(workdir: str) -> list[int]:
+    """The steps in a gs:// workdir's metrics.jsonl so far ([0] before the first)."""
+    fs, path = _gcs(), f"{workdir}/metrics.jsonl"
+    if not fs.exists(path):
+        return [0]
+    return [json.loads(line)["step"] for line in fs.cat(path).decode().splitlines()] or [0]
+
+
+def checkpoints(workdir: str) -> list[int]:
+    """The complete checkpoint steps in a gs:// workdir (orbax's commit marker written)."""
+    done = _gcs().glob(f"{workdir}/checkpoints/*/state/commit_success.txt")
+    return sorted(int(path.split("/")[-3]) for path in done) or [0]
+
+
+def metrics(workdir) -> list[dict]:
+    """metrics.jsonl's rows, perf/* left out (timings)."""
+    from bertjax import paths
+
+    lines = paths.read_text(f"{workdir}/metrics.jsonl").splitlines()
+    rows = [json.loads(line) for line in lines]
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+
+
+def by_step(workdir) -> dict:
+    """The logged numbers of each step (a rerun logs again from its checkpoint: the last wins)."""
+    merged = {}
+    for row in metrics(workdir):
+        merged.setdefault(row["step"], {}).update(row)
+    return merged
 
 
 if __name__ == "__main__":
