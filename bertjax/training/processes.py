@@ -124,6 +124,15 @@ class _Group:
             return
         if self.index == 0:
             self.others_gone.wait(self.heartbeat_timeout + 10 * WATCH_INTERVAL_S)
+        self.leave()
+
+    def leave(self) -> None:
+        """Disconnects from the coordination service, then lets the watchdog end: a thread still
+        inside a call to the service when the interpreter exits aborts the process (C++ code
+        catches the forced unwind of the exiting thread)."""
+        self.finishing.set()
+        jax.distributed.shutdown()
+        self.watchdog.join(10 * WATCH_INTERVAL_S)
 
 
 _group: _Group | None = None
@@ -252,4 +261,4 @@ def finish(timeout_s: float = 600) -> None:
     group.client.wait_at_barrier("bertjax/finished", int(timeout_s * 1000))
     if group.index == 0:
         group.others_gone.wait(timeout_s)
-    jax.distributed.shutdown()
+    group.leave()
