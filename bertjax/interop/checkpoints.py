@@ -34,11 +34,15 @@ def tokenizer_meta(tokenizer) -> dict:
 
 
 def write_tokenizer(meta: dict, directory: str) -> str:
-    """Writes the tokenizer stored in a checkpoint's meta into ``directory``; returns its path."""
+    """Writes the tokenizer stored in a checkpoint's meta into ``directory``; returns its path.
+    Written whole, then renamed: the processes of a host share the cache directory, and one
+    reading while another writes found a truncated model ("has no [PAD] token")."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, meta["tokenizer_file"])
-    with open(path, "wb") as f:
+    partial = f"{path}.tmp-{os.getpid()}"
+    with open(partial, "wb") as f:
         f.write(base64.b64decode(meta["tokenizer_bytes"]))
+    os.replace(partial, path)
     return path
 
 
