@@ -152,7 +152,7 @@ def runs(tmp_path_factory, store, budget, corpus_files, gcs_bucket) -> Runs:
             out += [
                 dict(name="nonfinite", config=RECIPE,
                      set={**diverging, "budget_flops": 0.0, "num_train_steps": 4},
-                     workdir=str(base / "pair-nonfinite")),
+                     workdir=str(base / "pair-nonfinite"), expect_error="FloatingPointError"),
                 dict(name="stopped", config=RECIPE, set=pretraining, workdir=stopped),
             ]  # fmt: skip
         return out

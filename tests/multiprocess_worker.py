@@ -4,14 +4,15 @@ script by tests/multiprocess_test.py):
     python multiprocess_worker.py SPEC_JSON PROCESS_ID NUM_PROCESSES PORT OUT_DIR
 
 SPEC_JSON holds a list of runs, each ``{"name", "config": "configs/X.py:smoke", "set": {"a.b":
-value}, "workdir", "wait_for": path or null}``. With NUM_PROCESSES > 1 the process joins a
-localhost run as train.py --multihost does (`bertjax.training.processes.initialize`); its devices
-come from XLA_FLAGS. Each run is `trainer.train_and_evaluate`, as in train.py; what each process
-saw is written to OUT_DIR/process<ID>.json after every run: its summary, whether it raised (the
-error's type and message), how often this process trained a tokenizer or built a token store,
-and the CPU seconds the run took in this process.
-Around a run the process writes OUT_DIR/<name>.started and <name>.done. At the end the
-processes leave together (`processes.finish`), as train.py's do.
+value}, "workdir", "wait_for": path or null, "expect_error": an exception's name or null}``.
+With NUM_PROCESSES > 1 the process joins a localhost run as train.py --multihost does
+(`bertjax.training.processes.initialize`); its devices come from XLA_FLAGS. Each run is
+`trainer.train_and_evaluate`, as in train.py (an error other than the expected one ends the
+process as it ends train.py's, the others told). What each process saw is written to
+OUT_DIR/process<ID>.json after every run: its summary, whether it raised (the error's type and
+message), how often this process trained a tokenizer or built a token store, and the CPU seconds
+the run took in this process. Around a run the process writes OUT_DIR/<name>.started and
+<name>.done. At the end the processes leave together (`processes.finish`), as train.py's do.
 
 Imported (tests/multiprocess_test.py): how the tier starts these workers and train.py as
 processes with N CPU devices each, waits on them, and reads what their runs wrote.
@@ -85,12 +86,14 @@ def main(spec_path, process_id, num_processes, port, out_dir) -> None:
         for name, module in counted.items():
             _counted(module, name, calls)
         open(os.path.join(out_dir, f"{run['name']}.started"), "w").close()
-        result, start = {}, resource.getrusage(resource.RUSAGE_SELF)
+        result, start, unexpected = {}, resource.getrusage(resource.RUSAGE_SELF), None
         try:
             summary = trainer.train_and_evaluate(_config(run), run["workdir"])
             result["summary"] = {k: _plain(v) for k, v in summary.items()}
         except Exception as error:  # recorded: the test asserts which runs fail, and how
             result["error"] = [type(error).__name__, str(error)]
+            if type(error).__name__ != run.get("expect_error"):
+                unexpected = error
         finally:
             for name, module in counted.items():
                 setattr(module, name, getattr(module, name).__wrapped__)
@@ -99,6 +102,9 @@ def main(spec_path, process_id, num_processes, port, out_dir) -> None:
         results[run["name"]] = {**result, **calls, "cpu_s": round(cpu, 1)}
         with open(os.path.join(out_dir, f"process{process_id}.json"), "w") as f:
             json.dump(results, f, indent=1)
+        if unexpected is not None:  # the others stop too (naming this process), as train.py's
+            processes.on_error(unexpected)
+            raise unexpected
         open(os.path.join(out_dir, f"{run['name']}.done"), "w").close()
     processes.finish()
 
