@@ -4,6 +4,10 @@ With no arguments it runs the embedded default (configs/bert_tiny.py): BERT-tiny
 SentencePiece trained on the built-in corpus, MLM + NSP, on whatever devices JAX sees.
 Override any config key on the command line: --config.optim.learning_rate=5e-4; switching the
 objective (--config.loss.objective=distill) makes its settings keys (--config.loss.temperature=3).
+Several processes (a TPU pod slice, GPU hosts): run the same command on every host with
+--multihost; JAX finds Cloud TPU, SLURM, Open MPI and Kubernetes jobs by itself, elsewhere give
+--coordinator_address (or JAX_COORDINATOR_ADDRESS), --num_processes and --process_id
+(README: "Cloud storage, TPU pods and clusters").
 On Linux it first restarts itself with glibc malloc on transparent huge pages
 (bertjax/training/runtime.py; ~1.3-1.5x faster steps on CPU; BERTJAX_HUGEPAGE_MALLOC=0 turns it
 off).
@@ -30,6 +34,7 @@ if __name__ == "__main__":
     check_config_overrides(sys.argv, DEFAULT_CONFIG)  # before config_flags applies them
 
 from bertjax import cli  # noqa: E402 (after the re-exec)
+from bertjax.training.processes import HEARTBEAT_TIMEOUT_S  # noqa: E402
 from bertjax.training.run_config import define_config_flag  # noqa: E402
 
 # config_flags' locked --config file flag; the recipe comes ready for the objective that
@@ -43,7 +48,25 @@ _WORKDIR = flags.DEFINE_string(
     "Directory or URL (gs://, s3://, file://) for the tokenizer, checkpoints and metrics.",
 )
 _MULTIHOST = flags.DEFINE_bool(
-    "multihost", False, "Call jax.distributed.initialize() first (TPU pods, SLURM GPU clusters)."
+    "multihost", False, "Join a run of several JAX processes (one per host) first."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "--multihost: HOST:PORT of process 0 (default: JAX_COORDINATOR_ADDRESS, else the cluster "
+    "JAX detects: Cloud TPU, SLURM, Open MPI, Kubernetes).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "--multihost: how many processes the run has (default: detected)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "--multihost: this process's index, 0 to num_processes - 1."
+)
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds",
+    HEARTBEAT_TIMEOUT_S,
+    "--multihost: seconds without a heartbeat before a process counts as lost and the others "
+    "stop (JAX's default is 100).",
 )
 
 
@@ -54,19 +77,36 @@ def main(argv):
 
     if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
         logging.set_verbosity(logging.WARNING)
+    from bertjax.training import processes
+
     if _MULTIHOST.value:
-        jax.distributed.initialize()
+        try:
+            processes.initialize(
+                _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
+            )
+        except processes.LaunchError as error:
+            cli.fail(str(error))
+    elif any(flag.present for flag in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID)):
+        cli.fail("--coordinator_address, --num_processes, --process_id need --multihost")
     from bertjax import trainer
 
     logging.info("devices: %s", jax.devices())
     with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
-        summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        try:
+            summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        except processes.MismatchError:  # raised by every process: they leave together
+            processes.finish()
+            raise
+        except Exception as error:  # the others stop too, naming this process or a lost one
+            processes.on_error(error)
+            raise
     if jax.process_index() == 0:
         from bertjax.objectives import headline_metrics
 
         held_out = tuple(f"eval/{name}" for name in headline_metrics(_CONFIG.value))
         keys = ("step", "train/loss", *held_out, "perf/tokens_per_second", "perf/mfu")
-        print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
+        print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2), flush=True)
+    processes.finish()  # the processes leave together
 
 
 if __name__ == "__main__":

@@ -194,6 +194,7 @@ def s3_bucket():
 # is the longest-processing-time rule. A module missing here only runs later.
 HEAVIEST_FIRST = (
     "configs_test",
+    "multiprocess_test",
     "phases_test",
     "readme_test",
     "real_checkpoint_test",
@@ -210,7 +211,6 @@ HEAVIEST_FIRST = (
     "modernbert_test",
     "moe_test",
     "remote_workdir_test",
-    "multiprocess_test",
     "distill_test",
     "pert_test",
     "sharding_test",

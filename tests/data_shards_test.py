@@ -1,24 +1,18 @@
 """Sharded stores: prepared on Beam's local runner (2 worker processes) into the GCS emulator,
 read per host by byte ranges; batches equal the local store's; bad stores stop with one message
-naming the file; a rerun prepare job keeps finished shards; 64-bit token addressing."""
+naming the file; a rerun prepare job keeps finished shards; 64-bit token addressing. (Two
+processes training from a sharded store, killed and resumed: tests/multiprocess_test.py.)"""
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import zlib
 
 import fsspec
 import numpy as np
 import pytest
-import store_worker
-from helpers import child_env as _child_env
-from helpers import final_params as _final_params
-from helpers import free_port as _free_port
 
-from bertjax import paths, trainer
+from bertjax import trainer
 from bertjax.data import make_pipeline, mixture
 from bertjax.data.plans import piece_plans
 from bertjax.data.store import beam_prepare, mds_import, shard_reader
@@ -63,78 +57,6 @@ def prepared(tmp_path_factory, gcs_bucket, small_spm):
     fs, path = fmt.filesystem(url)
     fs.get(path, local, recursive=True)
     return config, url, local
-
-
-TRAIN_STEPS = 30  # a checkpoint at 15; the kill lands before 30 (a tiny step is ~0.05 s)
-
-
-def _worker(process_id, processes, devices, workdir, store, config, port=0):
-    """A store_worker.py command and its environment (its output goes to a file: a pipe that
-    nobody reads would block it)."""
-    env = dict(_child_env(), **{store_worker.CORPUS_ENV: config.data.corpus})
-    spm = config.data.tokenizer_model
-    args = [port, process_id, processes, devices, workdir, store, spm, TRAIN_STEPS]
-    return [sys.executable, store_worker.__file__, *map(str, args)], env
-
-
-@pytest.fixture(scope="module")
-def killed_and_resumed(prepared, tmp_path_factory):
-    """Two processes (one device each) train from the gs:// store and are killed with SIGKILL
-    after their first checkpoint; one process with two devices resumes them. Beside it, one
-    uninterrupted process trains on a local copy of the same store."""
-    config, url, local = prepared
-    workdir = f"{url}-run"
-    port = _free_port()
-    procs = []
-    for i in range(2):
-        command, env = _worker(i, 2, 1, workdir, url, config, port)
-        log = open(tmp_path_factory.getbasetemp() / f"store_worker_{i}.log", "w")
-        procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
-    half = TRAIN_STEPS // 2
-    done = [f"{workdir}/checkpoints/{half}/{item}/commit_success.txt" for item in ("state", "meta")]
-    deadline = time.time() + 400
-    try:
-        while not all(paths.exists(p) for p in done):
-            running = all(p.poll() is None for p in procs) and time.time() < deadline
-            assert running, (tmp_path_factory.getbasetemp() / "store_worker_0.log").read_text()
-            time.sleep(0.5)
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-    assert not paths.exists(f"{workdir}/checkpoints/{TRAIN_STEPS}/state/commit_success.txt")
-    reference = str(tmp_path_factory.mktemp("local_store_run"))
-    runs = []
-    for where, store in ((workdir, url), (reference, local)):
-        command, env = _worker(0, 1, 2, where, store, config)
-        log = tmp_path_factory.getbasetemp() / f"store_worker_{len(runs)}.log"
-        runs.append((subprocess.Popen(command, env=env, stdout=open(log, "w"),
-                                      stderr=subprocess.STDOUT), log))  # fmt: skip
-    for run, log in runs:
-        assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
-    return workdir, reference
-
-
-def test_a_killed_two_process_store_run_resumes_on_one_process(killed_and_resumed):
-    """The batches are the same whatever the process count and copy of the store (the tests
-    below), so the resumed run ends where the uninterrupted run on the local copy does; only the
-    reduction order of the two-process steps (gloo) differs, hence a tolerance, not equality."""
-    workdir, reference = killed_and_resumed
-    import jax
-
-    metrics = [
-        json.loads(line) for line in paths.read_text(f"{workdir}/metrics.jsonl").splitlines()
-    ]
-    local = [json.loads(line) for line in open(os.path.join(reference, "metrics.jsonl"))]
-    loss = {r["step"]: r["train/loss"] for r in local if "train/loss" in r}
-    resumed = {r["step"]: r["train/loss"] for r in metrics if "train/loss" in r}
-    assert sorted(resumed) == sorted(loss) == list(range(1, TRAIN_STEPS + 1))
-    np.testing.assert_allclose([resumed[s] for s in loss], list(loss.values()), rtol=1e-4)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5),
-        _final_params(reference, TRAIN_STEPS),
-        _final_params(workdir, TRAIN_STEPS),
-    )
 
 
 def _batches(config, store, steps, index, count):

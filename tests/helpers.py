@@ -1,7 +1,7 @@
 """Helpers shared by several test modules (one place, instead of test modules importing each
 other's private helpers): train.py subprocess runs on a shrunken recipe, the Hugging Face parity
-helpers, and a small Chinese corpus. The step tests' tiny setup lives in two_process_worker.py,
-which is also the two-process worker script."""
+helpers, and a small Chinese corpus. The step tests' tiny setup lives in two_process_worker.py
+(a name from when it was also the two-process worker script)."""
 
 import contextlib
 import json

@@ -1,99 +1,381 @@
-"""Two processes x 2 CPU devices (jax.distributed on localhost) match one process with 4 devices."""
+"""The multi-process tier: real JAX processes on this machine (jax.distributed on localhost,
+gloo collectives), 2 processes x 4 CPU devices against 1 process x 8.
 
+One pair of processes (tests/multiprocess_worker.py: train.py's code, several runs in a row)
+runs pretraining from a sharded store on gs:// (the GCS emulator), a two-phase recipe whose
+tokenizer and token store the processes prepare from a corpus, fine-tuning with task metrics and
+a best checkpoint, embeddings with in-batch negatives from the whole mesh, distillation from the
+pretrained teacher, a run that diverges, and the same pretraining again, during which process 1
+alone gets SIGTERM. One process with 8 devices runs the same list beside it (less the last two).
+Then train.py
+itself, as 2 processes: the stopped run resumed and process 1 killed with SIGKILL; resumed again
+to its end, bitwise the uninterrupted run; and started with a flag missing on one process.
+"""
+
+import dataclasses
 import json
 import os
-import pathlib
+import signal
 import subprocess
 import sys
+import time
 
-import jax
+import multiprocess_worker as mp
 import numpy as np
 import pytest
-import two_process_worker as worker
-from helpers import child_env as _child_env
-from helpers import free_port as _free_port
+from helpers import child_env, free_port
 
-from bertjax.training import sharding
+from bertjax import paths
 
-pytestmark = pytest.mark.slow  # end-to-end runs
+pytestmark = pytest.mark.slow
 
-WORKER = pathlib.Path(worker.__file__).resolve()
-REPO = WORKER.parent.parent
-TIMEOUT_S = 240
-
-
-def _start_two_processes(out_path: pathlib.Path, workdir: str) -> list:
-    port = _free_port()
-    return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i), "2", str(out_path), workdir],
-            cwd=REPO,
-            env=_child_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
+ROOT = mp.ROOT
+RECIPE = "configs/bert_tiny.py:smoke"
+STEPS, EVERY = 12, 4  # the pretraining run; a checkpoint every 4 steps, held-out metrics at 6, 12
+HEARTBEAT_S = 5  # the SIGKILL run's heartbeat timeout (train.py's default: 30 s)
+QUICK = {"peak_flops_per_device": 1e12}  # no CPU matmul peak measured at start (~1 s)
 
 
-def _wait(procs: list, out_path: pathlib.Path) -> tuple[bool, str]:
-    logs, ok = [], True
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            logs.append(proc.communicate()[0])
-            ok = False
-        ok = ok and proc.returncode == 0
-    return ok and out_path.exists(), "\n".join(log[-3000:] for log in logs)
-
-
-def _one_process_losses() -> list:
-    mesh = sharding.make_mesh(worker.step_config(data=-1).mesh, jax.devices()[:4])
-    assert sharding.process_batch_rows(mesh, worker.BATCH) == slice(0, worker.BATCH)
-    return worker.train_losses(mesh)
+def _pretraining(store: str, budget: float) -> dict:
+    """configs/bert_tiny.py:smoke from the sharded store, for a FLOP budget of STEPS steps."""
+    return {
+        **QUICK,
+        "data.store": store,
+        "budget_flops": budget,
+        "checkpoint_every": EVERY,
+        "eval_every": STEPS // 2,
+        "eval_batches": 2,
+    }
 
 
 @pytest.fixture(scope="module")
-def losses(tmp_path_factory, gcs_bucket):
-    """(two-process result, one-process losses, the shared workdir); the reference runs while
-    the workers do. Both workers also train into one gs:// workdir (the local GCS emulator).
+def budget(small_spm) -> float:
+    """config.budget_flops that buys STEPS steps of the pretraining run (as cramming counts it:
+    the trainer's FLOPs per sequence times the rows), so the run's end is a budget's end."""
+    from bertjax import objectives, trainer
+    from bertjax.data.tokenizer import Tokenizer
+    from bertjax.training.metrics import train_flops_per_sequence
+    from bertjax.training.run_config import model_config
 
-    One retry with a fresh port covers a port taken between choosing and binding it.
-    """
-    log, reference = "", None
-    for attempt in range(2):
-        out_path = tmp_path_factory.mktemp(f"two_process_{attempt}") / "result.json"
-        workdir = f"{gcs_bucket}/two_processes_{attempt}"
-        procs = _start_two_processes(out_path, workdir)
-        try:
-            reference = reference or _one_process_losses()
-        finally:
-            ok, log = _wait(procs, out_path)
-        if ok:
-            return json.loads(out_path.read_text()), reference, workdir
-    pytest.fail(f"two-process run failed twice; last logs:\n{log}")
+    config = trainer.load_config_file(os.path.join(ROOT, RECIPE))
+    length, objective = int(config.data.max_seq_length), objectives.make_objective(config)
+    per_sequence = objective.train_flops_per_sequence(
+        model_config(config, Tokenizer(small_spm)), length, config.data.mask_rate * length,
+        int(config.data.max_predictions), train_flops_per_sequence,
+    )  # fmt: skip
+    return (STEPS * config.batch_size - 0.5) * per_sequence
 
 
-def test_two_processes_match_one_process_with_four_devices(losses):
-    result, reference, _ = losses
-    assert result["devices"] == 4 and result["local_devices"] == 2
-    assert result["rows"] == [0, worker.BATCH // 2]  # process 0 fed only its half
-    # fp32, same global batch; only the collectives' (gloo vs in-process) reduction order differs.
-    np.testing.assert_allclose(result["losses"], reference, rtol=1e-5)
-    assert reference[0] != reference[1]  # two different batches were really trained on
+@pytest.fixture(scope="module")
+def corpus_files(tmp_path_factory) -> str:
+    """240 built-in documents in 4 files (a glob)."""
+    from bertjax.data.text import corpus
+
+    root = tmp_path_factory.mktemp("mp_corpus")
+    docs = [doc for _, (_, doc) in zip(range(240), corpus.iter_documents("builtin"))]
+    for i in range(4):
+        (root / f"part{i}.txt").write_text("\n\n".join("\n".join(d) for d in docs[i::4]) + "\n")
+    return str(root / "part*.txt")
 
 
-def test_two_processes_share_one_url_workdir_and_one_writes_the_shared_files(losses):
-    from bertjax import paths
+@pytest.fixture(scope="module")
+def store(gcs_bucket, small_spm, corpus_files):
+    """A sharded store of the corpus files on gs://, written by the units python -m
+    bertjax.data.prepare runs on Beam (shard_writer, here without an engine), with the
+    session's 400-piece tokenizer."""
+    from bertjax import trainer
+    from bertjax.data.store import beam_prepare, shard_writer
 
-    result, _, workdir = losses
-    assert result["shared_workdir_step"] == 4
-    metrics = paths.read_text(f"{workdir}/metrics.jsonl").splitlines()
-    assert [json.loads(line)["step"] for line in metrics] == [2, 4]  # one writer, not two
-    assert paths.isfile(f"{workdir}/tokenizer/spm.model")  # process 0's, read by both
-    assert paths.isfile(f"{workdir}/checkpoints/4/state/commit_success.txt")
-    assert not {"gs:"} & set(os.listdir(REPO))
+    config = trainer.default_run_config()
+    config.data.corpus, config.data.tokenizer_model = corpus_files, small_spm
+    config.data.heldout_fraction = 0.1
+    config.data.shard_bytes, config.data.block_tokens = 16 << 10, 256
+    url = f"{gcs_bucket}/mp_store"
+    items = shard_writer.work_items(config.data)
+    spec = beam_prepare.make_spec(config, url, items)
+    tokenizer = shard_writer.local_tokenizer(spec)
+    shard_writer.write_manifest(
+        [shard_writer.prepare_item(spec, i, tokenizer) for i in items], spec
+    )
+    return url
+
+
+@dataclasses.dataclass
+class Runs:
+    """What the `runs` fixture leaves: where, what each process saw, the pair's logs."""
+
+    base: object  # the tmp directory of the runs' local workdirs and logs
+    results: list  # each pair process's multiprocess_worker.py results
+    reference: dict  # the single process's
+    logs: list  # each pair process's output
+    stopped: str  # the stopped run's workdir (gs://)
+    pretraining: dict  # its config keys (and the pretraining run's)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, store, budget, corpus_files, gcs_bucket) -> Runs:
+    """The pair's and the single process's runs (see the module docstring); the pair's last run,
+    ``stopped``, gets SIGTERM to process 1 once it logged its first step."""
+    base = tmp_path_factory.mktemp("multiprocess")
+    (base / "pair").mkdir()
+    (base / "single").mkdir()
+    pretraining = _pretraining(store, budget)
+
+    def planned(side: str) -> list:
+        """The runs of one side ("pair" or "single"), in order."""
+        teacher = base / "pair-pretrain"
+        out = [
+            dict(name="pretrain", config=RECIPE, set=pretraining),
+            dict(name="phases", config="configs/phases_tiny.py:smoke",
+                 set={**QUICK, "phase_order": ["pretrain", "extend"], "data.corpus": corpus_files,
+                      "data.cache_dir": str(base / f"{side}-cache")}),
+            dict(name="finetune", config="configs/finetune_glue.py:smoke",
+                 set={**QUICK, "task.source": "builtin:stdlib_word_order", "loss.num_labels": 2,
+                      "task.train_examples": 512, "num_train_steps": 4, "eval_every": 2,
+                      "eval_batches": 4}),
+            dict(name="embed", config="configs/embed_tiny.py:smoke",
+                 set={**QUICK, "eval_batches": 4}),
+            dict(name="distill", config="configs/distilbert.py:smoke",
+                 set={**QUICK, "loss.teacher": str(teacher)},
+                 wait_for=str(base / "pair" / "pretrain.done")),
+        ]  # fmt: skip
+        for run in out:  # the phases run's tokenizer goes through a URL workdir
+            local = str(base / f"{side}-{run['name']}")
+            run["workdir"] = f"{gcs_bucket}/{side}-phases" if run["name"] == "phases" else local
+        if side == "pair":
+            diverging = {
+                **pretraining,
+                "optim.learning_rate": 1e30,
+                "skip_nonfinite_updates": False,
+            }
+            stopped = f"{gcs_bucket}/stopped"
+            out += [
+                dict(name="nonfinite", config=RECIPE,
+                     set={**diverging, "budget_flops": 0.0, "num_train_steps": 4},
+                     workdir=str(base / "pair-nonfinite"), expect_error="FloatingPointError"),
+                dict(name="stopped", config=RECIPE, set=pretraining, workdir=stopped),
+            ]  # fmt: skip
+        return out
+
+    port = free_port()
+    pair = [mp.start_worker(planned("pair"), base / "pair", i, 2, port, 4) for i in range(2)]
+    single = mp.start_worker(planned("single"), base / "single", 0, 1, 0, 8)
+    stopped = f"{gcs_bucket}/stopped"
+    try:
+        mp.wait(lambda: (base / "pair" / "stopped.started").exists(), pair, "the pair's runs")
+        mp.wait(lambda: max(mp.steps_logged(stopped)) >= 1, pair, "the stopped run")
+        pair[1].send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=600) for p in pair]
+        assert single.wait(timeout=600) == 0, (base / "single/process0.log").read_text()[-3000:]
+    finally:
+        for p in [*pair, single]:
+            p.kill()
+    logs = [(base / "pair" / f"process{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
+    results = [json.loads((base / "pair" / f"process{i}.json").read_text()) for i in range(2)]
+    reference = json.loads((base / "single" / "process0.json").read_text())
+    return Runs(base, results, reference, logs, stopped, pretraining)
+
+
+@pytest.mark.parametrize("name", ["pretrain", "phases", "finetune", "embed", "distill"])
+def test_two_processes_log_what_one_process_logs(runs, gcs_bucket, name):
+    """Every logged number but perf/* (held-out baselines, task and retrieval metrics included)
+    equals the single process's to 1e-5 (and 1e-8 absolute: a distillation KL of ~1e-4 is a
+    difference of near-equal float32 terms), and each process of the pair ends with the same
+    summary (process 0 writes it)."""
+    base, results, reference = runs.base, runs.results, runs.reference
+    for result in [*results, reference]:
+        assert "error" not in result[name], result[name]["error"]
+    side = {s: f"{base}/{s}-{name}" for s in ("pair", "single")}
+    if name == "phases":
+        side = {s: f"{gcs_bucket}/{s}-phases" for s in ("pair", "single")}
+    ours, theirs = mp.metrics(side["pair"]), mp.metrics(side["single"])
+    assert [r["step"] for r in ours] == [r["step"] for r in theirs]
+    assert len(ours) >= 3 and len({k for r in ours for k in r}) > 5  # numbers to compare
+    for mine, other in zip(ours, theirs):
+        assert mine.keys() == other.keys(), mine["step"]
+        np.testing.assert_allclose(
+            [mine[k] for k in sorted(mine)], [other[k] for k in sorted(mine)], rtol=1e-5,
+            atol=1e-8, err_msg=f"{name} step {mine['step']}: {sorted(mine)}",
+        )  # fmt: skip
+    summaries = [{k: v for k, v in r[name]["summary"].items() if "perf/" not in k} for r in results]
+    assert summaries[0] == summaries[1]
+
+
+def test_held_out_baselines_and_task_scores_count_every_host_s_rows(runs):
+    """The numbers a host computes from its own rows are summed over the processes: the MLM
+    majority baseline (from held_out_counts), the task and retrieval metrics of every dev row,
+    and the best checkpoint chosen from them, the same on both processes and in the single one;
+    the FLOP budget ends the pretraining run at one step everywhere."""
+    base, results, reference = runs.base, runs.results, runs.reference
+    assert [r["pretrain"]["summary"]["step"] for r in [*results, reference]] == [STEPS] * 3
+    for name, keys in {
+        "pretrain": ["eval/majority_baseline", "eval/perplexity"],
+        "finetune": ["eval/accuracy", "eval/f1", "eval/matthews"],
+        "embed": ["eval/ndcg@10", "eval/mrr@10"],
+    }.items():
+        ours = [results[i][name]["summary"] for i in range(2)]
+        for key in keys:
+            assert ours[0][key] == ours[1][key], (name, key)
+            np.testing.assert_allclose(ours[0][key], reference[name]["summary"][key], rtol=1e-5)
+    best = [
+        json.loads(open(f"{base}/{s}-finetune/best/best.json").read()) for s in ("pair", "single")
+    ]
+    assert best[0]["step"] == best[1]["step"] and best[0]["metric"] == best[1]["metric"]
+    assert os.path.isfile(f"{base}/pair-finetune/best/dev_predictions.tsv")
+
+
+def test_two_processes_prepare_one_tokenizer_and_one_store(runs, gcs_bucket):
+    """From a corpus, process 0 trains the tokenizer (into a URL workdir, or a local one) and
+    both read it; the two processes of this host build one token store, not two."""
+    base, results, reference = runs.base, runs.results, runs.reference
+    for name, tokenizers, stores in (("phases", 1, 1), ("finetune", 1, 0), ("embed", 1, 0)):
+        assert [r[name]["train_sentencepiece"] for r in results] == [tokenizers, 0], name
+        assert sum(r[name]["prepare_store"] for r in results) == stores, name
+        assert reference[name]["train_sentencepiece"] == tokenizers
+    assert paths.isfile(f"{gcs_bucket}/pair-phases/tokenizer/spm.model")
+    stores = os.listdir(base / "pair-cache" / "stores")
+    assert len([s for s in stores if not s.endswith(".lock")]) == 1, stores
+
+
+def _saved_step(log: str) -> int:
+    lines = [line for line in log.splitlines() if "saved step" in line]
+    assert len(lines) == 1, log[-3000:]
+    return int(lines[0].split("saved step ")[1].split(",")[0])
+
+
+@pytest.fixture(scope="module")
+def killed(runs, tmp_path_factory):
+    """train.py resumes the stopped run as 2 processes; process 1 gets SIGKILL once the first
+    resumed step is logged. (process 0's exit status, seconds from the kill to its exit, its
+    log)."""
+    resumed_from = _saved_step(runs.logs[0])
+    heartbeat = [f"--heartbeat_timeout_seconds={HEARTBEAT_S}"]
+    stopped, logs = runs.stopped, runs.base / "killed"
+    procs = mp.start_train_py(RECIPE, runs.pretraining, stopped, logs, heartbeat)
+    try:
+        mp.wait(lambda: max(mp.steps_logged(stopped)) > resumed_from, procs, "the resumed run")
+        procs[1].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        code = procs[0].wait(timeout=HEARTBEAT_S + 60)
+        elapsed = time.time() - killed_at
+    finally:
+        for p in procs:
+            p.kill()
+    return code, elapsed, (runs.base / "killed0.log").read_text()
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step(runs):
+    """SIGTERM to process 1 only (process 0 is stepping on): both save the same step, which is
+    the run's last checkpoint, and exit 0 (the pair's exit codes are checked in `runs`)."""
+    results, logs, stopped = runs.results, runs.logs, runs.stopped
+    steps = [_saved_step(log) for log in logs]
+    assert steps[0] == steps[1] and 1 <= steps[0] < STEPS
+    assert [r["stopped"]["summary"]["stopped_by_signal"] for r in results] == [True, True]
+    assert [r["stopped"]["summary"]["step"] for r in results] == steps
+    assert max(mp.checkpoints(stopped)) == steps[0]
+
+
+def test_a_non_finite_loss_stops_both_processes_at_one_step(runs):
+    """Diverging (learning rate 1e30, no skipping): both processes raise the same error, naming
+    the same step, before the next collective (the run after it, ``stopped``, ran on)."""
+    results = runs.results
+    errors = [r["nonfinite"].get("error") for r in results]
+    assert errors[0] == errors[1] and errors[0][0] == "FloatingPointError", errors
+    assert "non-finite loss or gradient at or before step" in errors[0][1]
+    assert all("error" not in r["stopped"] for r in results)
+
+
+def test_a_killed_process_stops_the_other_in_bounded_time_naming_it(killed):
+    """SIGKILL of process 1: process 0 exits (status 3) within the heartbeat timeout, with one
+    line naming the lost process and what to do, instead of JAX's abort and stack dump."""
+    code, elapsed, log = killed
+    assert code == 3, log[-3000:]
+    assert elapsed < HEARTBEAT_S + 20, elapsed
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, log[-3000:]
+    assert errors[0].startswith("error: process 1 of 2 (") and "left the run" in errors[0]
+    assert "Rerun the same command on every host" in errors[0]
+    assert "Check failure stack trace" not in log and "Traceback" not in log
+
+
+def test_the_rerun_after_sigterm_and_sigkill_is_bitwise_the_uninterrupted_run(runs, killed):
+    """train.py resumes the twice-interrupted run to its end: the final params equal the
+    uninterrupted pair's bit for bit, and so does every number logged after the resumes."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    base, stopped = runs.base, runs.stopped
+    procs = mp.start_train_py(RECIPE, runs.pretraining, stopped, base / "rerun")
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0, 0], (base / "rerun0.log").read_text()[-3000:]
+
+    def params(workdir):
+        checkpointer = ocp.PyTreeCheckpointer()
+        path = f"{workdir}/checkpoints/{STEPS}/state"
+        meta = checkpointer.metadata(path).item_metadata.tree
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+        return checkpointer.restore(path, restore_args=as_numpy)["params"]
+
+    ours, theirs = params(stopped), params(base / "pair-pretrain")
+    assert len(jax.tree.leaves(ours)) > 20
+    jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+    assert mp.by_step(stopped) == mp.by_step(base / "pair-pretrain")
+
+
+def test_processes_started_with_different_configs_stop_naming_the_keys(runs):
+    """A flag missing on one host: both processes stop before their first step (nothing is
+    written), exit 2 (bad input), and say which key differs and what each process has."""
+    base = runs.base
+    workdir, each = str(base / "mismatch"), {0: ["--config.optim.learning_rate=5e-4"]}
+    procs = mp.start_train_py(RECIPE, runs.pretraining, workdir, base / "mismatch", each=each)
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [2, 2]  # bad input (bertjax/cli.py)
+    for i in range(2):
+        last = (base / f"mismatch{i}.log").read_text().strip().splitlines()[-1]
+        assert last.startswith("error: the 2 processes were started with different configs")
+        assert "config.optim.learning_rate: process 0: 0.0005, process 1: 0.0014" in last
+    assert not os.path.exists(f"{workdir}/checkpoints")
+
+
+def test_multihost_without_a_cluster_or_coordinator_says_what_to_give(tmp_path):
+    """Where JAX detects no cluster (this machine), --multihost alone stops with one line naming
+    the flags to give."""
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "--multihost",
+        f"--workdir={tmp_path}",
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --multihost could not join a run")
+    assert "--coordinator_address=HOST:PORT" in last and "--num_processes" in last
+
+
+SIGINT_SCRIPT = """
+import os, signal, sys, time
+from bertjax.training import processes
+from bertjax.training.stopping import StopRequests
+processes.initialize(f"127.0.0.1:{sys.argv[1]}", 1, 0)
+stop = StopRequests()
+os.kill(os.getpid(), signal.SIGINT)
+step = 0
+while not stop.reached(step):
+    step += 1
+    time.sleep(0.01)
+print("stopped at", step, "synced", stop.synced)
+processes.finish()
+"""
+
+
+def test_ctrl_c_goes_through_jax_s_preemption_sync_like_sigterm():
+    """Under --multihost, SIGINT is handed to JAX's notifier as a SIGTERM of the process (so
+    Ctrl-C on one host stops all, as SIGTERM does in the tests above): here one process, whose
+    sync point comes a few steps after the signal."""
+    command = [sys.executable, "-c", SIGINT_SCRIPT, str(free_port())]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    words = result.stdout.split()
+    assert words[:2] == ["stopped", "at"] and int(words[2]) > 0 and words[-1] == "True"

@@ -9,6 +9,9 @@ installed one); every ``python train.py`` and ``python -m bertjax.glue`` command
 session's 400-piece tokenizer, one GLUE task); ``glue_data`` is a fixture GLUE directory
 (tests/glue_fixtures.py). Python blocks are complete programs and run unchanged. Blocks that
 chain (fine-tuning and GLUE from the default job's workdir) share the copy's ``workdir/``.
+A command ending in ``&`` runs in the background until the block's ``wait`` (the processes of
+one multi-process run); its ``--coordinator_address=localhost:PORT`` gets a free port instead,
+since other test runs may share the machine.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import sys
 
 import pytest
 from glue_fixtures import write_glue_dir
-from helpers import xla_flags
+from helpers import free_port, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -120,6 +123,10 @@ def shell_commands(text: str) -> list[list[str]]:
 
 def shrunken(argv: list[str], spm: str) -> list[str] | None:
     """The command the test runs for one README command (None: skipped, an install)."""
+    if argv == ["wait"]:
+        return argv
+    if argv[-1] == "&":  # in the background: shrunk the same way
+        return [*shrunken(argv[:-1], spm), "&"]
     if argv[0] == "pip":
         assert argv[1] == "install", argv
         return None
@@ -166,15 +173,54 @@ class ReadmeRunner:
         else:
             assert block.language in ("bash", "sh"), block.language
             commands = [shrunken(c, self.spm) for c in shell_commands(block.text)]
-        out = []
+        out, background, port = [], [], free_port()
         for command in filter(None, commands):
-            result = subprocess.run(
-                command, cwd=self.root, env=_env(), capture_output=True, text=True, timeout=600
-            )
-            out.append((command, result))
-            if result.returncode:
+            command = [_free_coordinator(a, port) for a in command]
+            if command == ["wait"]:
+                out.extend(_finished(c, proc, log) for c, proc, log in background)
+                background = []
+            elif command[-1] == "&":
+                log = os.path.join(self.root, f"readme_block_{i}_{len(background)}")
+                with open(f"{log}.out", "w") as out_file, open(f"{log}.err", "w") as err_file:
+                    proc = subprocess.Popen(
+                        command[:-1], cwd=self.root, env=_env(), stdout=out_file,
+                        stderr=err_file, text=True,
+                    )  # fmt: skip
+                background.append((command[:-1], proc, log))
+                continue
+            else:
+                out.append(
+                    (
+                        command,
+                        subprocess.run(
+                            command, cwd=self.root, env=_env(), capture_output=True, text=True,
+                            timeout=600,
+                        ),
+                    )
+                )  # fmt: skip
+            if any(result.returncode for _, result in out):
                 break
         return out
+
+
+def _free_coordinator(arg: str, port: int) -> str:
+    """``--coordinator_address=localhost:PORT`` with a free port instead of the README's."""
+    if arg.startswith("--coordinator_address=localhost:"):
+        return f"--coordinator_address=localhost:{port}"
+    return arg
+
+
+def _finished(command, proc, log) -> tuple:
+    """(command, its CompletedProcess) once a background command ends (its output in files:
+    a pipe nobody reads would block it)."""
+    try:
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
+    with open(f"{log}.out") as out, open(f"{log}.err") as err:
+        return command, subprocess.CompletedProcess(
+            command, proc.returncode, out.read(), err.read()
+        )
 
 
 def _scratch_root(directory) -> str:
@@ -207,6 +253,7 @@ def test_blocks_to_run_are_marked_and_install_blocks_are_not():
         "--task=fill_mask",
         "convert.from_hf(",
         "step.jit_steps(",
+        "--multihost --coordinator_address=localhost:",
     ):
         assert needle in runnable, f"no runnable README block has {needle!r}"
     for block in blocks:
@@ -281,6 +328,6 @@ def test_readme_block_runs(runner, index):
         assert result.returncode == 0, f"README line {runner.blocks[index].line}: {shown}\n" + (
             result.stdout[-2000:] + result.stderr[-3000:]
         )
-        if command[1] == "train.py":  # it prints the run's summary last
+        if command[1] == "train.py" and "--process_id=1" not in command:  # process 0 prints it
             summary = json.loads(result.stdout[result.stdout.index("{") :])
             assert summary["step"] == STEPS, shown

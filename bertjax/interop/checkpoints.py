@@ -93,10 +93,13 @@ class CheckpointReader:
         return write_tokenizer(self.meta, directory)
 
     def params(self) -> dict:
-        """The saved params as host numpy arrays (the optimizer state is not read)."""
-        args = ocp.args.Composite(state=ocp.args.StandardRestore())
-        restored = self._manager.restore(self.step, args=args)
-        return jax.tree.map(np.asarray, restored["state"]["params"])
+        """The saved params as host numpy arrays, whichever devices and processes saved them (a
+        pod's checkpoint reads on one CPU: restoring onto the saved shardings would not)."""
+        path = paths.join(self.directory, str(self.step), "state")
+        checkpointer = ocp.PyTreeCheckpointer()
+        tree = checkpointer.metadata(path).item_metadata.tree
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        return checkpointer.restore(path, restore_args=as_numpy)["params"]
 
     def close(self) -> None:
         self._manager.close()

@@ -11,4 +11,7 @@ run_config   the run config's keys and defaults, recipe files
 trainer      train_and_evaluate: the loop, logging, evaluation and checkpoint cadence
 metrics      TensorBoard + metrics.jsonl, model FLOPs and MFU
 runtime      process settings applied at start (glibc malloc on huge pages)
+processes    several JAX processes as one run: joining, configs compared, host numbers summed,
+             a lost process named
+stopping     a stop request (SIGTERM/SIGINT to any process) at one step on every process
 """

@@ -52,6 +52,18 @@ def _whole_shards_on_host_devices() -> None:
             )
 
 
+class _Manager(ocp.CheckpointManager):
+    """orbax's manager that leaves JAX's preemption sync point to the trainer. orbax asks it
+    (`reached_preemption`) with the step of each save, also from its background finalize
+    thread after the loop has moved on; JAX's sync manager takes every call as this process's
+    current step, so a late call would report an older step and the processes would agree on a
+    stop step this one has passed (bertjax/training/stopping.py). It only chooses orbax's log
+    line and metric of a preemption save."""
+
+    def reached_preemption(self, step: int) -> bool:
+        return False
+
+
 # URL schemes orbax (0.12) writes checkpoints to; any other (s3://) fails inside its first save.
 ORBAX_URLS = ("gs://",)
 
@@ -74,7 +86,7 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._manager = _Manager(self.directory, options=options, item_names=ITEMS)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

@@ -3,7 +3,10 @@
 The loop only moves data and calls the jitted step: batch `s` comes from the data source
 as a pure function of the step, metrics stay on device until a log step, checkpoints are
 written asynchronously, and a restart resumes from the last complete checkpoint with
-bit-identical results. SIGTERM/SIGINT save the current step and stop. The objective decides
+bit-identical results. SIGTERM/SIGINT to any process save one step on every process and stop
+(bertjax/training/stopping.py); numbers a host computes from its own rows (held-out counts, the
+tokens of a log window) are summed over the processes before they are used, so every process
+logs what one process would (bertjax/training/processes.py). The objective decides
 the data source and how a fresh state is prepared; the data source may ask for the best
 checkpoint by a dev metric to be kept (WORKDIR/best).
 """
@@ -15,7 +18,6 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import time
 
 import jax
@@ -29,11 +31,12 @@ from bertjax.modeling import attention_kernels
 from bertjax.objectives.warm_start import warm_start, with_source_tokenizer
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import phases as phases_lib
-from bertjax.training import sharding
+from bertjax.training import processes, sharding
 from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
 from bertjax.training.checkpoint import Checkpointer, check_compatible
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
+from bertjax.training.stopping import StopRequests
 
 
 def _prepare_workdir(workdir: str) -> str:
@@ -51,30 +54,11 @@ def _prepare_workdir(workdir: str) -> str:
     return workdir
 
 
-class _StopSignal:
-    """Turns SIGTERM/SIGINT into a flag the loop checks after each step."""
-
-    def __init__(self):
-        self.received: int | None = None
-        self._previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-
-    def _handle(self, signum, frame):
-        self.received = signum
-
-    def restore(self):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 def evaluate(steps, state, data, mesh, config) -> dict:
     """Held-out metrics over fixed eval batches: the objective's metrics of the summed loss
-    sums and normalizers (exact averages), what the objective adds from host-side counts
-    (e.g. perplexity, a majority baseline), and task scores of the predictions."""
+    sums and normalizers (exact averages), what the objective adds from host-side counts summed
+    over the processes (e.g. perplexity, a majority baseline), and task scores of the
+    predictions (every row's, on every process)."""
     objective = state.spec.objective
     totals = None
     counts = collections.Counter()
@@ -89,6 +73,7 @@ def evaluate(steps, state, data, mesh, config) -> dict:
     if totals is None:
         return {}
     report = objective.report(totals["sums"], totals["norms"])
+    counts = processes.sum_counters(counts)  # each host counted its own rows
     result = objective.held_out_metrics({k: float(v) for k, v in report.items()}, counts)
     if predictions:
         result.update(data.score(np.concatenate(predictions)))
@@ -154,6 +139,8 @@ class _LogWindow:
         self.start = time.perf_counter()
 
     def add(self, host_batch: dict, batch_size: int) -> None:
+        """Estimates of the global batch from this host's rows (its count x the processes); the
+        mean of the processes' estimates (`scalars`) is the exact global count."""
         self.tokens += float(np.sum(host_batch["attention_mask"])) * jax.process_count()
         self.flops += self.objective.batch_flops(
             self.model_cfg, host_batch, batch_size, metrics_lib.train_flops_per_sequence
@@ -162,11 +149,14 @@ class _LogWindow:
     def scalars(self, steps: int) -> dict:
         """perf/* of the window's ``steps`` steps; starts a new window."""
         elapsed = time.perf_counter() - self.start
+        tokens, flops = (
+            x / jax.process_count() for x in processes.sum_numbers([self.tokens, self.flops])
+        )
         out = {
-            "perf/tokens_per_second": self.tokens / elapsed,
+            "perf/tokens_per_second": tokens / elapsed,
             "perf/steps_per_second": steps / elapsed,
             "perf/mfu": metrics_lib.mfu(
-                self.flops / steps, elapsed / steps, self.num_devices, self.peak
+                flops / steps, elapsed / steps, self.num_devices, self.peak
             ),
         }
         self.restart()
@@ -177,8 +167,8 @@ class _Run:
     """One call of `train_and_evaluate`: its parts, the loop, and the cadence of logging,
     evaluation and checkpoints."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, phase=None):
-        self.config, self.workdir = config, workdir
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, phase, stop: StopRequests):
+        self.config, self.workdir, self.stop = config, workdir, stop
         self.phase = phase or phases_lib.plan_phases(config)[0]
         self.is_chief = jax.process_index() == 0
         self.objective = objectives.make_objective(config)
@@ -210,7 +200,6 @@ class _Run:
         if self.data.dev_metric:
             self.best = BestCheckpoint(workdir, self.data.dev_metric)
         self.writer = metrics_lib.MetricWriter(workdir, enabled=self.is_chief)
-        self.stop = _StopSignal()
         peak = metrics_lib.peak_flops(float(config.peak_flops_per_device))
         self.window = _LogWindow(config, self.model_cfg, self.objective, peak)
         self.history, self.unchecked, self.summary = [], [], {}
@@ -244,7 +233,9 @@ class _Run:
             self.progress = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
         dropout_rng = jax.random.key(config.seed + 1)
         self.window.restart()
-        for current in range(start, total):
+        stopped = self.stop.reached(start)  # a request that came before the first step
+        current = start
+        while current < total and not stopped:
             within = current - phase.start  # the phase's data and batch plan count from its start
             host_batch = self.data.batch(within)
             size = self.data.step_batch_size(within) or config.batch_size
@@ -257,13 +248,12 @@ class _Run:
                 self._say("attention: " + "; ".join(attention_kernels.summary(traced)))
             self.history.append(step_metrics)
             self.unchecked.append(step_metrics)
-            done = current + 1
-            if self._after_step(done, total):
-                break
+            current += 1
+            stopped = self._after_step(current, total)
         if start >= total and config.eval_every:  # already trained: report held-out metrics
             self.summary.update(self._evaluate())
         self.summary["step"] = int(jax.device_get(self.state.step))
-        self.summary["stopped_by_signal"] = self.stop.received is not None
+        self.summary["stopped_by_signal"] = stopped
         return self.summary
 
     def _say(self, line: str) -> None:
@@ -275,21 +265,24 @@ class _Run:
         config = self.config
         last = done == total
         within = done - self.phase.start  # cadences count from the phase's start
-        if within % config.log_every == 0 or last or self.stop.received is not None:
+        # Asked once per step, on every process: a request that lands later is handled at a
+        # later step, so a stop always saves first, and every process stops at the same step.
+        stopping = self.stop.reached(done)
+        if within % config.log_every == 0 or last or stopping:
             self._log(done)
         if self.progress is not None:
             self.progress.update(1)
         if config.eval_every and (within % config.eval_every == 0 or last):
             self._eval(done)
-        # Read the signal once: one that lands after this line is handled at the next step,
-        # so a stop always saves first.
-        stopping = self.stop.received is not None
         every = config.checkpoint_every
         if (every and within % every == 0) or last or stopping:
             self._check_finite(done)
             self.ckpt.save(self.state, self.meta, force=True)
         if stopping:
-            logging.warning("signal %d: saved step %d, stopping", self.stop.received, done)
+            logging.warning(
+                "stop requested (a signal to this or another process): saved step %d, stopping",
+                done,
+            )
         return stopping
 
     def _log(self, done: int) -> None:
@@ -338,7 +331,6 @@ class _Run:
         self.window.restart()  # eval time is not training throughput
 
     def close(self) -> None:
-        self.stop.restore()
         if self.progress is not None:
             self.progress.close()
         self.ckpt.close()
@@ -360,27 +352,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       The last train and eval metrics (``step``, ``train/loss``, ``eval/mlm_accuracy``, ...,
       ``phase``, ``stopped_by_signal``).
     """
+    processes.check_same("config", {"config": config.to_dict(), "workdir": workdir})
     config = resolve_paths(config)  # a missing path first, then conflicts between keys
     validate_run_config(config)
     workdir = _prepare_workdir(workdir)
     phases = phases_lib.plan_phases(config)
-    done = None
-    if len(phases) > 1:
-        probe = Checkpointer(paths.join(workdir, "checkpoints"), async_save=False)
-        done = probe.latest_step()
-        probe.close()
-    summary: dict = {}
-    for phase in phases:
-        if done is not None and done >= phase.end and phase is not phases[-1]:
-            continue  # finished in an earlier call
-        if len(phases) > 1:
-            logging.info("phase %r: steps %d to %d", phase.name, phase.start, phase.end)
-        run = _Run(phase.config, workdir, phase)
-        try:
-            summary = run.train()
-        finally:
-            run.close()
-        summary["phase"] = phase.name
-        if summary["stopped_by_signal"]:
-            break
+    stop = StopRequests()
+    try:
+        done = None
+        if len(phases) > 1 or stop.synced:
+            probe = Checkpointer(paths.join(workdir, "checkpoints"), async_save=False)
+            done = probe.latest_step()
+            probe.close()
+        if stop.synced:  # JAX's sync point counts from the step the run resumes at
+            stop.reached(done or 0)
+        summary: dict = {}
+        for phase in phases:
+            if done is not None and done >= phase.end and phase is not phases[-1]:
+                continue  # finished in an earlier call
+            if len(phases) > 1:
+                logging.info("phase %r: steps %d to %d", phase.name, phase.start, phase.end)
+            run = _Run(phase.config, workdir, phase, stop)
+            try:
+                summary = run.train()
+            finally:
+                run.close()
+            summary["phase"] = phase.name
+            if summary["stopped_by_signal"]:
+                break
+    finally:
+        stop.restore()
     return summary

@@ -3,12 +3,15 @@
 ``stores/<key>``, where the key hashes what the store is made of: the tokenizer's fingerprint,
 the corpus (files with their sizes and modification times; the tfds dataset; CPython's version
 for the built-in corpus) and the held-out fraction. Each host builds or reuses its own copy
-(memmaps need local files); a second run on the same corpus and tokenizer, in any workdir, reuses
-it. Or the sharded store config.data.store (a URL), whose tokenizer is checked against the run's.
+(memmaps need local files; the processes of one host build it once, under a lock); a second run
+on the same corpus and tokenizer, in any workdir, reuses it. Or the sharded store
+config.data.store (a URL), whose tokenizer is checked against the run's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -48,23 +51,38 @@ def load_store(config, tokenizer: Tokenizer, split: str) -> tuple[Store, Store]:
     c = config.data
     directory = os.path.join(paths.cache_dir(c.cache_dir), "stores", store_key(c, tokenizer))
     description = corpus_lib.config_description(c)
-    if not os.path.exists(os.path.join(directory, "meta.json")):
-        stats = CorpusStats()
-        prepare_store(
-            directory,
-            tokenizer,
-            corpus_lib.split_documents(c, None, stats),
-            heldout_fraction=c.heldout_fraction,
-            corpus_description=description,
-            stats=stats,
-            num_workers=c.num_workers,
-        )
+    meta = os.path.join(directory, "meta.json")
+    if not os.path.exists(meta):
+        with _host_lock(directory):  # other processes of this host wait, then reuse it
+            if not os.path.exists(meta):
+                stats = CorpusStats()
+                prepare_store(
+                    directory,
+                    tokenizer,
+                    corpus_lib.split_documents(c, None, stats),
+                    heldout_fraction=c.heldout_fraction,
+                    corpus_description=description,
+                    stats=stats,
+                    num_workers=c.num_workers,
+                )
     stores = (
         Store(directory, split, tokenizer, description),
         Store(directory, "eval", tokenizer, description),
     )
     _report_shares(directory, stores[0].meta["splits"]["train"])
     return stores
+
+
+@contextlib.contextmanager
+def _host_lock(directory: str):
+    """An exclusive lock on ``directory``.lock, held by one process of this host at a time."""
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    with open(f"{directory}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _report_shares(store: str, counts: dict) -> None:

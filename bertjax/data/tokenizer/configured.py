@@ -1,7 +1,8 @@
 """The run's tokenizer, fixed once per run: a given SentencePiece model or Hugging Face vocabulary
 (local or a URL), else a SentencePiece model trained on the training split and kept as
-WORKDIR/tokenizer/spm.model. With a workdir on cloud storage, process 0 trains it locally and
-uploads it; every host then reads that one file, so all hosts tokenize alike."""
+WORKDIR/tokenizer/spm.model. Process 0 trains it (into the workdir, or locally and uploads it when
+the workdir is on cloud storage); every host then reads that one file, so all hosts tokenize
+alike."""
 
 from __future__ import annotations
 
@@ -35,7 +36,20 @@ def workdir_tokenizer(
         )
 
     if not paths.is_url(workdir):  # local (or shared) disk: train in place
-        return train(os.path.join(workdir, "tokenizer"))
+        directory = os.path.join(workdir, "tokenizer")
+        if process_count == 1:
+            return train(directory)
+        if process_index == 0:
+            train(directory)
+        _barrier("bertjax-tokenizer", process_count)
+        kept = os.path.join(directory, TOKENIZER_FILE)
+        if not os.path.isfile(kept):
+            raise FileNotFoundError(
+                f"{kept}: process 0 trained the tokenizer there, but process {process_index} "
+                "cannot see it: the processes of a run need one workdir they all see (gs://, or "
+                "a shared disk)"
+            )
+        return kept
     kept = paths.join(workdir, "tokenizer", TOKENIZER_FILE)
     if process_index == 0 and not paths.exists(kept):
         key = hashlib.sha256(kept.encode()).hexdigest()[:16]

@@ -1,0 +1,264 @@
+"""One run over several JAX processes (one per host): joining it, what every process must agree
+on, and a lost process named.
+
+- `initialize`: `jax.distributed.initialize` with the cluster JAX detects (Cloud TPU, SLURM, Open
+  MPI, Kubernetes) or an explicit coordinator (``--coordinator_address`` or JAX's own
+  ``JAX_COORDINATOR_ADDRESS``, ``--num_processes``, ``--process_id``), and a heartbeat timeout of
+  `HEARTBEAT_TIMEOUT_S` (JAX's default is 100 s: a lost host would hold the others that long).
+- `exchange`: every process's JSON value, on every process, through the coordination service's
+  key-value store (no XLA program to compile); `sum_counters` (host-side counts made global) and
+  `check_same` (configs that differ between processes stop the run before its first step,
+  naming the keys) are built on it.
+- The watchdog: a thread asks the coordination service which processes are still alive (JAX's
+  heartbeats, sent by a C++ thread, so a busy Python does not count as lost). When one is gone,
+  every other prints one line naming it (host, pid) and what to do, and exits with status
+  `EXIT_PROCESS_LOST`. Without it JAX aborts the survivors with a C++ check failure once the
+  heartbeat times out; bertjax turns that off (``jax_enable_recoverability``) so the watchdog
+  decides. JAX's hook for this (the client's ``missed_heartbeat_callback``) cannot be called
+  from Python in jaxlib 0.10 (std::bad_cast). One case stays JAX's: when process 0, which hosts
+  the coordination service, dies, the others abort at once with JAX's own message.
+- `finish`: the processes leave together, process 0 (the service) last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+
+import jax
+
+HEARTBEAT_TIMEOUT_S = 30  # seconds without a heartbeat before a process counts as lost
+WATCH_INTERVAL_S = 1.0  # how often the watchdog asks which processes are alive
+EXIT_PROCESS_LOST = 3  # the exit status of a process that stops because another was lost
+_WAIT_MS = 60 * 60 * 1000  # a peer may still be preparing data (tokenizing) when another asks
+
+
+class LaunchError(RuntimeError):
+    """The run could not be joined (no cluster detected, no coordinator, bad process ids)."""
+
+
+class MismatchError(ValueError):
+    """The processes of one run were started with different settings."""
+
+
+def _client():
+    """JAX's coordination-service client (None outside a jax.distributed run). jax has no public
+    accessor; multihost_utils and orbax read the same object."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+_FAILED = "bertjax/failed/"  # key-value directory: a process's error, published before it exits
+_RERUN = "the same command on every host: the run resumes from its last complete checkpoint"
+
+
+class _Group:
+    """This process's part of a multi-process run: who the others are, and the watchdog."""
+
+    def __init__(self, heartbeat_timeout: int):
+        self.client, self.index, self.count = _client(), jax.process_index(), jax.process_count()
+        self.heartbeat_timeout = heartbeat_timeout
+        self.names = exchange("process", f"{socket.gethostname()} pid {os.getpid()}")
+        self.finishing = threading.Event()  # set: others leaving is expected, not reported
+        self.others_gone = threading.Event()
+        self.watchdog = threading.Thread(target=self._watch, name="bertjax-watchdog", daemon=True)
+        self.watchdog.start()
+
+    def describe(self, index: int) -> str:
+        return f"process {index} of {self.count} ({self.names[index]})"
+
+    def _watch(self) -> None:
+        everyone = list(range(self.count))
+        others = set(everyone) - {self.index}
+        while True:
+            try:  # returns once every live process has asked (a barrier of the live ones)
+                live = self.client.get_live_nodes(everyone)
+                failed = dict(self.client.key_value_dir_get(_FAILED))
+            except Exception:  # the client is shut down, or the service (process 0) is gone
+                if not self.finishing.is_set() and self.index != 0:  # best effort: JAX aborts
+                    self._stop(f"lost {self.describe(0)}, which hosts the run's coordination "
+                               "service (it failed, was killed, or its host is gone)")  # fmt: skip
+                self.others_gone.set()
+                return
+            gone = others - set(live)
+            failed = {int(key.rsplit("/", 1)[1]): why for key, why in failed.items()}
+            failed.pop(self.index, None)
+            if self.finishing.is_set():
+                if gone == others:
+                    self.others_gone.set()
+                    return
+            elif failed:
+                what = "; ".join(f"{self.describe(i)} failed ({why})" for i, why in failed.items())
+                self._stop(what, "Fix that, then rerun")
+            elif gone:
+                self._stop(
+                    ", ".join(self.describe(i) for i in sorted(gone)) + " left the run (it "
+                    f"failed, was killed, or its host stopped answering for "
+                    f"{self.heartbeat_timeout} s: see its log)"
+                )
+            time.sleep(WATCH_INTERVAL_S)
+
+    def _stop(self, what: str, then: str = "Rerun") -> None:
+        """Prints one line (what happened, what to do) and exits this process."""
+        sys.stdout.flush()
+        me = self.describe(self.index)
+        sys.stderr.write(f"error: {what}; {me} stops too. {then} {_RERUN}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_PROCESS_LOST)
+
+    def fail(self, error: BaseException) -> None:
+        """Tells the others this process fails with ``error`` (they stop, naming it); process 0,
+        which hosts the coordination service, waits until they have left."""
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        self.finishing.set()
+        try:
+            self.client.key_value_set(f"{_FAILED}{self.index}", f"{type(error).__name__}: {first}")
+        except Exception:  # the service is gone already
+            return
+        if self.index == 0:
+            self.others_gone.wait(self.heartbeat_timeout + 10 * WATCH_INTERVAL_S)
+        self.leave()
+
+    def leave(self) -> None:
+        """Disconnects from the coordination service, then lets the watchdog end: a thread still
+        inside a call to the service when the interpreter exits aborts the process (C++ code
+        catches the forced unwind of the exiting thread)."""
+        self.finishing.set()
+        jax.distributed.shutdown()
+        self.watchdog.join(10 * WATCH_INTERVAL_S)
+
+
+_group: _Group | None = None
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    heartbeat_timeout_seconds: int = HEARTBEAT_TIMEOUT_S,
+    initialization_timeout: int = 300,
+) -> None:
+    """Joins the run: the cluster JAX detects, or the coordinator, process count and id given
+    (``coordinator_address`` None: JAX's JAX_COORDINATOR_ADDRESS, else detection); then starts
+    the watchdog."""
+    global _group
+    jax.config.update("jax_enable_recoverability", True)  # the watchdog names a lost process
+    try:
+        jax.distributed.initialize(
+            coordinator_address,
+            num_processes,
+            process_id,
+            initialization_timeout=initialization_timeout,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        )
+    except (ValueError, TypeError) as error:  # nothing detected, or bad ids
+        raise LaunchError(
+            f"--multihost could not join a run ({error}): JAX detects Cloud TPU, SLURM, Open MPI "
+            "and Kubernetes jobs by themselves; elsewhere give --coordinator_address=HOST:PORT "
+            "(or JAX_COORDINATOR_ADDRESS) of process 0's host, --num_processes and --process_id"
+        ) from None
+    except Exception as error:  # the coordinator was not reached in time
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS", "(detected)")
+        raise LaunchError(
+            f"--multihost: process {process_id} could not join the run at {address} within "
+            f"{initialization_timeout} s ({first}); start the same command on every host, with "
+            "process 0's address reachable from each"
+        ) from None
+    _group = _Group(heartbeat_timeout_seconds)
+    logging.info("joined as %s", _group.describe(_group.index))
+
+
+def exchange(name: str, value) -> list:
+    """Every process's ``value`` (JSON), in process order, on every process. A collective: every
+    process calls it with the same ``name``, in the same order."""
+    client = _client()
+    if client is None or jax.process_count() == 1:
+        return [value]
+    sequence = _sequence[name] = _sequence.get(name, -1) + 1
+    prefix = f"bertjax/{name}/{sequence}"
+    client.key_value_set(f"{prefix}/{jax.process_index()}", json.dumps(value))
+    client.wait_at_barrier(f"{prefix}/written", _WAIT_MS)
+    entries = dict(client.key_value_dir_get(f"{prefix}/"))
+    client.wait_at_barrier(f"{prefix}/read", _WAIT_MS)  # then each removes its own key
+    client.key_value_delete(f"{prefix}/{jax.process_index()}")
+    return [json.loads(entries[f"{prefix}/{i}"]) for i in range(jax.process_count())]
+
+
+_sequence: dict[str, int] = {}
+
+
+def sum_counters(counter: Counter) -> Counter:
+    """``counter`` summed over the processes (host-side counts of each host's own rows)."""
+    total = Counter()
+    for pairs in exchange("counts", [[key, value] for key, value in counter.items()]):
+        total.update({(tuple(k) if isinstance(k, list) else k): v for k, v in pairs})
+    return total
+
+
+def sum_numbers(values: list[float]) -> list[float]:
+    """``values`` added up elementwise over the processes."""
+    return [sum(column) for column in zip(*exchange("numbers", [float(v) for v in values]))]
+
+
+def _flat(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: json.dumps(tree, sort_keys=True, default=repr)}
+
+
+def check_same(what: str, settings: dict) -> None:
+    """Raises `MismatchError` on every process when ``settings`` (a nested dict) differ between
+    processes, naming the keys and each process's value."""
+    every = exchange(f"same-{what}", _flat(settings))
+    keys = sorted(k for k in set().union(*every) if len({o.get(k) for o in every}) > 1)
+    if not keys:
+        return
+    shown = "; ".join(
+        f"{key}: " + ", ".join(f"process {i}: {o.get(key, '(unset)')}" for i, o in enumerate(every))
+        for key in keys[:5]
+    )
+    more = f" (and {len(keys) - 5} more)" if len(keys) > 5 else ""
+    raise MismatchError(
+        f"the {len(every)} processes were started with different {what}s: {shown}{more}. "
+        "Start every host with the same command"
+    )
+
+
+def on_error(error: BaseException) -> None:
+    """Called with the exception that ends this process's run. A JAX error (a collective that
+    failed: another process is likely gone) first gives the watchdog a heartbeat timeout to name
+    the lost process (it exits this one); otherwise the others are told this one fails, so they
+    stop with one line instead of waiting for a heartbeat timeout."""
+    global _group
+    if _group is None:
+        return
+    if isinstance(error, jax.errors.JaxRuntimeError):
+        _group.watchdog.join(_group.heartbeat_timeout + 5 * WATCH_INTERVAL_S)
+    group, _group = _group, None
+    group.fail(error)
+
+
+def finish(timeout_s: float = 600) -> None:
+    """Leaves the run together: a barrier, then every process but 0 disconnects, and process 0,
+    which hosts the coordination service, goes last."""
+    global _group
+    if _group is None:
+        return
+    group, _group = _group, None
+    group.client.wait_at_barrier("bertjax/finish", int(timeout_s * 1000))
+    group.finishing.set()  # from here a process that leaves is one that finished
+    group.client.wait_at_barrier("bertjax/finished", int(timeout_s * 1000))
+    if group.index == 0:
+        group.others_gone.wait(timeout_s)
+    group.leave()
