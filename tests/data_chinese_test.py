@@ -61,6 +61,12 @@ def test_word_starts_follow_jieba(tok):
     assert "".join(_words(tok, ids, starts)) == text
 
 
+def _unmasked_rows(pipeline, step: int) -> dict:
+    """This host's rows of batch ``step`` before masking (word starts and maskable included)."""
+    located = pipeline._locate_step(step)
+    return pipeline.build_rows(located, pipeline.read_rows([located])[0])
+
+
 def test_chinese_whole_word_masking_masks_multi_character_words_whole(tmp_path, corpus_path, tok):
     config = ml_collections.ConfigDict()
     config.seed, config.batch_size = 0, 16
@@ -82,8 +88,7 @@ def test_chinese_whole_word_masking_masks_multi_character_words_whole(tmp_path, 
     p = make_pipeline(config, str(tmp_path), process_index=0, process_count=1)
     multi_character = 0
     for step in range(6):
-        rows = p._rows(p._split, 48, step * 16, 16, step * 16, "mask")
-        batch = p.batch(step)
+        rows, batch = _unmasked_rows(p, step), p.batch(step)
         for r in range(16):
             maskable = rows["maskable"][r]
             starts = (
@@ -136,7 +141,7 @@ def test_macbert_correction_on_chinese_rows(tmp_path, corpus_path, tok):
     lexicon = {w for w, s in SIMILAR.items() for w in [w, *s]}
     outcomes = {"similar": 0, "kept": 0, "random": 0}
     for step in range(30):
-        rows, batch = p._rows(p._split, 48, step * 16, 16, step * 16, "mask"), p.batch(step)
+        rows, batch = _unmasked_rows(p, step), p.batch(step)
         for r in range(16):
             maskable = rows["maskable"][r]
             starts = (

@@ -215,7 +215,7 @@ def test_the_first_batch_asks_as_many_ranges_of_100_shards_as_of_4096(web, monke
         config.batch_size = 32
         before = fake.ranges
         pipeline = make_pipeline(config, "", process_index=0, process_count=1)
-        pipeline.batch(0)
+        pipeline.compute_batch(0)  # what batch(0) computes first; the reads ahead come after
         ranges[shards] = fake.ranges - before
         pipeline.close()
     fake.manifest = _manifest(fake, tok, SHARDS)
