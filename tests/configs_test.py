@@ -1,4 +1,6 @@
-"""Every recipe in configs/ runs a few shrunken steps end to end (same code, tiny sizes)."""
+"""Every recipe in configs/ runs a few shrunken steps end to end (same code, tiny sizes): its
+`:smoke` variant here, or, for the recipes another test already trains end to end (RUN_ELSEWHERE),
+in that test (one run a recipe, not two: each costs ~5-12 s of the suite's CPU)."""
 
 import importlib.util
 import os
@@ -10,6 +12,27 @@ from bertjax import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
+
+
+# Recipes another test runs end to end as the recipe (all steps, held-out eval): where, and a
+# line of that file (or of README.md's runnable blocks, which tests/readme_test.py runs) that runs
+# it; test_recipes_run_elsewhere_are_run_there keeps the list honest.
+RUN_ELSEWHERE = {
+    "bert_tiny": ("README.md", "python train.py --workdir=workdir/bert_tiny"),
+    "finetune_glue": ("README.md", "python train.py --config=configs/finetune_glue.py"),
+    "embed_tiny": ("README.md", "python train.py --config=configs/embed_tiny.py"),
+    "diffusion_tiny": ("tests/diffusion_test.py", '"diffusion_tiny.py"'),
+    "glue": ("tests/glue_test.py", '"bertjax.glue"'),
+    "phases_tiny": (
+        "tests/phases_test.py",
+        'CONFIG = os.path.join(ROOT, "configs", "phases_tiny.py")',
+    ),
+    "clm_mlm_tiny": (
+        "tests/phases_test.py",
+        'CLM_MLM = os.path.join(ROOT, "configs", "clm_mlm_tiny.py")',
+    ),
+    "electra_tiny": ("tests/electra_test.py", '"electra_tiny.py"'),
+}
 
 
 def _load(name):
@@ -78,8 +101,26 @@ def test_a_smoke_variant_is_the_recipe_at_toy_sizes():
         trainer.load_config_file(os.path.join(ROOT, "configs", "bert_base.py:tiny"))
 
 
+def test_recipes_run_elsewhere_are_run_there():
+    """Each recipe left out of test_config_runs_shrunken is named by the test (or README block)
+    said to run it end to end."""
+    from readme_test import runnable_blocks
+
+    readme = "".join(block.text.replace("\\\n", " ") for block in runnable_blocks())
+    for name, (where, line) in RUN_ELSEWHERE.items():
+        assert name in CONFIGS, name
+        text = readme if where == "README.md" else open(os.path.join(ROOT, where)).read()
+        assert line in text, (name, where, line)
+    from glue_test import _command
+
+    assert "--config=" not in " ".join(_command("g", "w", "s"))  # the glue command's own recipe
+    from bertjax import glue
+
+    assert glue.DEFAULT_CONFIG.endswith(os.path.join("configs", "glue.py"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", [c for c in CONFIGS if c not in RUN_ELSEWHERE])
 def test_config_runs_shrunken(name, zh_files, small_spm, tmp_path):
     config = _smoke(name, zh_files, small_spm)
     summary = trainer.train_and_evaluate(config, str(tmp_path))
