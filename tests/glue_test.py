@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 from glue_fixtures import SIZES, write_glue_dir
+from helpers import xla_flags
 
 from bertjax.evaluation import glue_report
 from bertjax.tasks import glue_tasks, tasks
@@ -237,7 +238,7 @@ def _command(glue_dir, workdir, spm, *extra):
 
 
 def _run_command(args):
-    env = dict(os.environ, BERTJAX_HUGEPAGE_MALLOC="0")
+    env = dict(os.environ, BERTJAX_HUGEPAGE_MALLOC="0", XLA_FLAGS=xla_flags(1))
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
