@@ -48,13 +48,14 @@ def fail(message: str) -> NoReturn:
 @contextlib.contextmanager
 def input_errors(verbose: bool) -> Iterator[None]:
     """Inside: ValueError and OSError stop the command with `fail` (their traceback instead
-    when ``verbose``)."""
+    when ``verbose``). The line ends saying how to get the traceback: the same exception types
+    can come from a bug rather than from bad input, and the traceback is what a report needs."""
     try:
         yield
     except INPUT_ERRORS as error:
         if verbose:
             raise
-        fail(str(error) or type(error).__name__)
+        fail(f"{str(error) or type(error).__name__} (--verbosity=1 prints the traceback)")
 
 
 def absl_verbose() -> bool:
