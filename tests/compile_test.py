@@ -13,14 +13,16 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.aot import chips, hlo, plan
+from bertjax.aot import chips, devices, hlo, plan
 from bertjax.training import sharding
 from bertjax.training.run_config import load_config_file
 from bertjax.training.step import abstract_train_state
 
-pytest.importorskip("libtpu", reason="the TPU compiler (jax[tpu], Linux only)")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _libtpu():
+    pytest.importorskip("libtpu", reason="the TPU compiler (jax[tpu], Linux only)")
 
 
 def _tiny(**model):
@@ -44,6 +46,7 @@ def _gradient_bytes(config, report) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def data_parallel():
     """Two phases (the second changes only the learning rate) and the eval step, 4 chips."""
+    _libtpu()
     config = _tiny()
     config.phase_order = ("first", "second")
     config.phases.first = plan.phases.phase(steps=2)
@@ -54,6 +57,7 @@ def data_parallel():
 @pytest.fixture(scope="module")
 def fsdp_pair():
     """One FSDP step (3 layers, parameters over 4 chips) compiled scanned and unrolled."""
+    _libtpu()
     reports = {}
     for scan in (True, False):
         config = _tiny(num_hidden_layers=3, scan_layers=scan)
@@ -79,6 +83,19 @@ def test_target_names():
         chips.parse_slice("h100-12")
     with pytest.raises(ValueError, match="--num_slices=2: slices are TPU slices"):
         chips.parse_slice("h100-8", num_slices=2)
+
+
+def test_gpu_nodes_are_described_from_the_chips_table():
+    text = devices.gpu_target_config("h100")
+    for field in ("core_count: 132", "device_memory_size: 80000000000", "major: 9 minor: 0"):
+        assert field in text
+    assert "memory_bandwidth: 3350000000000" in text  # the table's published figure
+    assert 'device_description_str: "NVIDIA H200"' in devices.gpu_target_config("h200")
+    try:  # the CUDA plugin is not part of the test install: its absence is one clear error
+        import jax_plugins.xla_cuda12  # noqa: F401
+    except ImportError:
+        with pytest.raises(devices.CompilerMissing, match="pip install jax-cuda12-plugin"):
+            devices.topology_devices(chips.parse_slice("h100-8"))
 
 
 def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel):
@@ -161,6 +178,7 @@ ENTRY %main () -> f32[] {
 
 
 def test_two_slices_reduce_across_the_data_center_network():
+    _libtpu()
     config = _tiny(scan_layers=True)
     config.data.pack_rows = True  # packed rows: still only the gradient reduction
     report = plan.compile_run(config, "v5e:2x2", eval_step=False, num_slices=2)
@@ -183,7 +201,8 @@ def test_two_slices_reduce_across_the_data_center_network():
     assert train["roofline"]["dcn_s"] > 0
 
 
-def test_a_program_too_large_is_reported_as_not_fitting(tmp_path):
+def test_a_program_too_large_is_reported_as_not_fitting():
+    _libtpu()
     command = [
         sys.executable, "-m", "bertjax.compile", "--config=configs/bert_tiny.py:smoke",
         "--topology=v5e:2x2", "--skip_eval", "--cache_dir=", "--config.batch_size=262144",

@@ -231,8 +231,6 @@ def _fused(implementation):
 
 def _cudnn_limit(spec):
     """What cuDNN's flash attention (through `jax.nn.dot_product_attention`) cannot compute."""
-    if spec.dtype not in ("bfloat16", "float16"):
-        return f"dtype={spec.dtype or 'unknown'!r} (cuDNN's flash attention takes bf16 or fp16)"
     if spec.head_dim > 256 or spec.head_dim % 8:
         return f"head_dim={spec.head_dim} (cuDNN: a multiple of 8, at most 256)"
     if spec.half_window and not spec.causal:
@@ -252,9 +250,11 @@ def _cudnn_installed() -> bool:
 
 
 def _cudnn_worth(spec) -> bool:
-    """The automatic choice takes cuDNN for padded rows (lengths, not a mask) where the library
-    is installed; packed or gathered rows would reach it as a dense bias."""
-    return not (spec.packed or spec.gathered_rows) and _cudnn_installed()
+    """The automatic choice takes cuDNN for bf16/fp16 queries (its flash attention's inputs) in
+    padded rows (lengths, not a mask) where the library is installed; packed or gathered rows
+    would reach it as a dense bias."""
+    half = spec.dtype in ("bfloat16", "float16")
+    return half and not (spec.packed or spec.gathered_rows) and _cudnn_installed()
 
 
 def _needs_local(spec):
