@@ -52,6 +52,12 @@ _CACHE = flags.DEFINE_string(
     "Where compiled programs' reports are kept ('' keeps none).",
 )
 
+_QUICK = flags.DEFINE_bool(
+    "quick",
+    False,
+    "Compile at two small depths and extrapolate to the real one (seconds instead of minutes; "
+    "benchmarks/results.md measures the error).",
+)
 _HLO = flags.DEFINE_string(
     "hlo_dir", "", "Also write each compiled program's optimized HLO text here."
 )
@@ -87,7 +93,13 @@ def _program_lines(p: dict, plan) -> list[str]:
     )
     if "same_as" in p:
         return [head + f": the program of [{p['same_as']}] (other constants)"]
-    head += " (report cached)" if p.get("cached") else f" (compiled in {p['compile_s']} s)"
+    if "extrapolated" in p:
+        (a, b), layers = p["extrapolated"]["from_layers"], p["extrapolated"]["layers"]
+        head += f" (extrapolated to {layers} layers from {a} and {b}: {p['compile_s']:.0f} s)"
+    elif p.get("cached"):
+        head += " (report cached)"
+    else:
+        head += f" (compiled in {p['compile_s']} s)"
     m = p["memory"]
     verdict = "fits" if plan.fits(p) else f"DOES NOT FIT with 10% headroom: try {KNOBS}"
     if "out_of_memory" in p:
@@ -155,6 +167,7 @@ def main(argv):
             num_slices=_SLICES.value,
             cache_dir=_CACHE.value,
             hlo_dir=_HLO.value,
+            quick=_QUICK.value,
         )
     except (ValueError, devices.CompilerMissing) as error:
         print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)

@@ -44,14 +44,16 @@ def _gradient_bytes(config, report) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def data_parallel():
-    """Two phases (the second changes only the learning rate) and the eval step, 4 chips."""
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("compiled"))
+
+
+@pytest.fixture(scope="module")
+def data_parallel(cache_dir):
+    """The train and eval steps on 4 chips, data parallel; what the compiler left is cached."""
     _libtpu()
     config = _tiny()
-    config.phase_order = ("first", "second")
-    config.phases.first = plan.phases.phase(steps=2)
-    config.phases.second = plan.phases.phase(steps=2, optim={"learning_rate": 1e-4})
-    return config, plan.compile_run(config, "v5e:2x2")
+    return config, plan.compile_run(config, "v5e:2x2", cache_dir=cache_dir)
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +102,8 @@ def test_gpu_nodes_are_described_from_the_chips_table():
 
 def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel):
     config, report = data_parallel
-    first, first_eval, second = report["programs"]
-    assert (first["step"], first_eval["step"], second["step"]) == ("train", "eval", "train")
+    first, first_eval = report["programs"]
+    assert (first["step"], first_eval["step"]) == ("train", "eval")
     assert report["devices"] == 4 and report["device_kind"].startswith("TPU v5")
     # data parallel: the only collective is the all-reduce of the gradients (and loss sums)
     assert set(first["collectives"]) == {"all-reduce"}
@@ -120,10 +122,42 @@ def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel
     assert first["roofline"]["basis"]["memory_s"].startswith("estimate")
 
 
-def test_a_phase_that_changes_only_constants_shares_the_program(data_parallel):
-    _, report = data_parallel
-    first, _, second = report["programs"]
-    assert second["same_as"] == "first" and second["memory"] == first["memory"]
+def test_phases_share_a_program_only_when_it_is_the_same(data_parallel):
+    _libtpu()
+    config = _tiny()
+    config.phase_order = ("first", "lr", "loss")
+    config.phases.first = plan.phases.phase(steps=2)
+    config.phases.lr = plan.phases.phase(steps=2, optim={"learning_rate": 1e-4})
+    config.phases.loss = plan.phases.phase(steps=2, loss={"sparse_last_layer": False})
+    devices = plan.devices_lib.topology_devices(chips.parse_slice("v5e:2x2"))
+    keys = [plan.program_key(p.text) for p in plan.lower_run(config, devices, 400, False)]
+    # a new learning rate only changes constants; a loss without the sparse last layer is
+    # another program (a key on the config's fields once called it the same)
+    assert keys[0] == keys[1] != keys[2]
+
+
+def test_a_second_check_reads_the_compiled_programs_back(data_parallel, cache_dir):
+    config, report = data_parallel
+    again = plan.compile_run(config, "v5e:2x2", cache_dir=cache_dir)
+    for first, second in zip(report["programs"], again["programs"]):
+        assert second["cached"] and "cached" not in first
+        assert {k: v for k, v in second.items() if k != "cached"} == first
+
+
+def test_quick_check_extrapolates_to_a_hand_count(data_parallel, cache_dir):
+    """12 layers from 2 and 3 (the 2-layer program read back from the cache): the gradient
+    reduction and the FLOPs equal a hand count of the 12-layer model."""
+    config = _tiny(num_hidden_layers=12)
+    report = plan.compile_run(config, "v5e:2x2", eval_step=False, cache_dir=cache_dir, quick=True)
+    (train,) = report["programs"]
+    assert train["extrapolated"] == {"from_layers": [2, 3], "layers": 12}
+    params, table = _gradient_bytes(config, report)
+    reduced = train["collectives"]["all-reduce"]["bytes"]
+    assert 0 <= reduced - (params + table) <= 64
+    cfg = plan.model_config(config, plan._Ids(400))
+    assert train["model_flops"] == pytest.approx(
+        plan._train_flops(config, plan.objectives.make_objective(config), cfg, 8)
+    )
 
 
 def test_scanned_and_unrolled_fsdp_steps_count_the_same_collectives(fsdp_pair):

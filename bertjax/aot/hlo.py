@@ -274,11 +274,61 @@ def device_groups(attributes: str, partitions: int) -> list[list[int]]:
     return [list(range(partitions))]
 
 
+_SLICES = ("slice", "dynamic-slice")
+
+
+def _read_of_parameters(module: Module, fused: str) -> dict:
+    """{parameter index: bytes read} for a fused computation's parameters that it only slices
+    (a layer of a stacked array, a row block): the slices' bytes, not the whole operand's."""
+    instructions = module.computations.get(fused, ())
+    users = {}
+    for i in instructions:
+        for operand in i.operands:
+            users.setdefault(operand, []).append(i)
+    read = {}
+    for i in instructions:
+        if i.op != "parameter":
+            continue
+        uses = users.get(i.name, [])
+        if uses and all(u.op in _SLICES and u.operands[0] == i.name for u in uses):
+            read[int(i.arguments)] = sum(array_bytes(u.result) for u in uses)
+    return read
+
+
+def _moved(module: Module, i: Instruction, shapes: dict) -> int:
+    """HBM bytes one execution of a top-level op reads and writes (see `hbm_traffic`)."""
+    if i.op.endswith("-done"):
+        return 0  # counted at its start
+    if i.op.endswith("-start"):  # (operand aliases..., destination, context...)
+        parts = tuple_elements(i.result)
+        moved = parts[1] if len(parts) > 1 else parts[0]
+        source = sum(hbm_bytes(shapes.get(n, "")) > 0 for n in i.operands[:1])
+        return array_bytes(moved) * source + hbm_bytes(moved)
+    if i.op in _SLICES:
+        return 2 * hbm_bytes(i.result) if hbm_bytes(i.result) else array_bytes(i.result)
+    if i.op == "dynamic-update-slice":  # in place: the update read and written
+        return 2 * hbm_bytes(shapes.get(i.operands[1], "")) if len(i.operands) > 1 else 0
+    operands = [hbm_bytes(shapes.get(n, "")) for n in i.operands]
+    result = hbm_bytes(i.result)
+    called = re.search(r"calls=%?([\w.\-]+)", i.attributes)
+    if i.op == "fusion" and called:
+        for index, read in _read_of_parameters(module, called.group(1)).items():
+            if index < len(operands) and operands[index]:
+                operands[index] = min(operands[index], read)
+        root = module.root(called.group(1))
+        if root is not None and root.op == "dynamic-update-slice" and operands:
+            update = module.named(called.group(1)).get(root.operands[1])
+            written = array_bytes(update.result) if update is not None else result
+            operands[0], result = 0, min(result, written)  # an in-place update of operand 0
+    return result + sum(operands)
+
+
 def hbm_traffic(hlo_text: str | Module) -> float:
-    """An estimate of the bytes a chip moves through HBM per step: the operands and results in
-    HBM (`hbm_bytes`) of every op of the entry and loop bodies (a fusion as one op, its inside
-    in registers and VMEM), loop bodies times their trip count. It counts a fusion's whole
-    operand even where it reads a slice, and misses re-reads inside a fusion: an estimate."""
+    """An estimate of the bytes a chip moves through HBM per step: what each op of the entry and
+    the loop bodies reads and writes in HBM (`hbm_bytes`: not VMEM/SMEM), loop bodies times
+    their trip count. A fusion counts as one op (its inside stays on chip), reading only the
+    slices of the operands it slices; an async copy or slice counts the bytes it moves; an
+    in-place update its update. Re-reads inside a fusion are missed: an estimate."""
     module = hlo_text if isinstance(hlo_text, Module) else Module(hlo_text)
     called = set()
     for instructions in module.computations.values():
@@ -291,10 +341,8 @@ def hbm_traffic(hlo_text: str | Module) -> float:
             continue
         shapes = {i.name: i.result for i in instructions}
         for i in instructions:
-            if i.op in _NO_TRAFFIC:
-                continue
-            moved = hbm_bytes(i.result) + sum(hbm_bytes(shapes.get(n, "")) for n in i.operands)
-            total += runs * moved
+            if i.op not in _NO_TRAFFIC:
+                total += runs * _moved(module, i, shapes)
     return total
 
 

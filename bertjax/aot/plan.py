@@ -11,11 +11,9 @@ batch size and row length); other objectives' (fine-tuning, embeddings) is their
 
 Phases whose lowered programs are equal up to their constants (a schedule, RoPE bases) compile
 once: lowering is cheap beside compiling. A program too large for the chips' memory is reported
-as not fitting (libtpu's own figures), not raised. With ``cache_dir`` each compiled program's
-report is kept there under a digest of its lowered text, the target and the compiler's version,
-so a second check recompiles only the programs a changed knob changed (JAX's own persistent
-cache cannot help: an executable compiled for abstract devices cannot be loaded back without a
-client of that platform).
+as not fitting (libtpu's own figures), not raised. With ``cache_dir`` what the compiler left of
+each program is kept (`bertjax.aot.cache`): a second check recompiles only the programs a
+changed knob changed.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import time
@@ -35,6 +32,7 @@ from bertjax.aot import chips as chips_lib
 from bertjax.aot import collectives as collectives_lib
 from bertjax.aot import devices as devices_lib
 from bertjax.aot import hlo, roofline
+from bertjax.aot.cache import Compiled, CompiledCache
 from bertjax.data.batch_spec import pipeline_batch_shapes
 from bertjax.modeling import attention_kernels
 from bertjax.training import metrics, phases, sharding
@@ -100,10 +98,10 @@ def _collectives_report(found: dict) -> dict:
     return report
 
 
-def _summarize(compiled, seconds, model_flops, target, mesh, record) -> dict:
-    text = compiled.as_text()
-    module = hlo.Module(text)
-    memory = roofline.Memory.of(compiled)
+def _summarize(compiled: Compiled, model_flops, target, mesh, record) -> dict:
+    """A compiled program's report, read from what the compiler left (`cache.Compiled`)."""
+    module = hlo.Module(compiled.text)
+    memory = compiled.memory
     hbm = target.chip.hbm_bytes
     flat = list(mesh.devices.flat)
     slice_of = None
@@ -112,21 +110,20 @@ def _summarize(compiled, seconds, model_flops, target, mesh, record) -> dict:
     found = collectives_lib.collectives(module, slice_of, target.num_slices)
     ici = sum(c.wire_bytes for c in found.values())
     dcn = sum(c.dcn_bytes for c in found.values())
-    cost = compiled.cost_analysis() or {}
     hbm_traffic = hlo.hbm_traffic(module)
     return {
-        "compile_s": round(seconds, 1),
+        "compile_s": round(compiled.seconds, 1),
         "memory": dataclasses.asdict(memory) | {"total": memory.total},
         "hbm_per_device": hbm,
         "headroom": 1.0 - memory.total / hbm,
         "model_flops": model_flops,
-        "xla_flops": float(cost.get("flops", 0.0)) * len(flat),
+        "xla_flops": compiled.xla_flops_per_device * len(flat),
         "collectives": _collectives_report(found),
         "collective_bytes": sum(c.bytes for c in found.values()),
         "ici_bytes": ici,
         "dcn_bytes": dcn,
         "hbm_traffic": hbm_traffic,
-        "kernel_calls": hlo.kernel_calls(text),
+        "kernel_calls": hlo.kernel_calls(compiled.text),
         "kernels": _kernels(record),
         "roofline": roofline.roofline(
             model_flops, hbm_traffic, ici, len(flat), target.chip, dcn_bytes=dcn
@@ -138,22 +135,27 @@ _AMOUNT = re.compile(r"\(?([\d.]+)([KMGT])(?:i?B)?\b\)?")
 _SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def _does_not_fit(error: Exception, seconds: float, target, record) -> dict | None:
-    """The report of a program the compiler refused for want of memory (None: another error):
-    libtpu says e.g. "Ran out of memory on HBM, the total memory required for HLO temporaries
-    (70.42G) exceeds available HBM (15.75G)" or "Used 27.62G of 15.75G hbm": what it needs,
-    then what a chip has."""
+def out_of_memory(error: Exception) -> str:
+    """The compiler's one-line refusal for want of memory ("" for another error)."""
     message = str(error)
-    amounts = [float(n) * _SCALE[unit] for n, unit in _AMOUNT.findall(message)]
-    if "RESOURCE_EXHAUSTED" not in message or len(amounts) < 2:
-        return None
+    if "RESOURCE_EXHAUSTED" not in message or len(_AMOUNT.findall(message)) < 2:
+        return ""
+    return message.split("RESOURCE_EXHAUSTED: ", 1)[-1].splitlines()[0][:300]
+
+
+def _does_not_fit(compiled: Compiled, target, record) -> dict:
+    """The report of a program the compiler refused for want of memory: libtpu says e.g. "Ran
+    out of memory on HBM, the total memory required for HLO temporaries (70.42G) exceeds
+    available HBM (15.75G)" or "Used 27.62G of 15.75G hbm": what it needs, then what a chip
+    has."""
+    amounts = [float(n) * _SCALE[unit] for n, unit in _AMOUNT.findall(compiled.out_of_memory)]
     needed, usable = amounts[:2]
     return {
-        "compile_s": round(seconds, 1),
+        "compile_s": round(compiled.seconds, 1),
         "memory": {"total": int(needed), "usable": int(usable)},
         "hbm_per_device": target.chip.hbm_bytes,
         "headroom": 1.0 - needed / target.chip.hbm_bytes,
-        "out_of_memory": message.split("RESOURCE_EXHAUSTED: ", 1)[-1].splitlines()[0][:300],
+        "out_of_memory": compiled.out_of_memory,
         "kernels": _kernels(record),
     }
 
@@ -171,51 +173,12 @@ def _train_flops(config, objective, model_cfg, rows: int) -> float:
     return per_sequence * rows
 
 
-def program_key(lowered) -> str:
-    """A digest of a lowered program with its literal constants blanked: two phases with equal
-    keys compile to the same buffers and collectives (a learning-rate schedule or a RoPE base
-    only changes constants)."""
-    text = re.sub(r"dense<[^>]*>", "dense<>", lowered.as_text())
+def program_key(lowered_text: str) -> str:
+    """A digest of a lowered program's text with its literal constants blanked: two phases with
+    equal keys compile to the same buffers and collectives (a learning-rate schedule or a RoPE
+    base only changes constants)."""
+    text = re.sub(r"dense<[^>]*>", "dense<>", lowered_text)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _compiler_version(platform: str) -> str:
-    import importlib.metadata
-
-    name = "libtpu" if platform == "tpu" else "jax-cuda12-plugin"
-    try:
-        return f"{name} {importlib.metadata.version(name)}, jax {jax.__version__}"
-    except importlib.metadata.PackageNotFoundError:
-        return f"jax {jax.__version__}"
-
-
-class _ReportCache:
-    """Compiled programs' reports on disk, keyed by what decides them."""
-
-    def __init__(self, directory: str, target, options):
-        self.directory = directory
-        self.salt = repr((target, options, _compiler_version(target.chip.platform)))
-
-    def key(self, lowered) -> str:
-        return hashlib.sha256((self.salt + lowered.as_text()).encode()).hexdigest()
-
-    def get(self, key: str) -> dict | None:
-        if not self.directory:
-            return None
-        try:
-            with open(os.path.join(self.directory, key + ".json")) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-    def put(self, key: str, summary: dict) -> None:
-        if not self.directory:
-            return
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, key + ".json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(summary, f)
-        os.replace(path + ".tmp", path)  # never a half-written report
 
 
 def compile_run(
@@ -226,12 +189,23 @@ def compile_run(
     num_slices: int = 1,
     cache_dir: str = "",
     hlo_dir: str = "",
+    quick: bool = False,
 ) -> dict:
     """Compiles ``config``'s train step (every phase) and eval step for ``topology``
     (`chips.parse_slice`; ``num_slices`` TPU slices); returns what each program holds, per
-    chip. ``cache_dir``: where compiled programs' reports are kept (see the module
-    docstring); "" keeps none. ``hlo_dir``: where each compiled program's optimized HLO text is
-    written (``PHASE.STEP.hlo.txt``), for reading what it holds."""
+    chip. ``cache_dir``: where what the compiler left of each program is kept
+    (`bertjax.aot.cache`); "" keeps none. ``hlo_dir``: where each program's optimized HLO text
+    is written (``PHASE.STEP.hlo.txt``), for reading what it holds. ``quick``: compile at two
+    small depths and extrapolate to the real one (`bertjax.aot.extrapolate`)."""
+    if quick:
+        from bertjax.aot import extrapolate
+
+        found = extrapolate.depths(config, int(vocab_size or config.data.vocab_size))
+        if found is not None:
+            a, b, layers = found
+            args = (topology, vocab_size, eval_step, num_slices, cache_dir, hlo_dir)
+            small, large = (compile_run(extrapolate.with_layers(config, d), *args) for d in (a, b))
+            return extrapolate.extrapolate(small, large, a, b, layers)
     target = chips_lib.parse_slice(topology, num_slices)
     devices = devices_lib.topology_devices(target)
     vocab = int(vocab_size or config.data.vocab_size)
@@ -246,6 +220,61 @@ def compile_run(
         "programs": [],
     }
     compiled_keys = {}
+    for lowered in lower_run(config, devices, vocab, eval_step):
+        c, record, about = lowered.config, lowered.record, lowered.about
+        key = (about["step"], program_key(lowered.text))
+        if key in compiled_keys:  # the same program with other constants
+            earlier = compiled_keys[key]
+            report["programs"].append(earlier | about | {"same_as": earlier["phase"]})
+            continue
+        cache = CompiledCache(cache_dir, target, step_lib.compiler_options(c))
+        cache_key = cache.key(lowered.text)
+        compiled = cache.get(cache_key)
+        if compiled is not None:
+            about["cached"] = True
+        else:
+            start = time.perf_counter()
+            try:
+                executable = lowered.lowered.compile()
+            except Exception as error:  # noqa: BLE001  (out of memory: a report, not a crash)
+                refusal = out_of_memory(error)
+                if not refusal:
+                    raise
+                compiled = Compiled(time.perf_counter() - start, out_of_memory=refusal)
+            else:
+                compiled = Compiled.of(executable, time.perf_counter() - start)
+            cache.put(cache_key, compiled)
+        if compiled.out_of_memory:
+            summary = _does_not_fit(compiled, target, record)
+        else:
+            summary = _summarize(compiled, lowered.model_flops, target, lowered.mesh, record)
+        if hlo_dir and compiled.text:
+            os.makedirs(hlo_dir, exist_ok=True)
+            name = f"{about['phase']}.{about['step']}.hlo.txt"
+            with open(os.path.join(hlo_dir, name), "w") as f:
+                f.write(compiled.text)
+        summary |= about
+        report["programs"].append(summary)
+        compiled_keys[key] = summary
+    return report
+
+
+@dataclasses.dataclass
+class Lowered:
+    """One step of one phase, lowered for the target's devices (not compiled)."""
+
+    config: object  # the phase's run config
+    mesh: object
+    lowered: object  # jax.stages.Lowered
+    text: str
+    model_flops: float
+    record: list  # (AttentionSpec, kernel name) of each attention traced
+    about: dict
+
+
+def lower_run(config, devices, vocab: int, eval_step: bool = True):
+    """Every phase's train step (and the first phase's eval step) of ``config``, lowered for
+    ``devices`` as `train.py` builds them: yields `Lowered`."""
     for phase in phases.plan_phases(config):
         c = phase.config
         objective = objectives.make_objective(c)
@@ -264,10 +293,9 @@ def compile_run(
             batch = _abstract_batch(c, objective, model_cfg, rows, held_out)
             batch = _with_sharding(batch, batch_sharding)
             args = (state, batch, rng) if kind == "train" else (state, batch)
-            start = time.perf_counter()
             with attention_kernels.recording() as record:
                 lowered = fn.lower(*args)
-            key = (kind, program_key(lowered))
+            flops = _train_flops(c, objective, model_cfg, rows)
             about = {
                 "phase": phase.name,
                 "step": kind,
@@ -278,39 +306,8 @@ def compile_run(
                 "remat": str(c.model.get("remat", "")),
                 "scan_layers": bool(c.model.get("scan_layers", False)),
             }
-            if key in compiled_keys:  # the same program with other constants
-                earlier = compiled_keys[key]
-                report["programs"].append(earlier | about | {"same_as": earlier["phase"]})
-                continue
-            cache = _ReportCache(cache_dir, target, step_lib.compiler_options(c))
-            stored = cache.get(cache.key(lowered))
-            if stored is not None:
-                summary = stored | about | {"cached": True}
-                report["programs"].append(summary)
-                compiled_keys[key] = summary
-                continue
-            flops = _train_flops(c, objective, model_cfg, rows)
-            if kind == "eval":
-                flops /= 3.0  # forward only
-            try:
-                compiled = lowered.compile()
-            except Exception as error:  # noqa: BLE001  (out of memory is a report, not a crash)
-                summary = _does_not_fit(error, time.perf_counter() - start, target, record)
-                if summary is None:
-                    raise
-            else:
-                seconds = time.perf_counter() - start
-                summary = _summarize(compiled, seconds, flops, target, mesh, record)
-                if hlo_dir:
-                    os.makedirs(hlo_dir, exist_ok=True)
-                    path = os.path.join(hlo_dir, f"{phase.name}.{kind}.hlo.txt")
-                    with open(path, "w") as f:
-                        f.write(compiled.as_text())
-            summary |= about
-            cache.put(cache.key(lowered), summary)
-            report["programs"].append(summary)
-            compiled_keys[key] = summary
-    return report
+            flops = flops / 3.0 if kind == "eval" else flops  # eval: forward only
+            yield Lowered(c, mesh, lowered, lowered.as_text(), flops, record, about)
 
 
 def fits(program: dict, headroom: float = HEADROOM) -> bool:
