@@ -4,15 +4,17 @@ FLOPs, collectives (bytes sent per chip over ICI / DCN) and the roofline step ti
 program, and how each was compiled.
 
     python benchmarks/tpu_compile.py [--recipes=bert_base,modernbert_base] [--skip_eval]
-        [--scan] [--topology=h100-8] [--num_slices=2] [--out=FILE.json] [--hlo_root=DIR]
+        [--how=as_is|scan|quick|auto] [--topology=h100-8] [--num_slices=2] [--out=FILE.json]
 
 Each recipe's target is the slice its docstring names (``Slice:``; v5e-4 for the CPU-sized
 recipes that name none) unless ``--topology`` is given; its vocabulary is its own
-(``config.data.vocab_size``). Recipes compile as train.py runs them (their own
-``model.scan_layers``); ``--scan`` compiles scanned layers instead where the recipe allows
-(benchmarks/results.md measures how far that moves memory and collectives). Full-size compiles
-take minutes each on a small CPU host; reports of compiled programs are cached
-(``--cache_dir``), so a rerun recompiles only what changed.
+(``config.data.vocab_size``). ``--how``: ``as_is`` compiles each recipe as train.py runs it
+(its own ``model.scan_layers``); ``scan`` with scanned layers; ``quick`` at two small depths,
+extrapolated (`bertjax.aot.extrapolate`); ``auto`` (the default) the CPU-sized recipes as they
+are, the others scanned where they can be and quick where not (ModernBERT's alternating
+layers). benchmarks/results.md measures how far scanning and extrapolating move memory and
+collectives. Full-size compiles take minutes each on a small CPU host; what the compiler left
+is cached (``--cache_dir``), so a rerun recompiles only what changed.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def compile_recipe(name: str, args, overrides=()) -> dict:
 def _row(r: dict, p: dict) -> str:
     mesh = p["mesh"]
     how = "scanned" if p.get("scan_layers") else "unrolled"
+    if "extrapolated" in p:
+        (a, b), layers = p["extrapolated"]["from_layers"], p["extrapolated"]["layers"]
+        how += f" {a}+{b} -> {layers} layers"
     if "same_as" in p:
         how += f", program of {p['same_as']}"
     elif p.get("cached"):
@@ -118,7 +123,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", default=",".join(recipes()))
     parser.add_argument("--skip_eval", action="store_true")
-    parser.add_argument("--scan", action="store_true", help="compile with scanned layers")
+    parser.add_argument("--how", default="auto", choices=("as_is", "scan", "quick", "auto"))
     parser.add_argument("--topology", default="", help="one target for every recipe")
     parser.add_argument("--num_slices", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=7200, help="seconds per recipe")
@@ -128,10 +133,13 @@ def main():
     args = parser.parse_args()
     reports = []
     for name in args.recipes.split(","):
-        overrides = ["--config.model.scan_layers=True"] if args.scan else []
-        report = compile_recipe(name, args, overrides)
-        if overrides and "scan_layers" in report.get("error", ""):  # cannot scan: as it is
-            report = compile_recipe(name, args)
+        how = args.how
+        if how == "auto":
+            how = "as_is" if recipe_target(name) == SMALL_TARGET else "scan"
+        flags = {"as_is": [], "scan": ["--config.model.scan_layers=True"], "quick": ["--quick"]}
+        report = compile_recipe(name, args, flags[how])
+        if args.how == "auto" and "scan_layers" in report.get("error", ""):  # cannot scan
+            report = compile_recipe(name, args, flags["quick"])
         reports.append(report)
         print(f"{name}: done", file=sys.stderr, flush=True)
         if args.out:
