@@ -55,8 +55,8 @@ _CACHE = flags.DEFINE_string(
 _QUICK = flags.DEFINE_bool(
     "quick",
     False,
-    "Compile at two small depths and extrapolate to the real one (seconds instead of minutes; "
-    "benchmarks/results.md measures the error).",
+    "Compile at two small depths and extrapolate to the real one: collectives, FLOPs and the "
+    "state's memory come out exact, temporaries only roughly (benchmarks/results.md).",
 )
 _HLO = flags.DEFINE_string(
     "hlo_dir", "", "Also write each compiled program's optimized HLO text here."

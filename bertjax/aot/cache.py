@@ -1,8 +1,9 @@
 """What the compiler said about each program, kept on disk so that a second check compiles only
 the programs a changed knob changed: the optimized HLO text, the memory analysis, XLA's FLOP
-count and the compile time (or the out-of-memory message), under a digest of the lowered program,
-the target, the compiler options and the compiler's version. Reports are read anew from these
-each time, so a change in how bertjax reads them needs no recompile.
+count and the compile time (or the out-of-memory message), under a digest of the lowered program
+(its floating-point constants blanked: a new learning rate or mask rate is the same program), the
+target, the compiler options and the compiler's version. Reports are read anew from these each
+time, so a change in how bertjax reads them needs no recompile.
 
 JAX's own persistent compilation cache cannot serve here: an executable compiled for abstract
 devices cannot be loaded back without a client of that platform ("PjRtCompiler must be

@@ -1,15 +1,15 @@
 """A quick check: the run compiled at two small depths and its figures extrapolated, linearly in
 the number of layers, to the real depth (`python -m bertjax.compile --quick`).
 
-Every figure a program's report holds grows by the same amount with each repeat of the layer
-pattern: the parameters and optimizer state (arguments), the activations kept for the backward
-pass (temporaries), the collectives (one more layer's gradients, gathers), FLOPs and HBM bytes.
-The two depths ``a`` and ``a + p`` repeat the stack's layer pattern (period ``p``: ModernBERT's
-global layer every third, an MoE layer every n-th) and end on the same kind of layer as the real
-depth, with the same first and last layer (the first without its attention norm in the
-ModernBERT shape, the last at the masked rows only): a layer's report is
-``report(a + p) - report(a)``, the real one ``report(a) + (L - a) / p`` of that.
-benchmarks/results.md measures how close that comes to the full compile.
+Each repeat of the layer pattern adds the same parameters and optimizer state (arguments),
+collectives (one more layer's gradients, gathers), FLOPs and HBM bytes. The two depths ``a`` and
+``a + p`` repeat the stack's layer pattern (period ``p``: ModernBERT's global layer every third,
+an MoE layer every n-th) and end on the same kind of layer as the real depth, with the same
+first and last layer (the first without its attention norm in the ModernBERT shape, the last at
+the masked rows only): a layer's report is ``report(a + p) - report(a)``, the real one
+``report(a) + (L - a) / p`` of that. The collectives, the FLOPs and the arguments come out exact;
+the temporaries do not (the compiler schedules a shallow program's buffers differently):
+benchmarks/results.md measures how far they land from the full compile.
 """
 
 from __future__ import annotations

@@ -173,12 +173,20 @@ def _train_flops(config, objective, model_cfg, rows: int) -> float:
     return per_sequence * rows
 
 
+_FLOAT_CONSTANT = re.compile(r"dense<[^>]*>(\s*:\s*tensor<(?:[0-9?]+x)*(?:bf16|f16|f32|f64)>)")
+
+
+def blank_constants(lowered_text: str) -> str:
+    """A lowered program's text with its floating-point constants blanked (integer ones, which
+    may bound a loop, kept)."""
+    return _FLOAT_CONSTANT.sub(r"dense<>\1", lowered_text)
+
+
 def program_key(lowered_text: str) -> str:
-    """A digest of a lowered program's text with its literal constants blanked: two phases with
-    equal keys compile to the same buffers and collectives (a learning-rate schedule or a RoPE
-    base only changes constants)."""
-    text = re.sub(r"dense<[^>]*>", "dense<>", lowered_text)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """A digest of a lowered program up to its floating-point constants: two programs with equal
+    keys compile to the same buffers and collectives (a learning rate, its schedule, a mask
+    rate or a RoPE base only change constants)."""
+    return hashlib.sha256(blank_constants(lowered_text).encode()).hexdigest()
 
 
 def compile_run(
@@ -228,7 +236,7 @@ def compile_run(
             report["programs"].append(earlier | about | {"same_as": earlier["phase"]})
             continue
         cache = CompiledCache(cache_dir, target, step_lib.compiler_options(c))
-        cache_key = cache.key(lowered.text)
+        cache_key = cache.key(blank_constants(lowered.text))  # a new learning rate: read back
         compiled = cache.get(cache_key)
         if compiled is not None:
             about["cached"] = True
