@@ -2,7 +2,8 @@
 the programs a changed knob changed: the optimized HLO text, the memory analysis, XLA's FLOP
 count and the compile time (or the out-of-memory message), under a digest of the lowered program
 (its floating-point constants blanked: a new learning rate or mask rate is the same program), the
-target, the compiler options and the compiler's version. Reports are read anew from these each
+target, the compiler options (``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS`` too) and the compiler's
+version. Reports are read anew from these each
 time, so a change in how bertjax reads them needs no recompile.
 
 JAX's own persistent compilation cache cannot serve here: an executable compiled for abstract
@@ -53,7 +54,10 @@ class CompiledCache:
 
     def __init__(self, directory: str, target, options):
         self.directory = directory
+        flags = [os.environ.get(name, "") for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")]
         self.salt = repr((target, options, compiler_version(target.chip.platform)))
+        if any(flags):  # the compiler reads these too
+            self.salt += repr(flags)
 
     def key(self, lowered_text: str) -> str:
         return hashlib.sha256((self.salt + lowered_text).encode()).hexdigest()
