@@ -50,9 +50,11 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data_parallel(cache_dir):
-    """The train and eval steps on 4 chips, data parallel; what the compiler left is cached."""
+    """The train and eval steps on 4 chips, data parallel, packed rows; what the compiler left
+    is cached."""
     _libtpu()
     config = _tiny()
+    config.data.pack_rows = True
     return config, plan.compile_run(config, "v5e:2x2", cache_dir=cache_dir)
 
 
@@ -138,6 +140,8 @@ def test_phases_share_a_program_only_when_it_is_the_same(data_parallel):
 
 def test_a_second_check_reads_the_compiled_programs_back(data_parallel, cache_dir):
     config, report = data_parallel
+    config = config.copy_and_resolve_references()
+    config.optim.learning_rate *= 2  # only a constant: the same programs, read back
     again = plan.compile_run(config, "v5e:2x2", cache_dir=cache_dir)
     for first, second in zip(report["programs"], again["programs"]):
         assert second["cached"] and "cached" not in first
@@ -145,13 +149,17 @@ def test_a_second_check_reads_the_compiled_programs_back(data_parallel, cache_di
 
 
 def test_quick_check_extrapolates_to_a_hand_count(data_parallel, cache_dir):
-    """12 layers from 2 and 3 (the 2-layer program read back from the cache): the gradient
-    reduction and the FLOPs equal a hand count of the 12-layer model."""
+    """12 layers from 2 and 3 (the 2-layer program read back from the data-parallel test's): the
+    only collective, the gradient reduction, and the FLOPs equal a hand count of the 12-layer
+    model."""
+    _libtpu()
     config = _tiny(num_hidden_layers=12)
+    config.data.pack_rows = True
     report = plan.compile_run(config, "v5e:2x2", eval_step=False, cache_dir=cache_dir, quick=True)
     (train,) = report["programs"]
     assert train["extrapolated"] == {"from_layers": [2, 3], "layers": 12}
     params, table = _gradient_bytes(config, report)
+    assert set(train["collectives"]) == {"all-reduce"}
     reduced = train["collectives"]["all-reduce"]["bytes"]
     assert 0 <= reduced - (params + table) <= 64
     cfg = plan.model_config(config, plan._Ids(400))
@@ -214,7 +222,6 @@ ENTRY %main () -> f32[] {
 def test_two_slices_reduce_across_the_data_center_network():
     _libtpu()
     config = _tiny(scan_layers=True)
-    config.data.pack_rows = True  # packed rows: still only the gradient reduction
     report = plan.compile_run(config, "v5e:2x2", eval_step=False, num_slices=2)
     (train,) = report["programs"]
     assert report["devices"] == 8 and train["mesh"]["dcn"] == 2 and train["mesh"]["data"] == 4
