@@ -1,111 +1,145 @@
-"""Every web-scale recipe compiled for its target TPU slice by the real TPU compiler on this CPU
-host (`python -m bertjax.compile`), one subprocess per recipe: a markdown table of memory per
-chip, headroom, FLOPs, collective bytes and the roofline step time / MFU of each program.
+"""Every recipe compiled for its target by the real compiler on this CPU host (`python -m
+bertjax.compile`), one subprocess per recipe: a markdown table of memory per chip, headroom,
+FLOPs, collectives (bytes sent per chip over ICI / DCN) and the roofline step time / MFU of each
+program, and how each was compiled.
 
     python benchmarks/tpu_compile.py [--recipes=bert_base,modernbert_base] [--skip_eval]
-        [--out=FILE.json]
+        [--how=as_is|scan|quick|auto] [--topology=h100-8] [--num_slices=2] [--out=FILE.json]
 
-The peer beside each figure is the chip's published capacity and peak (bertjax/aot/chips.py).
-Each recipe's slice is the one its docstring names ("Slice:"); the vocabulary is its
-tokenizer's (a real run reads it from the tokenizer file). Full-size compiles take minutes each
-on a small CPU host.
+Each recipe's target is the slice its docstring names (``Slice:``; v5e-4 for the CPU-sized
+recipes that name none) unless ``--topology`` is given; its vocabulary is its own
+(``config.data.vocab_size``). ``--how``: ``as_is`` compiles each recipe as train.py runs it
+(its own ``model.scan_layers``); ``scan`` with scanned layers; ``quick`` at two small depths,
+extrapolated (`bertjax.aot.extrapolate`); ``auto`` (the default) the CPU-sized recipes as they
+are, the others scanned where they can be and quick where not (ModernBERT's alternating
+layers). benchmarks/results.md measures how far scanning and extrapolating move memory and
+collectives. Full-size compiles take minutes each on a small CPU host; what the compiler left
+is cached (``--cache_dir``), so a rerun recompiles only what changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# recipe: (slice, tokenizer vocabulary)
-RECIPES = {
-    "modernbert_base": ("v5p-128", 50368),
-    "bert_base": ("v5e-16", 30522),
-    "bert_large": ("v5e-64", 30522),
-    "roberta_base": ("v5p-128", 50265),
-    "albert_base": ("v5p-128", 30000),
-    "bert_wwm_zh": ("v5p-32", 21128),
-    "macbert_zh": ("v5p-32", 21128),
-    "pert_zh": ("v5e-16", 21128),
-    "roberta_zh_long": ("v5e-16", 21128),
-    "modernbert_large": ("v5p-16", 50368),
-    "electra_base": ("v5e-32", 30522),
-    "diffusion_base": ("v5e-16", 32000),
-    "clm_mlm_base": ("v5p-64", 50368),
-    "distilbert": ("v5e-4", 30522),
-    "cramming": ("v5e-8", 32768),
-    "embed_modernbert_base": ("v5p-128", 50368),
-}
-# --scan compiles one layer's program (config.model.scan_layers=True): several times faster to
-# compile on a small host; the activations kept per layer are the same.
+SMALL_TARGET = "v5e-4"  # recipes sized for a CPU name no slice
 
 
-def compile_recipe(name: str, skip_eval: bool, timeout: int, overrides=()) -> dict:
-    topology, vocab = RECIPES[name]
+def recipes() -> list[str]:
+    return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "configs/*.py")))
+
+
+def recipe_target(name: str) -> str:
+    """The slice a recipe's docstring names (``Slice:   v5p-128 (...)``), else SMALL_TARGET."""
+    with open(os.path.join(ROOT, "configs", f"{name}.py")) as f:
+        found = re.search(r"^Slice:\s+(\S+)", f.read(), re.MULTILINE)
+    return found.group(1) if found else SMALL_TARGET
+
+
+def compile_recipe(name: str, args, overrides=()) -> dict:
+    topology = args.topology or recipe_target(name)
     command = [
         sys.executable, "-m", "bertjax.compile", f"--config=configs/{name}.py",
-        f"--topology={topology}", f"--vocab_size={vocab}", "--json",
+        f"--topology={topology}", f"--num_slices={args.num_slices}", "--json",
     ]  # fmt: skip
-    if skip_eval:
+    if args.skip_eval:
         command.append("--skip_eval")
+    if args.cache_dir is not None:
+        command.append(f"--cache_dir={args.cache_dir}")
+    if args.hlo_root:
+        command.append(f"--hlo_dir={os.path.join(args.hlo_root, name)}")
     command += list(overrides)
     start = time.perf_counter()
     try:
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout
+        )
     except subprocess.TimeoutExpired:
-        return {"recipe": name, "topology": topology, "error": f"over {timeout} s"}
+        return {"recipe": name, "topology": topology, "error": f"over {args.timeout} s"}
     seconds = time.perf_counter() - start
     if result.returncode not in (0, 1) or not result.stdout.strip():  # 1: does not fit
         return {"recipe": name, "topology": topology, "error": result.stderr.strip()[-400:]}
-    return {"recipe": name, "seconds": seconds, **json.loads(result.stdout)}
+    report = json.loads(result.stdout)
+    return {"recipe": name, "seconds": seconds, "overrides": list(overrides), **report}
+
+
+def _row(r: dict, p: dict) -> str:
+    mesh = p["mesh"]
+    how = "scanned" if p.get("scan_layers") else "unrolled"
+    if "extrapolated" in p:
+        (a, b), layers = p["extrapolated"]["from_layers"], p["extrapolated"]["layers"]
+        how += f" {a}+{b} -> {layers} layers"
+    if "same_as" in p:
+        how += f", program of {p['same_as']}"
+    elif p.get("cached"):
+        how += ", cached report"
+    else:
+        how += f", {p['compile_s']:.0f} s"
+    memory = f"{p['memory']['total'] / 2**30:.1f} GiB"
+    slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
+    head = (
+        f"| {r['recipe']} | {r['topology']}{slices} | {p['phase']} / {p['step']} | "
+        f"{p['batch']} x {p['length']} | "
+        f"{mesh.get('dcn', 1)}, {mesh['data']}, {mesh['fsdp']}, {mesh['tensor']} | {how} | "
+        f"{memory} | {p['hbm_per_device'] / 2**30:.0f} GiB | {p['headroom']:.0%} |"
+    )
+    if "out_of_memory" in p:
+        return head + " does not fit | | | | | |"
+    roof = p["roofline"]
+    kernels = ", ".join(sorted({k.split(":")[0] for k in p["kernels"]}))
+    collectives = ", ".join(f"{k} x{c['count']}" for k, c in p["collectives"].items())
+    sent = f"{p['ici_bytes'] / 2**20:.0f}" + (
+        f" / {p['dcn_bytes'] / 2**20:.0f}" if p.get("dcn_bytes") else ""
+    )
+    return head + (
+        f" {p['model_flops']:.2e} | {collectives or 'none'} | {sent} | {kernels} | "
+        f"{roof['step_s'] * 1e3:.0f} ms ({roof['bound']}) | {roof['mfu']:.0%} |"
+    )
 
 
 def table(reports: list[dict]) -> str:
     head = (
-        "| recipe | slice | phase / step | batch x T | mesh (data, fsdp, tensor) | "
-        "memory / chip | HBM / chip | headroom | model FLOPs | XLA FLOPs | collectives / chip | "
-        "attention kernels | roofline step | MFU |\n|" + "---|" * 14
+        "| recipe | target | phase / step | batch x T | mesh (dcn, data, fsdp, tensor) | "
+        "compiled | memory / chip | HBM / chip | headroom | model FLOPs | collectives | "
+        "MiB sent / chip (ICI / DCN) | attention | roofline step | MFU <= |\n|" + "---|" * 15
     )
     rows = [head]
     for r in reports:
         if "error" in r:
-            rows.append(f"| {r['recipe']} | {r['topology']} | error: {r['error'][:120]} |")
+            rows.append(f"| {r['recipe']} | {r['topology']} | error: {r['error'][:160]} |")
             continue
-        for p in r["programs"]:
-            mesh = p["mesh"]
-            kernels = ", ".join(sorted({k.split(":")[0] for k in p["kernels"]}))
-            rows.append(
-                f"| {r['recipe']} | {r['topology']} | {p['phase']} / {p['step']} | "
-                f"{p['batch']} x {p['length']} | {mesh['data']}, {mesh['fsdp']}, "
-                f"{mesh['tensor']} | {p['memory']['total'] / 2**30:.1f} GiB | "
-                f"{p['hbm_per_device'] / 2**30:.0f} GiB | {p['headroom']:.0%} | "
-                f"{p['model_flops']:.2e} | {p['xla_flops']:.2e} | "
-                f"{p['collective_bytes'] / 2**30:.2f} GiB | {kernels} | "
-                f"{p['roofline']['step_s'] * 1e3:.0f} ms ({p['roofline']['bound']}) | "
-                f"{p['roofline']['mfu']:.0%} |"
-            )
+        rows += [_row(r, p) for p in r["programs"]]
     return "\n".join(rows)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--recipes", default=",".join(recipes()))
     parser.add_argument("--skip_eval", action="store_true")
-    parser.add_argument("--scan", action="store_true", help="compile with scanned layers")
-    parser.add_argument("--timeout", type=int, default=3600, help="seconds per recipe")
+    parser.add_argument("--how", default="auto", choices=("as_is", "scan", "quick", "auto"))
+    parser.add_argument("--topology", default="", help="one target for every recipe")
+    parser.add_argument("--num_slices", type=int, default=1)
+    parser.add_argument("--timeout", type=int, default=7200, help="seconds per recipe")
+    parser.add_argument("--cache_dir", default=None, help="bertjax.compile's --cache_dir")
+    parser.add_argument("--hlo_root", default="", help="keep each program's HLO under here")
     parser.add_argument("--out", default="", help="also write the reports as JSON here")
     args = parser.parse_args()
     reports = []
     for name in args.recipes.split(","):
-        overrides = ["--config.model.scan_layers=True"] if args.scan else []
-        report = compile_recipe(name, args.skip_eval, args.timeout, overrides)
-        if overrides and "need scan_layers=False" in report.get("error", ""):  # ModernBERT
-            report = compile_recipe(name, args.skip_eval, args.timeout)
+        how = args.how
+        if how == "auto":
+            how = "as_is" if recipe_target(name) == SMALL_TARGET else "scan"
+        flags = {"as_is": [], "scan": ["--config.model.scan_layers=True"], "quick": ["--quick"]}
+        report = compile_recipe(name, args, flags[how])
+        if args.how == "auto" and "scan_layers" in report.get("error", ""):  # cannot scan
+            report = compile_recipe(name, args, flags["quick"])
         reports.append(report)
         print(f"{name}: done", file=sys.stderr, flush=True)
         if args.out:

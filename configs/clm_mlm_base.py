@@ -37,6 +37,7 @@ def get_config(variant=""):
     )
     config.batch_size = 1152
     config.num_train_steps = TOTAL_STEPS
+    config.data.vocab_size = 50368  # ModernBERT's tokenizer.json (given at run time): the check's
     config.data.max_seq_length = 2048
     config.data.max_predictions = 840  # 40% of 2048, with margin
     config.data.mask_rate = 0.4

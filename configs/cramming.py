@@ -25,8 +25,9 @@ functions; only pretrained weights would care).
 Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole sentences, planned per
          ~1 M-token piece of the store (bertjax/data/plans/piece_plans.py), so a sharded store of
          any size starts from its manifest and each host reads only its own pieces' index.
-Slice:   v5e-8 (the paper: one GPU for a day); at these defaults its step does NOT fit (113.5 GiB
-         of temporaries per chip): raise config.optim.grad_accum_steps (benchmarks/results.md)
+Slice:   v5e-8 (the paper: one GPU for a day); the batch of 8192 is 8 microbatches
+         (config.optim.grad_accum_steps; cramming's micro-batch is 128 rows per GPU, here 128 per
+         chip): a step of 1024 rows per chip does not fit v5e's 16 GiB (benchmarks/results.md)
          check it: python -m bertjax.compile --config=configs/cramming.py --topology=v5e-8
 Run:     python train.py --config=configs/cramming.py --workdir=DIR \
              --config.data.corpus='/data/pile/*.txt'
@@ -74,6 +75,7 @@ def get_config(variant=""):
     config.optim.b1, config.optim.b2, config.optim.eps = 0.9, 0.98, 1e-12
     config.optim.weight_decay = 0.01
     config.optim.clip_norm = 0.5
+    config.optim.grad_accum_steps = 8  # 128 rows per chip per microbatch on v5e-8 (Slice:)
     config.optim.schedule = "triangle"
     config.optim.schedule_clock = "tokens"  # x = elapsed budget (tokens), the batch ramp's clock
     config.optim.warmup_steps, config.optim.warmup_fraction = 0, 0.0

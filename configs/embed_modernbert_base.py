@@ -35,6 +35,7 @@ def get_config(variant=""):
     # the model of init_from (an HF ModernBERT dir) wins; this shape serves a random init
     config.model = model_config_dict("modernbert-base", dtype="bfloat16")
     config.batch_size = 16384
+    config.data.vocab_size = 50368  # ModernBERT's (init_from brings its tokenizer): the check's
     config.data.max_seq_length = 512  # document rows
     config.pairs.max_query_length = 64
     config.loss.pooling = "mean"

@@ -40,6 +40,7 @@ def get_config(variant=""):
     config.batch_warmup.tokens = 50 * BILLION
     config.batch_warmup.quantum = 768
     config.data.hf_vocab = ""  # ModernBERT's tokenizer.json (BPE, 50368 ids with its padding)
+    config.data.vocab_size = 50368  # that file's size (it brings its own): what the check compiles
     config.data.max_seq_length = 1024
     config.data.max_predictions = 320  # 30% of 1024, with margin
     config.data.mask_rate = 0.3

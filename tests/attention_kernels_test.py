@@ -7,8 +7,8 @@ serves. A new feature needs its grid value in `VALUES` and its computation in th
 (`attention_kernels.describe`) then follow, and a feature missing from any of them fails a test
 that names it. Splash runs in Pallas interpret mode; "cudnn" is the "xla" kernel's code with
 cuDNN named and needs a GPU, so it is not in the grid. Then: a feature no fast kernel lists takes
-the exact path on every platform and forcing another kernel raises; causal attention never looks
-ahead nor across packed rows."""
+the exact path on every platform and forcing another kernel raises; on a GPU, cuDNN serves
+what it can; causal attention never looks ahead nor across packed rows."""
 
 import dataclasses
 import logging
@@ -309,3 +309,22 @@ def test_scanned_and_unscanned_stacks_read_the_same_layer_kinds():
     mask = AttentionMask.build(None, None, position_ids(None, 1, 8, 0))
     with pytest.raises(ValueError, match="scan_layers=True repeats one layer"):
         Encoder(cfg).init(jax.random.key(0), x, mask, True)
+
+
+def test_on_a_gpu_cudnn_serves_what_it_can_and_fused_attention_the_rest(monkeypatch):
+    monkeypatch.setattr(platform, "current", lambda: "gpu")
+    monkeypatch.setattr(kernels, "_cudnn_installed", lambda: True)
+    bf16 = kernels.AttentionSpec(B, T, T, N, H, dtype="bfloat16")
+    chosen = lambda spec: kernels.choose(spec).name  # noqa: E731
+    assert chosen(bf16) == "cudnn"
+    assert chosen(dataclasses.replace(bf16, half_window=3, causal=True)) == "cudnn"
+    assert chosen(dataclasses.replace(bf16, dtype="float32")) == "fused"  # cuDNN: bf16/fp16
+    assert chosen(dataclasses.replace(bf16, half_window=3)) == "fused"  # two-sided window
+    assert chosen(dataclasses.replace(bf16, packed=True)) == "fused"  # a mask, not lengths
+    assert chosen(dataclasses.replace(bf16, query_length=ROWS, gathered_rows=True)) == "fused"
+    assert chosen(dataclasses.replace(bf16, head_dim=12)) == "fused"  # not a multiple of 8
+    assert chosen(dataclasses.replace(bf16, dropout=True)) == "exact"
+    with pytest.raises(ValueError, match="'cudnn'.*a two-sided local window"):
+        kernels.choose(dataclasses.replace(bf16, half_window=3), "cudnn")
+    monkeypatch.setattr(kernels, "_cudnn_installed", lambda: False)
+    assert chosen(bf16) == "fused"  # no cuDNN library: XLA's fused attention

@@ -1,67 +1,255 @@
-"""`python -m bertjax.compile`'s parts: a smoke model's train step compiled for a 4-chip TPU
-topology by the real TPU compiler (libtpu) on this CPU host, with splash attention inside
-shard_map; the slice names; the collective count of an HLO loop."""
+"""`python -m bertjax.compile`'s parts, checked on programs the real TPU compiler (libtpu)
+compiled on this CPU host for small TPU topologies: the collectives a data-parallel step holds
+(only the gradient reduction, equal to a hand count of the gradient bytes, packed rows and
+scanned layers included), loop trips and async chains counted once each (a scanned FSDP step
+against the same step unrolled), a two-slice step's DCN traffic, phases that share a program,
+the report cache, and a program too large reported as not fitting; plus the target names."""
 
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
 import pytest
 
-from bertjax.aot import chips, hlo
+from bertjax.aot import chips, devices, hlo, plan
+from bertjax.training import sharding
 from bertjax.training.run_config import load_config_file
+from bertjax.training.step import abstract_train_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_slice_names_give_cloud_tpu_grids():
+def _libtpu():
+    pytest.importorskip("libtpu", reason="the TPU compiler (jax[tpu], Linux only)")
+
+
+def _tiny(**model):
+    """configs/bert_tiny.py:smoke (2 layers of width 32, vocab 400) compiled at XLA's default
+    optimization, as a real run's step is (the smoke variant's -O0 changes the program)."""
+    config = load_config_file(os.path.join(ROOT, "configs/bert_tiny.py:smoke"))
+    config.fast_compile = False
+    config.model.update(model)
+    return config
+
+
+def _gradient_bytes(config, report) -> tuple[int, int]:
+    """(fp32 gradient bytes of every parameter, bytes of the tied word-embedding table)."""
+    cfg = plan.model_config(config, plan._Ids(report["vocab_size"]))
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    state, _, _ = abstract_train_state(config, cfg, mesh)
+    total = sum(int(np.prod(p.shape)) * 4 for p in jax.tree.leaves(state.params))
+    return total, report["vocab_size"] * cfg.hidden_size * 4
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("compiled"))
+
+
+@pytest.fixture(scope="module")
+def data_parallel(cache_dir):
+    """The train and eval steps on 4 chips, data parallel, packed rows; what the compiler left
+    is cached."""
+    _libtpu()
+    config = _tiny()
+    config.data.pack_rows = True
+    return config, plan.compile_run(config, "v5e:2x2", cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def fsdp_pair():
+    """One FSDP step (3 layers, parameters over 4 chips) compiled scanned and unrolled."""
+    _libtpu()
+    reports = {}
+    for scan in (True, False):
+        config = _tiny(num_hidden_layers=3, scan_layers=scan)
+        config.mesh.update(data=1, fsdp=4)
+        reports[scan] = plan.compile_run(config, "v5e:2x2", eval_step=False)["programs"][0]
+    return reports
+
+
+def test_target_names():
     assert chips.parse_slice("v5p-128").topology_name == "v5p:4x4x4"  # 128 cores, 64 chips
     assert chips.parse_slice("v5e-256").topology_name == "v5e:16x16"
     assert chips.parse_slice("v6e-8").topology_name == "v6e:2x4"
     assert chips.parse_slice("v4-32").topology_name == "v4:2x2x4"
     assert chips.parse_slice("v5e:2x2").chips == 4
-    with pytest.raises(ValueError, match="--topology='v3-8': not a TPU slice"):
+    two = chips.parse_slice("v5p-128", num_slices=2)
+    assert (two.chips, two.devices, two.num_slices) == (64, 128, 2)
+    assert chips.parse_slice("h100-8").grid == (1, 8)
+    assert chips.parse_slice("h200-16").grid == (2, 8)
+    assert chips.parse_slice("a100:2x8").devices == 16
+    with pytest.raises(ValueError, match="--topology='v3-8': not a known target"):
         chips.parse_slice("v3-8")
+    with pytest.raises(ValueError, match="12 GPUs is not whole 8-GPU nodes"):
+        chips.parse_slice("h100-12")
+    with pytest.raises(ValueError, match="--num_slices=2: slices are TPU slices"):
+        chips.parse_slice("h100-8", num_slices=2)
 
 
-LOOP_HLO = """HloModule m, entry_computation_layout={()->f32[]}
+def test_gpu_nodes_are_described_from_the_chips_table():
+    text = devices.gpu_target_config("h100")
+    for field in ("core_count: 132", "device_memory_size: 80000000000", "major: 9 minor: 0"):
+        assert field in text
+    assert "memory_bandwidth: 3350000000000" in text  # the table's published figure
+    assert 'device_description_str: "NVIDIA H200"' in devices.gpu_target_config("h200")
+    try:  # the CUDA plugin is not part of the test install: its absence is one clear error
+        import jax_plugins.xla_cuda12  # noqa: F401
+    except ImportError:
+        with pytest.raises(devices.CompilerMissing, match="pip install jax-cuda12-plugin"):
+            devices.topology_devices(chips.parse_slice("h100-8"))
+
+
+def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel):
+    config, report = data_parallel
+    first, first_eval = report["programs"]
+    assert (first["step"], first_eval["step"]) == ("train", "eval")
+    assert report["devices"] == 4 and report["device_kind"].startswith("TPU v5")
+    # data parallel: the only collective is the all-reduce of the gradients (and loss sums)
+    assert set(first["collectives"]) == {"all-reduce"}
+    reduced = first["collectives"]["all-reduce"]
+    params, table = _gradient_bytes(config, report)
+    # the hand count: every parameter's fp32 gradient once, plus the tied word-embedding table a
+    # second time (GSPMD reduces the decoder's product and the lookup's scatter-add apart), plus
+    # a few fp32 loss sums
+    assert 0 <= reduced["bytes"] - (params + table) <= 64, (reduced["bytes"], params, table)
+    assert reduced["group_sizes"] == {"4": reduced["count"]}
+    assert reduced["wire_bytes"] == pytest.approx(2 * 3 / 4 * reduced["bytes"])  # ring, n=4
+    # the encoder's attention is splash (Mosaic), inside shard_map: forward and backward
+    assert any(name.startswith("splash: global") for name in first["kernels"])
+    assert first["kernel_calls"]["mosaic"] >= 2 and first_eval["kernel_calls"]["mosaic"] >= 1
+    assert plan.fits(first) and 0 < first["roofline"]["mfu"] <= 1
+    assert first["roofline"]["basis"]["memory_s"].startswith("estimate")
+
+
+def test_phases_share_a_program_only_when_it_is_the_same(data_parallel):
+    _libtpu()
+    config = _tiny()
+    config.phase_order = ("first", "lr", "loss")
+    config.phases.first = plan.phases.phase(steps=2)
+    config.phases.lr = plan.phases.phase(steps=2, optim={"learning_rate": 1e-4})
+    config.phases.loss = plan.phases.phase(steps=2, loss={"sparse_last_layer": False})
+    devices = plan.devices_lib.topology_devices(chips.parse_slice("v5e:2x2"))
+    keys = [plan.program_key(p.text) for p in plan.lower_run(config, devices, 400, False)]
+    # a new learning rate only changes constants; a loss without the sparse last layer is
+    # another program (a key on the config's fields once called it the same)
+    assert keys[0] == keys[1] != keys[2]
+
+
+def test_a_second_check_reads_the_compiled_programs_back(data_parallel, cache_dir):
+    config, report = data_parallel
+    config = config.copy_and_resolve_references()
+    config.optim.learning_rate *= 2  # only a constant: the same programs, read back
+    again = plan.compile_run(config, "v5e:2x2", cache_dir=cache_dir)
+    for first, second in zip(report["programs"], again["programs"]):
+        assert second["cached"] and "cached" not in first
+        assert {k: v for k, v in second.items() if k != "cached"} == first
+
+
+def test_quick_check_extrapolates_to_a_hand_count(data_parallel, cache_dir):
+    """12 layers from 2 and 3 (the 2-layer program read back from the data-parallel test's): the
+    only collective, the gradient reduction, and the FLOPs equal a hand count of the 12-layer
+    model."""
+    _libtpu()
+    config = _tiny(num_hidden_layers=12)
+    config.data.pack_rows = True
+    report = plan.compile_run(config, "v5e:2x2", eval_step=False, cache_dir=cache_dir, quick=True)
+    (train,) = report["programs"]
+    assert train["extrapolated"] == {"from_layers": [2, 3], "layers": 12}
+    params, table = _gradient_bytes(config, report)
+    assert set(train["collectives"]) == {"all-reduce"}
+    reduced = train["collectives"]["all-reduce"]["bytes"]
+    assert 0 <= reduced - (params + table) <= 64
+    cfg = plan.model_config(config, plan._Ids(400))
+    assert train["model_flops"] == pytest.approx(
+        plan._train_flops(config, plan.objectives.make_objective(config), cfg, 8)
+    )
+
+
+def test_scanned_and_unrolled_fsdp_steps_count_the_same_collectives(fsdp_pair):
+    scanned, unrolled = fsdp_pair[True], fsdp_pair[False]
+    for kind in ("all-gather", "reduce-scatter", "all-reduce"):
+        got, want = scanned["collectives"][kind], unrolled["collectives"][kind]
+        # per step, each loop trip counted and each async chain once: the same bytes moved
+        assert got["bytes"] == pytest.approx(want["bytes"], rel=0.01), kind
+        assert got["operand_bytes"] == pytest.approx(want["operand_bytes"], rel=0.01), kind
+    # FSDP gathers each layer's weights in the forward and again in the backward pass: at
+    # least 2 x 3 layers x 8192 weights of 2 bytes; reduce-scatters keep a quarter per chip
+    assert scanned["collectives"]["all-gather"]["bytes"] >= 2 * 3 * 8192 * 2
+    rs = scanned["collectives"]["reduce-scatter"]
+    assert rs["bytes"] * 4 == rs["operand_bytes"]
+    assert scanned["scan_layers"] and not unrolled["scan_layers"]
+
+
+def test_loop_trips_read_from_a_tpu_layout_and_a_peeled_start():
+    text = """HloModule m, num_partitions=4
 
 %cond (p: (s32[], f32[64])) -> pred[] {
-  %p = (s32[], f32[64]) parameter(0)
-  %i = s32[] get-tuple-element(%p), index=0
-  %n = s32[] constant(12)
-  ROOT %lt = pred[] compare(%i, %n), direction=LT
+  %p = (s32[]{:T(128)}, f32[64]{0}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  %n = s32[]{:T(128)} constant(12)
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT
 }
 
 %body (p.1: (s32[], f32[64])) -> (s32[], f32[64]) {
-  %p.1 = (s32[], f32[64]) parameter(0)
-  %x = f32[64] get-tuple-element(%p.1), index=1
-  %ar = f32[64]{0} all-reduce(%x), channel_id=1, to_apply=%add
-  %i.1 = s32[] get-tuple-element(%p.1), index=0
-  ROOT %t = (s32[], f32[64]) tuple(%i.1, %ar)
+  %p.1 = (s32[]{:T(128)}, f32[64]{0}) parameter(0)
+  %x = f32[64]{0} get-tuple-element(%p.1), index=1
+  %ar = f32[64]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1},{2,3}}, to_apply=%add
+  %i.1 = s32[]{:T(128)} get-tuple-element(%p.1), index=0
+  %two = s32[]{:T(128)} constant(2)
+  %next = s32[]{:T(128)} add(%i.1, %two)
+  ROOT %t = (s32[]{:T(128)}, f32[64]{0}) tuple(%next, %ar)
 }
 
 ENTRY %main () -> f32[] {
-  %ag = bf16[8,128]{1,0} all-gather-start(%c), dimensions={0}
-  %agd = bf16[8,128]{1,0} all-gather-done(%ag)
-  %w = (s32[], f32[64]) while(%init), condition=%cond, body=%body
+  %start = s32[]{:T(128)} constant(2)
+  %v = f32[64]{0} constant({...})
+  %init = (s32[]{:T(128)}, f32[64]{0}) tuple(%start, %v)
+  %w = (s32[]{:T(128)}, f32[64]{0}) while(%init), condition=%cond, body=%body
   ROOT %r = f32[] constant(0)
 }
 """
+    module = hlo.Module(text)
+    assert module.runs["body"] == 5  # i = 2, 4, ..., 10: (12 - 2) / 2
+    from bertjax.aot.collectives import collectives
+
+    (reduce,) = collectives(module).values()
+    assert (reduce.count, reduce.bytes, reduce.group_sizes) == (5, 5 * 256, {2: 5})
 
 
-def test_collectives_count_loop_iterations_and_async_pairs_once():
-    found = hlo.collectives(LOOP_HLO)
-    assert (found["all-reduce"].count, found["all-reduce"].bytes) == (12, 12 * 64 * 4)
-    assert (found["all-gather"].count, found["all-gather"].bytes) == (1, 8 * 128 * 2)
-
-
-def test_smoke_train_step_compiles_for_a_tpu_topology_with_splash():
-    pytest.importorskip("libtpu", reason="the TPU compiler (jax[tpu], Linux only)")
-    from bertjax.aot.plan import compile_run
-
-    config = load_config_file("configs/bert_tiny.py:smoke")
-    report = compile_run(config, "v5e:2x2", eval_step=False)
+def test_two_slices_reduce_across_the_data_center_network():
+    _libtpu()
+    config = _tiny(scan_layers=True)
+    report = plan.compile_run(config, "v5e:2x2", eval_step=False, num_slices=2)
     (train,) = report["programs"]
-    assert report["devices"] == 4 and report["device_kind"].startswith("TPU v5")
-    assert train["headroom"] > 0.9 and train["memory"]["total"] > 0
-    # the encoder layer's attention is splash, a Mosaic kernel in the compiled program (forward
-    # and backward), and it compiled on 4 chips only inside shard_map
-    assert any(name.startswith("splash: global") for name in train["kernels"])
-    assert train["mosaic_kernels"] >= 2
-    assert train["collectives"]["all-reduce"]["count"] >= 1  # the data-parallel gradient sum
-    assert 0 < train["roofline"]["mfu"] <= 1
+    assert report["devices"] == 8 and train["mesh"]["dcn"] == 2 and train["mesh"]["data"] == 4
+    found = train["collectives"]
+    # libtpu compiles one program per slice: the gradients are reduced within the slice
+    # (reduce-scatter / all-reduce over its 4 chips), all-reduced between the slices (host
+    # transfers over the data-center network), and gathered back within the slice
+    assert set(found) <= {
+        "reduce-scatter", "all-reduce", "all-gather", "collective-permute", "all-reduce (dcn)"
+    }  # fmt: skip
+    params, table = _gradient_bytes(config, report)
+    in_slice = found["all-reduce"]["bytes"] + found["reduce-scatter"]["operand_bytes"]
+    assert in_slice == pytest.approx(params + table, rel=0.05)
+    between = found["all-reduce (dcn)"]
+    assert between["group_sizes"] == {"2": between["count"]}
+    assert (params + table) / 4 <= between["bytes"] <= 1.05 * (params + table)
+    assert train["dcn_bytes"] == pytest.approx(between["bytes"])  # 2 (s - 1) / s, s = 2
+    assert train["roofline"]["dcn_s"] > 0
+
+
+def test_a_program_too_large_is_reported_as_not_fitting():
+    _libtpu()
+    command = [
+        sys.executable, "-m", "bertjax.compile", "--config=configs/bert_tiny.py:smoke",
+        "--topology=v5e:2x2", "--skip_eval", "--cache_dir=", "--config.batch_size=262144",
+        "--config.data.max_seq_length=64", "--config.model.max_position_embeddings=64",
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "DOES NOT FIT" in result.stdout and "--config.optim.grad_accum_steps" in result.stdout
+    assert "Traceback" not in result.stderr

@@ -16,9 +16,11 @@ SPLIT_AXIS = {"embed": 1, "vocab": 2, "heads": 2, "mlp": 2}
 
 
 def _run(mesh_shape):
-    """State after STEPS train steps on the given mesh, plus per-step losses."""
-    devices = jax.devices()[: int(np.prod(mesh_shape))]
-    config = setup.step_config(**dict(zip(sharding.MESH_AXES, mesh_shape)))
+    """State after STEPS train steps on the given mesh ((data, fsdp, tensor) sizes, or a dict of
+    mesh axis sizes), plus per-step losses."""
+    axes = mesh_shape if isinstance(mesh_shape, dict) else dict(zip(sharding.MESH_AXES, mesh_shape))
+    devices = jax.devices()[: int(np.prod(list(axes.values())))]
+    config = setup.step_config(**axes)
     mesh = sharding.make_mesh(config.mesh, devices)
     state = step.init_train_state(config, setup.tiny_model_config(), mesh, jax.random.key(0))
     initial = jax.tree.map(lambda x: x.sharding, state)
@@ -144,6 +146,32 @@ def test_same_loss_and_params_as_one_device(strategy, reference, logical_specs):
         setup.BATCH // data_shards,
         setup.LENGTH,
     )
+
+
+def test_slices_are_the_first_mesh_axis_and_split_the_batch():
+    config = setup.step_config(dcn=2, fsdp=2)
+    mesh = sharding.make_mesh(config.mesh)
+    assert dict(mesh.shape) == {"dcn": 2, "data": 2, "fsdp": 2, "tensor": 1, "expert": 1}
+    # CPU devices carry no slice: the first half of the devices is slice 0, the rest slice 1
+    assert [d.id for d in mesh.devices[0].flat] == [d.id for d in jax.devices()[:4]]
+    assert sharding.batch_sharding(mesh).spec == jax.sharding.PartitionSpec(sharding.BATCH_AXES)
+    assert sharding.mesh_shape(config.mesh, 4) == (2, 2, 1, 1)  # within a slice
+    with pytest.raises(ValueError, match="config.mesh.dcn=3: must divide the 8 devices"):
+        sharding.make_mesh(setup.step_config(dcn=3).mesh)
+
+
+def test_two_slices_train_as_one_device(reference):
+    """Data parallel across two slices (dcn), FSDP within each: the same losses and parameters
+    as one device."""
+    state, _, losses, batch = _run({"dcn": 2, "fsdp": 4})
+    ref_params, ref_losses = reference
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_params)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=5e-6)
+    embeddings = state.params["bert"]["embeddings"]["word_embeddings"]
+    assert embeddings.sharding.shard_shape(embeddings.shape)[1] == embeddings.shape[1] // 4
+    rows = batch["input_ids"].sharding.shard_shape(batch["input_ids"].shape)[0]
+    assert rows == setup.BATCH // 8
 
 
 def test_global_batch_rejects_wrong_rows():

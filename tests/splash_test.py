@@ -130,3 +130,20 @@ def test_sharded_call_matches_dense_reference_forward_and_backward():
         np.testing.assert_allclose(
             np.asarray(grad), want, rtol=1e-5, atol=1e-6 * np.abs(want).max(), err_msg=name
         )
+
+
+def test_batch_axes_that_do_not_divide_the_batch_are_dropped_and_said(caplog):
+    """Inside shard_map each device attends over its rows: of (data=2, fsdp=4), the axes that
+    divide the batch, the most devices possible; a batch of 1 (the init) replicates silently."""
+    mesh = jax.sharding.AbstractMesh((2, 4), ("data", "fsdp"))
+    axes = ("data", "fsdp")
+    with jax.sharding.use_abstract_mesh(mesh), caplog.at_level("WARNING"):
+        assert splash._dividing(axes, 16, "batch") == axes  # 8 devices divide 16 rows
+        assert caplog.records == []
+        assert splash._dividing(axes, 12, "batch") == ("fsdp",)  # 4 divides 12, 8 does not
+        assert "not split over ['data']" in caplog.records[-1].getMessage()
+        assert splash._dividing(axes, 6, "batch") == ("data",)
+        assert "4 times its share" in caplog.records[-1].getMessage()  # fsdp's 4 left out
+        caplog.clear()
+        assert splash._dividing(axes, 1, "batch") is None  # the init's one row: nothing said
+        assert caplog.records == []

@@ -1,29 +1,44 @@
-"""Every phase's train step and the eval step of a run config, compiled for a TPU slice on this
-host: the mesh from the slice's abstract devices, the abstract train state and each phase's
-batch as `train.py` builds them (`bertjax.training.step`, `sharding`, `phases`); no array is
-allocated and nothing runs.
+"""Every phase's train step and the eval step of a run config, compiled for a TPU slice (or
+several) or GPU nodes on this host: the mesh from the target's abstract devices, the abstract
+train state and each phase's batch as `train.py` builds them (`bertjax.training.step`,
+`sharding`, `phases`); no array is allocated and nothing runs.
 
 A pretraining run's batch is the pipeline's (`bertjax.data.batch_spec`, at the phase's final
 batch size and row length); other objectives' (fine-tuning, embeddings) is their
-`example_batch` at the run's batch size and length. The vocabulary comes from the tokenizer in
-a real run: here it is ``vocab_size`` (default ``config.data.vocab_size``).
+`example_batch` at the run's batch size and length. The vocabulary is ``config.data.vocab_size``
+(a recipe whose tokenizer file is given at run time carries that file's size there), or
+``vocab_size``.
+
+Phases whose lowered programs are equal up to their constants (a schedule, RoPE bases) compile
+once: lowering is cheap beside compiling. A program too large for the chips' memory is reported
+as not fitting (libtpu's own figures), not raised. With ``cache_dir`` what the compiler left of
+each program is kept (`bertjax.aot.cache`): a second check recompiles only the programs a
+changed knob changed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
+import re
 import time
 
 import jax
 
 from bertjax import objectives
 from bertjax.aot import chips as chips_lib
-from bertjax.aot import hlo
+from bertjax.aot import collectives as collectives_lib
+from bertjax.aot import devices as devices_lib
+from bertjax.aot import hlo, roofline
+from bertjax.aot.cache import Compiled, CompiledCache
 from bertjax.data.batch_spec import pipeline_batch_shapes
 from bertjax.modeling import attention_kernels
 from bertjax.training import metrics, phases, sharding
 from bertjax.training import step as step_lib
 from bertjax.training.run_config import model_config
+
+HEADROOM = 0.10  # of each chip's HBM left free for a program to fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,28 +68,83 @@ def _with_sharding(tree: dict, sharding_) -> dict:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding_), tree)
 
 
-def _summarize(compiled, seconds, model_flops, tpu_slice, devices, record) -> dict:
-    text = compiled.as_text()
-    memory = hlo.Memory.of(compiled)
-    per_device_hbm = tpu_slice.chip.hbm_bytes * tpu_slice.chips // len(devices)
-    cost = compiled.cost_analysis() or {}
-    found = hlo.collectives(text)
-    collective_bytes = sum(c.bytes for c in found.values())
-    hbm_traffic = max(float(cost.get("bytes accessed", 0.0)), memory.total)
+def _collectives_report(found: dict) -> dict:
+    report = {}
+    for kind, c in found.items():
+        largest = sorted(c.ops, key=lambda op: -op[0] * op[2])[:6]
+        report[kind] = {
+            "count": c.count,
+            "bytes": c.bytes,
+            "operand_bytes": c.operand_bytes,
+            "wire_bytes": c.wire_bytes,
+            "dcn_bytes": c.dcn_bytes,
+            "group_sizes": {str(size): n for size, n in c.group_sizes.items()},
+            "largest": [
+                {"bytes": b, "group": g, "times": n, "op": name} for b, g, n, name in largest
+            ],
+        }
+    return report
+
+
+def _summarize(compiled: Compiled, model_flops, target, mesh, record) -> dict:
+    """A compiled program's report, read from what the compiler left (`cache.Compiled`)."""
+    module = hlo.Module(compiled.text)
+    memory = compiled.memory
+    hbm = target.chip.hbm_bytes
+    flat = list(mesh.devices.flat)
+    slice_of = None
+    if target.chip.platform == "gpu" and target.grid[0] > 1:  # partition p runs on flat[p]
+        slice_of = lambda p: flat[p].process_index  # noqa: E731  (one process per node)
+    found = collectives_lib.collectives(module, slice_of, target.num_slices)
+    ici = sum(c.wire_bytes for c in found.values())
+    dcn = sum(c.dcn_bytes for c in found.values())
+    hbm_traffic = hlo.hbm_traffic(module)
     return {
-        "compile_s": round(seconds, 1),
+        "compile_s": round(compiled.seconds, 1),
         "memory": dataclasses.asdict(memory) | {"total": memory.total},
-        "hbm_per_device": per_device_hbm,
-        "headroom": 1.0 - memory.total / per_device_hbm,
+        "hbm_per_device": hbm,
+        "headroom": 1.0 - memory.total / hbm,
         "model_flops": model_flops,
-        "xla_flops": float(cost.get("flops", 0.0)) * len(devices),
-        "collectives": {k: dataclasses.asdict(c) for k, c in found.items()},
-        "collective_bytes": collective_bytes,
-        "mosaic_kernels": hlo.mosaic_kernels(text),
+        "xla_flops": compiled.xla_flops_per_device * len(flat),
+        "collectives": _collectives_report(found),
+        "collective_bytes": sum(c.bytes for c in found.values()),
+        "ici_bytes": ici,
+        "dcn_bytes": dcn,
+        "hbm_traffic": hbm_traffic,
+        "kernel_calls": hlo.kernel_calls(compiled.text),
         "kernels": attention_kernels.summary(record),
-        "roofline": hlo.roofline(
-            model_flops, hbm_traffic, collective_bytes, tpu_slice.chips, tpu_slice.chip
+        "roofline": roofline.roofline(
+            model_flops, hbm_traffic, ici, len(flat), target.chip, dcn_bytes=dcn
         ),
+    }
+
+
+_AMOUNT = re.compile(r"\(?([\d.]+)([KMGT])(?:i?B)?\b\)?")
+_SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def out_of_memory(error: Exception) -> str:
+    """The compiler's one-line refusal for want of memory ("" for another error)."""
+    message = str(error)
+    if "RESOURCE_EXHAUSTED" not in message or len(_AMOUNT.findall(message)) < 2:
+        return ""
+    return message.split("RESOURCE_EXHAUSTED: ", 1)[-1].splitlines()[0][:300]
+
+
+def _does_not_fit(compiled: Compiled, target, record) -> dict:
+    """The report of a program the compiler refused for want of memory: libtpu says e.g. "Ran
+    out of memory on HBM, the total memory required for HLO temporaries (70.42G) exceeds
+    available HBM (15.75G)" or "Used 27.62G of 15.75G hbm": what it needs, then what a chip
+    has."""
+    amounts = [float(n) * _SCALE[unit] for n, unit in _AMOUNT.findall(compiled.out_of_memory)]
+    needed, usable = amounts[:2]
+    return {
+        "compile_s": round(compiled.seconds, 1),
+        "memory": {"total": int(needed), "usable": int(usable)},
+        "hbm_per_device": target.chip.hbm_bytes,
+        "headroom": 1.0 - needed / target.chip.hbm_bytes,
+        "out_of_memory": compiled.out_of_memory,
+        "kernels": attention_kernels.summary(record),
     }
 
 
@@ -91,40 +161,122 @@ def _train_flops(config, objective, model_cfg, rows: int) -> float:
     return per_sequence * rows
 
 
-def _program_key(c, model_cfg) -> str:
-    """What decides a step's program (the LR schedule and RoPE bases are only constants)."""
-    model = {k: v for k, v in model_cfg.to_dict().items() if "rope_theta" not in k}
-    optimizer = (c.optim.name, c.optim.grad_accum_steps)
-    return repr((model, c.batch_size, c.data.to_dict(), c.mesh.to_dict(), optimizer))
+_FLOAT_CONSTANT = re.compile(r"dense<[^>]*>(\s*:\s*tensor<(?:[0-9?]+x)*(?:bf16|f16|f32|f64)>)")
 
 
-def compile_run(config, topology: str, vocab_size: int = 0, eval_step: bool = True) -> dict:
-    """Compiles ``config``'s train step (every phase) and eval step for the TPU slice
-    ``topology`` (`chips.parse_slice`); returns what each program holds (`hlo`), per chip."""
-    tpu_slice = chips_lib.parse_slice(topology)
-    devices = chips_lib.topology_devices(tpu_slice)
+def blank_constants(lowered_text: str) -> str:
+    """A lowered program's text with its floating-point constants blanked (integer ones, which
+    may bound a loop, kept)."""
+    return _FLOAT_CONSTANT.sub(r"dense<>\1", lowered_text)
+
+
+def program_key(lowered_text: str) -> str:
+    """A digest of a lowered program up to its floating-point constants: two programs with equal
+    keys compile to the same buffers and collectives (a learning rate, its schedule, a mask
+    rate or a RoPE base only change constants)."""
+    return hashlib.sha256(blank_constants(lowered_text).encode()).hexdigest()
+
+
+def compile_run(
+    config,
+    topology: str,
+    vocab_size: int = 0,
+    eval_step: bool = True,
+    num_slices: int = 1,
+    cache_dir: str = "",
+    hlo_dir: str = "",
+    quick: bool = False,
+) -> dict:
+    """Compiles ``config``'s train step (every phase) and eval step for ``topology``
+    (`chips.parse_slice`; ``num_slices`` TPU slices); returns what each program holds, per
+    chip. ``cache_dir``: where what the compiler left of each program is kept
+    (`bertjax.aot.cache`); "" keeps none. ``hlo_dir``: where each program's optimized HLO text
+    is written (``PHASE.STEP.hlo.txt``), for reading what it holds. ``quick``: compile at two
+    small depths and extrapolate to the real one (`bertjax.aot.extrapolate`)."""
+    if quick:
+        from bertjax.aot import extrapolate
+
+        found = extrapolate.depths(
+            model_config(config, _Ids(int(vocab_size or config.data.vocab_size)))
+        )
+        if found is not None:
+            a, b, layers = found
+            args = (topology, vocab_size, eval_step, num_slices, cache_dir, hlo_dir)
+            small, large = (compile_run(extrapolate.with_layers(config, d), *args) for d in (a, b))
+            return extrapolate.extrapolate(small, large, a, b, layers)
+    target = chips_lib.parse_slice(topology, num_slices)
+    devices = devices_lib.topology_devices(target)
     vocab = int(vocab_size or config.data.vocab_size)
     report = {
         "topology": topology,
-        "grid": tpu_slice.topology_name,
+        "grid": target.topology_name,
+        "num_slices": target.num_slices,
         "devices": len(devices),
         "device_kind": devices[0].device_kind,
-        "chip": dataclasses.asdict(tpu_slice.chip),
+        "chip": dataclasses.asdict(target.chip),
         "vocab_size": vocab,
         "programs": [],
     }
-    compiled_shapes = {}
+    compiled_keys = {}
+    for lowered in lower_run(config, devices, vocab, eval_step):
+        c, record, about = lowered.config, lowered.record, lowered.about
+        key = (about["step"], program_key(lowered.text))
+        if key in compiled_keys:  # the same program with other constants
+            earlier = compiled_keys[key]
+            report["programs"].append(earlier | about | {"same_as": earlier["phase"]})
+            continue
+        cache = CompiledCache(cache_dir, target, step_lib.compiler_options(c))
+        cache_key = cache.key(blank_constants(lowered.text))  # a new learning rate: read back
+        compiled = cache.get(cache_key)
+        if compiled is not None:
+            about["cached"] = True
+        else:
+            start = time.perf_counter()
+            try:
+                executable = lowered.lowered.compile()
+            except Exception as error:  # noqa: BLE001  (out of memory: a report, not a crash)
+                refusal = out_of_memory(error)
+                if not refusal:
+                    raise
+                compiled = Compiled(time.perf_counter() - start, out_of_memory=refusal)
+            else:
+                compiled = Compiled.of(executable, time.perf_counter() - start)
+            cache.put(cache_key, compiled)
+        if compiled.out_of_memory:
+            summary = _does_not_fit(compiled, target, record)
+        else:
+            summary = _summarize(compiled, lowered.model_flops, target, lowered.mesh, record)
+        if hlo_dir and compiled.text:
+            os.makedirs(hlo_dir, exist_ok=True)
+            name = f"{about['phase']}.{about['step']}.hlo.txt"
+            with open(os.path.join(hlo_dir, name), "w") as f:
+                f.write(compiled.text)
+        summary |= about
+        report["programs"].append(summary)
+        compiled_keys[key] = summary
+    return report
+
+
+@dataclasses.dataclass
+class Lowered:
+    """One step of one phase, lowered for the target's devices (not compiled)."""
+
+    config: object  # the phase's run config
+    mesh: object
+    lowered: object  # jax.stages.Lowered
+    text: str
+    model_flops: float
+    record: list  # (AttentionSpec, kernel name) of each attention traced
+    about: dict
+
+
+def lower_run(config, devices, vocab: int, eval_step: bool = True):
+    """Every phase's train step (and the first phase's eval step) of ``config``, lowered for
+    ``devices`` as `train.py` builds them: yields `Lowered`."""
     for phase in phases.plan_phases(config):
         c = phase.config
         objective = objectives.make_objective(c)
         model_cfg = model_config(c, _Ids(vocab))
-        # A phase that changes only the schedule (or RoPE bases) compiles the program of an
-        # earlier one with other constants: its memory, FLOPs and collectives are that one's.
-        shapes = _program_key(c, model_cfg)
-        if shapes in compiled_shapes:
-            earlier = compiled_shapes[shapes]
-            report["programs"].append(dict(earlier, phase=phase.name, same_as=earlier["phase"]))
-            continue
         mesh = sharding.make_mesh(c.mesh, devices)
         state, _, _ = step_lib.abstract_train_state(c, model_cfg, mesh)
         rows = int(c.batch_size)
@@ -139,16 +291,10 @@ def compile_run(config, topology: str, vocab_size: int = 0, eval_step: bool = Tr
             batch = _abstract_batch(c, objective, model_cfg, rows, held_out)
             batch = _with_sharding(batch, batch_sharding)
             args = (state, batch, rng) if kind == "train" else (state, batch)
-            start = time.perf_counter()
             with attention_kernels.recording() as record:
                 lowered = fn.lower(*args)
-            compiled = lowered.compile()
-            seconds = time.perf_counter() - start
             flops = _train_flops(c, objective, model_cfg, rows)
-            if kind == "eval":
-                flops /= 3.0  # forward only
-            summary = _summarize(compiled, seconds, flops, tpu_slice, devices, record)
-            summary |= {
+            about = {
                 "phase": phase.name,
                 "step": kind,
                 "batch": rows,
@@ -156,13 +302,12 @@ def compile_run(config, topology: str, vocab_size: int = 0, eval_step: bool = Tr
                 "mesh": dict(mesh.shape),
                 "microbatches": int(c.optim.get("grad_accum_steps", 1)),
                 "remat": str(c.model.get("remat", "")),
+                "scan_layers": bool(c.model.get("scan_layers", False)),
             }
-            report["programs"].append(summary)
-            if kind == "train":
-                compiled_shapes[shapes] = summary
-    return report
+            flops = flops / 3.0 if kind == "eval" else flops  # eval: forward only
+            yield Lowered(c, mesh, lowered, lowered.as_text(), flops, record, about)
 
 
-def fits(program: dict, headroom: float = 0.10) -> bool:
+def fits(program: dict, headroom: float = HEADROOM) -> bool:
     """Whether a compiled program leaves at least ``headroom`` of each chip's HBM free."""
-    return program["headroom"] >= headroom
+    return "out_of_memory" not in program and program["headroom"] >= headroom

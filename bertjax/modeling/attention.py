@@ -135,6 +135,7 @@ class SelfAttention(nn.Module):
             packed=mask.packed,
             gathered_rows=rows is not None,
             dropout=keep is not None,
+            dtype=str(q_BTNH.dtype),
         )
         ctx_BTNH = attend(
             spec, q_BTNH, k_BSNH, v_BSNH, mask, keep, rate, None, cfg.attention_implementation

@@ -16,12 +16,18 @@ layers take the banded path in blocks of max(half-window, LOCAL_BLOCK) rows from
 LOCAL_FROM_BLOCKS blocks on, global layers the blocked one from FLASH_FROM keys, in key blocks
 of FLASH_BLOCK (banded beats dense from T=512; blocked takes less memory from T=1024 but is only
 faster from T=4096, and this path is for speed).
+
+On a GPU, cuDNN's flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`) where
+it serves: bf16/fp16 queries, padded (not packed or gathered) rows, global or causal-local
+layers, and the cuDNN library installed; XLA's fused attention elsewhere. Not measured here (no
+GPU): the choice follows JAX's documentation, where cuDNN is the fast path on NVIDIA GPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 
@@ -61,6 +67,7 @@ class AttentionSpec:
     bias: bool = False  # an additive logit bias, broadcastable to [B, N, T, S]
     soft_cap: float = 0.0  # > 0: logits become soft_cap * tanh(logits / soft_cap)
     kv_groups: int = 1  # query heads per key/value head (grouped-query attention)
+    dtype: str = ""  # the queries' dtype ("bfloat16", ...; "" unknown): not a feature
 
     def features(self) -> tuple[str, ...]:
         """The feature fields set to something other than their default."""
@@ -71,7 +78,7 @@ class AttentionSpec:
         )
 
 
-SHAPES = ("batch", "query_length", "key_length", "heads", "head_dim")
+SHAPES = ("batch", "query_length", "key_length", "heads", "head_dim", "dtype")
 FEATURES = tuple(f.name for f in dataclasses.fields(AttentionSpec) if f.name not in SHAPES)
 # The features `describe` puts in words of their own (the layer's reach, the query rows); every
 # other feature reads as its name (a flag) or ``name=value``, so a new one shows in every report.
@@ -237,6 +244,34 @@ def _fused(implementation):
     return run
 
 
+def _cudnn_limit(spec):
+    """What cuDNN's flash attention (through `jax.nn.dot_product_attention`) cannot compute."""
+    if spec.head_dim > 256 or spec.head_dim % 8:
+        return f"head_dim={spec.head_dim} (cuDNN: a multiple of 8, at most 256)"
+    if spec.half_window and not spec.causal:
+        return "a two-sided local window (cuDNN's sliding window looks left only)"
+    return None
+
+
+@functools.cache
+def _cudnn_installed() -> bool:
+    try:  # JAX asks the cuDNN library for its version when it traces the call
+        from jax._src.cudnn.fused_attention_stablehlo import check_cudnn_version
+
+        check_cudnn_version()
+        return True
+    except Exception:  # noqa: BLE001  (no cuDNN, or no CUDA plugin)
+        return False
+
+
+def _cudnn_worth(spec) -> bool:
+    """The automatic choice takes cuDNN for bf16/fp16 queries (its flash attention's inputs) in
+    padded rows (lengths, not a mask) where the library is installed; packed or gathered rows
+    would reach it as a dense bias."""
+    half = spec.dtype in ("bfloat16", "float16")
+    return half and not (spec.packed or spec.gathered_rows) and _cudnn_installed()
+
+
 def _needs_local(spec):
     return None if spec.half_window else "half_window=0 (banded attention is for local layers)"
 
@@ -263,9 +298,16 @@ KERNELS: tuple[Kernel, ...] = (
     ),
     Kernel("cpu_dense", _MASKING | {"gathered_rows", "dropout"}, ("cpu",), _cpu_dense),
     Kernel("splash", _MASKING, ("tpu",), _splash),
+    Kernel(
+        "cudnn",
+        _MASKING | {"gathered_rows"},
+        ("gpu",),
+        _fused("cudnn"),
+        limit=_cudnn_limit,
+        worth=_cudnn_worth,
+    ),
     Kernel("fused", _MASKING | {"gathered_rows"}, ("gpu", "tpu"), _fused(None)),
     Kernel("xla", _MASKING | {"gathered_rows"}, (), _fused("xla")),  # forced only
-    Kernel("cudnn", _MASKING | {"gathered_rows"}, (), _fused("cudnn")),  # forced only
     Kernel("exact", None, ALL_PLATFORMS, _exact),
 )
 KERNEL_NAMES = tuple(kernel.name for kernel in KERNELS)

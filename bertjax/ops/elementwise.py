@@ -46,16 +46,25 @@ def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
 
     Each 32-bit random word decides two elements (its 16-bit halves against
     round(keep_prob * 2^16)), where `jax.random.bernoulli` spends a word and a float conversion
-    per element. The words come from the key's own generator: for a threefry key (JAX's
-    default), Threefry-2x32 hashes a counter per pair of words (`jax.extend.random.threefry_2x32`,
-    keyed by two words drawn from ``key``: four elements per hash; XLA:CPU's threefry is a
-    5-trip loop over the whole array); for ``rbg``/``unsafe_rbg`` keys (the usual choice on
-    TPU/GPU, ``jax_default_prng_impl``), `jax.random.bits` of that key.
+    per element. On XLA:CPU (one device's array) the words come from one flat counter: for a
+    threefry key (JAX's default), Threefry-2x32 hashes a counter per pair of words
+    (`jax.extend.random.threefry_2x32`, keyed by two words drawn from ``key``: four elements per
+    hash; XLA:CPU's threefry is a 5-trip loop over the whole array); for ``rbg``/``unsafe_rbg``
+    keys, `jax.random.bits` of that key. Elsewhere the words are drawn in the mask's own shape
+    (the last axis halved), which partitions with the activations: a flat counter split in two
+    and reshaped would make the compiler move random bits between devices (all-to-alls and
+    collective-permutes in a data-parallel step), for nothing.
     """
     size = int(np.prod(shape))
     threshold = round(keep_prob * 65536)
     if threshold >= 65536:
         return jnp.ones(shape, bool)
+    if not platform.on_cpu() and shape:
+        last = shape[-1]
+        bits = jax.random.bits(key, (*shape[:-1], (last + 1) // 2), jnp.uint32)
+        halves = jax.lax.bitcast_convert_type(bits, jnp.uint16)  # [..., last/2, 2]
+        halves = halves.reshape(*shape[:-1], -1)[..., :last]
+        return halves < jnp.uint16(threshold)
     words = (size + 1) // 2
     words += words % 2
     if str(jax.random.key_impl(key)) == "threefry2x32":

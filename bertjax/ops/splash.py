@@ -30,6 +30,7 @@ anywhere. Padding queries of unpacked rows see the real keys (as BERT's) and mat
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import jax
@@ -82,12 +83,28 @@ def kernel(
     )
 
 
-def _dividing(axes, size: int):
-    """``axes`` (mesh axis names of one dimension) if they split ``size`` evenly on the current
-    mesh, else None (that dimension replicated inside shard_map)."""
+def _dividing(axes, size: int, what: str):
+    """The mesh axes among ``axes`` (the names one dimension is split over) that split ``size``
+    evenly, the most devices possible, in their order; the rest replicate that dimension inside
+    shard_map, so each device computes attention for more of it than its share: allowed
+    silently only for a dimension of 1 (the init's batch), logged otherwise."""
     names = (axes,) if isinstance(axes, str) else tuple(axes or ())
     shape = jax.sharding.get_abstract_mesh().shape
-    return axes if size % math.prod(shape[name] for name in names) == 0 else None
+    subsets = (
+        tuple(n for i, n in enumerate(names) if mask >> i & 1) for mask in range(2 ** len(names))
+    )
+    fitting = [s for s in subsets if size % math.prod(shape[n] for n in s) == 0]
+    best = max(fitting, key=lambda s: (math.prod(shape[n] for n in s), -len(s)))
+    if best == names:
+        return axes
+    dropped = [n for n in names if n not in best and shape[n] > 1]
+    if dropped and size > 1:
+        logging.warning(
+            "splash attention: the %s (%d) is not split over %s (sizes %s), which do not divide "
+            "it: each device computes %d times its share",
+            what, size, dropped, [shape[n] for n in dropped], math.prod(shape[n] for n in dropped),
+        )  # fmt: skip
+    return best or None
 
 
 def attention(
@@ -110,8 +127,8 @@ def attention(
         batch_axes, length_axes, head_axes, _ = (*partition, None, None, None, None)[:4]
         if length_axes is not None:
             raise ValueError(f"splash attention cannot shard the sequence axis: {partition}")
-        batch_axes = _dividing(batch_axes, q_BTNH.shape[0])  # e.g. the init's batch of 1
-        head_axes = _dividing(head_axes, q_BTNH.shape[2])
+        batch_axes = _dividing(batch_axes, q_BTNH.shape[0], "batch")  # the init's batch is 1
+        head_axes = _dividing(head_axes, q_BTNH.shape[2], "heads")
         rows, rows_and_heads = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None, head_axes)
         local = functools.partial(
             attention, half_window=half_window, interpret=interpret, causal=causal

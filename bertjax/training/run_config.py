@@ -252,9 +252,10 @@ def recipe_variant(config: ml_collections.ConfigDict, variant: str) -> ml_collec
 
 def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The same recipe at toy sizes, for a minute on a laptop CPU and for the tests: 2 layers of
-    width 32, 3 steps (every phase 2), batch 8 (16 where the batch ramps), lengths scaled into
-    [16, 64], a 400-piece tokenizer (320 for Chinese) trained on the run's corpus, warmup 1,
-    a FLOP budget of a few steps, no warm start, an eval at the end, no checkpoint in between.
+    width 32, 3 steps (every phase 2), batch 8 (16 where the batch ramps) in one microbatch,
+    lengths scaled into [16, 64], a 400-piece tokenizer (320 for Chinese) trained on the run's
+    corpus, warmup 1, a FLOP budget of a few steps, no warm start, an eval at the end, no
+    checkpoint in between.
     Everything else (objective, data plan, optimizer, schedule, phases) is the recipe's own.
     Chinese recipes keep their corpus setting (there is no built-in Chinese corpus): pass
     ``--config.data.corpus``."""
@@ -278,6 +279,7 @@ def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
         config.data.heldout_fraction = 0.2
     config.optim.warmup_steps = 1
     config.optim.warmup_tokens = config.optim.decay_tokens = 0
+    config.optim.grad_accum_steps = 1  # a toy batch of 8 rows does not split into microbatches
     config.log_every, config.eval_every, config.eval_batches = 1, 3, 1
     config.checkpoint_every = 0
     config.progress_bar = False

@@ -1,16 +1,19 @@
 """Device mesh, logical-axis rules (DP / FSDP / tensor parallel) and global batches.
 
-Mesh axes are ``data``, ``fsdp``, ``tensor`` and ``expert``. One rule table serves every
-strategy: a mesh axis of size 1 shards nothing, so the mesh shape alone picks the strategy.
+Mesh axes are ``dcn``, ``data``, ``fsdp``, ``tensor`` and ``expert``. One rule table serves
+every strategy: a mesh axis of size 1 shards nothing, so the mesh shape alone picks the strategy.
 Experts live on the ``expert`` axis; outside the expert buffers tokens are data-parallel
-across it too, so the batch is split over (data, fsdp, expert).
+across it too, so the batch is split over (dcn, data, fsdp, expert). ``dcn`` is data parallel
+across TPU slices joined by the data-center network (multislice, MaxText's hybrid mesh): the
+other axes lie within each slice, so only the gradient reduction crosses slices.
 
 =============  ==========  ================================================================
 logical name   mesh axis   why
 =============  ==========  ================================================================
 act_expert     expert      MoE expert buffers [E, G, C, M]: one slice of experts per device
-act_batch      data, fsdp, the batch is split over every data-parallel device (ZeRO-3 too);
-               expert      in expert buffers, where ``expert`` is taken, over (data, fsdp)
+act_batch      dcn, data,  the batch is split over every data-parallel device (ZeRO-3 too);
+               fsdp,       in expert buffers, where ``expert`` is taken, over (dcn, data, fsdp)
+               expert
 act_heads      tensor      Megatron: attention is column-split by heads ...
 act_mlp        tensor      ... and the MLP by its hidden units
 act_vocab      tensor      MLM logits follow the vocab-split embedding table
@@ -39,16 +42,18 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
-BATCH_AXES = ("data", "fsdp", "expert")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")  # within a slice
+DCN_AXIS = "dcn"  # across slices; the mesh's first axis (size 1 on one slice)
+BATCH_AXES = (DCN_AXIS, "data", "fsdp", "expert")
 
 # (logical name, mesh axes); earlier rules win and a mesh axis is used once per array.
 LOGICAL_AXIS_RULES = (
     ("act_expert", "expert"),
     ("act_batch", BATCH_AXES),
-    ("act_batch", ("data", "fsdp")),  # arrays whose expert axis already holds ``expert``
+    ("act_batch", (DCN_AXIS, "data", "fsdp")),  # arrays whose expert axis holds ``expert``
     ("act_len", None),
     ("act_embed", None),
     ("act_heads", "tensor"),
@@ -77,14 +82,17 @@ def default_mesh_config() -> ml_collections.ConfigDict:
     c.fsdp = 1  # ZeRO-3 shards: parameters, grads and optimizer state split over this axis
     c.tensor = 1  # Megatron tensor-parallel width (must divide heads, mlp and vocab)
     c.expert = 1  # MoE expert parallelism (must divide num_experts); also splits the batch
+    c.dcn = 0  # data-parallel slices (multislice); 0: as many as the devices span (1 for most)
     return c
 
 
 def mesh_shape(config: ml_collections.ConfigDict, num_devices: int) -> tuple:
-    """Sizes of (data, fsdp, tensor, expert); one -1 fills the rest; product = num_devices."""
-    unknown = sorted(set(config.keys()) - set(MESH_AXES))
+    """Sizes of (data, fsdp, tensor, expert) within one slice of ``num_devices`` devices; one
+    -1 fills the rest; product = num_devices."""
+    unknown = sorted(set(config.keys()) - set(MESH_AXES) - {DCN_AXIS})
     if unknown:
-        raise ValueError(f"unknown config.mesh key(s) {unknown}; known axes: {list(MESH_AXES)}")
+        known = [DCN_AXIS, *MESH_AXES]
+        raise ValueError(f"unknown config.mesh key(s) {unknown}; known axes: {known}")
     sizes = [int(config.get(axis, 1)) for axis in MESH_AXES]
     for axis, size in zip(MESH_AXES, sizes):
         if size == 0 or size < -1:
@@ -108,15 +116,41 @@ def mesh_shape(config: ml_collections.ConfigDict, num_devices: int) -> tuple:
     return tuple(sizes)
 
 
+def num_slices(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]) -> int:
+    """The ``dcn`` axis size: ``config.dcn``, or (0) the number of slices the devices span
+    (`jax.Device.slice_index`; 1 where devices have none). Devices that span slices need one
+    slice per ``dcn`` index, so a slice is never split by the in-slice axes."""
+    spanned = len({getattr(d, "slice_index", 0) or 0 for d in devices})
+    dcn = int(config.get(DCN_AXIS, 0) or spanned)
+    if dcn < 1 or len(devices) % dcn:
+        raise ValueError(f"config.mesh.dcn={dcn}: must divide the {len(devices)} devices")
+    if spanned > 1 and dcn != spanned:
+        raise ValueError(
+            f"config.mesh.dcn={dcn}, but the devices span {spanned} slices: set "
+            f"config.mesh.dcn={spanned} (or 0), data parallel across the slices"
+        )
+    return dcn
+
+
 def make_mesh(
     config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
 ) -> Mesh:
-    """A (data, fsdp, tensor, expert) mesh over ``devices`` (default: all), Auto axis types."""
+    """A (dcn, data, fsdp, tensor, expert) mesh over ``devices`` (default: all), Auto axis
+    types: one ``dcn`` index per slice (JAX's hybrid mesh, each slice laid out for its own
+    interconnect); without slices (CPU devices), ``dcn`` > 1 splits the devices in order."""
     devices = list(jax.devices() if devices is None else devices)
-    shape = mesh_shape(config, len(devices))
-    return jax.make_mesh(
-        shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape), devices=devices
-    )
+    dcn = num_slices(config, devices)
+    shape = mesh_shape(config, len(devices) // dcn)
+    axes, types = (DCN_AXIS, *MESH_AXES), (jax.sharding.AxisType.Auto,) * (len(shape) + 1)
+    if dcn == 1:
+        return jax.make_mesh((1, *shape), axes, axis_types=types, devices=devices)
+    if hasattr(devices[0], "slice_index"):
+        grid = mesh_utils.create_hybrid_device_mesh(
+            (1, *shape), (dcn,) + (1,) * len(shape), devices
+        )
+    else:
+        grid = np.asarray(devices, dtype=object).reshape((dcn, *shape))
+    return Mesh(grid, axes, axis_types=types)
 
 
 def logical_axis_rules() -> tuple:
@@ -145,7 +179,7 @@ def process_batch_rows(mesh: Mesh, global_batch_size: int) -> slice:
     if global_batch_size % shards:
         raise ValueError(
             f"config.batch_size={global_batch_size} is not divisible by the "
-            f"{shards} batch shards (mesh data x fsdp x expert)"
+            f"{shards} batch shards (mesh dcn x data x fsdp x expert)"
         )
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
     starts = sorted({idx[0].start or 0 for idx in index_map.values()})
