@@ -253,3 +253,26 @@ def test_a_program_too_large_is_reported_as_not_fitting():
     assert result.returncode == 1, result.stderr[-2000:]
     assert "DOES NOT FIT" in result.stdout and "--config.optim.grad_accum_steps" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_quick_check_of_a_depth_the_compiler_refused():
+    """--quick where the deeper of the two small programs did not fit: the real depth is
+    reported as not fitting, its need extrapolated from both depths (memory grows with layers)."""
+    from bertjax.aot import extrapolate
+
+    gib = 2**30
+
+    def report(total, refused=False):
+        program = {"memory": {"total": total}, "hbm_per_device": 16 * gib, "compile_s": 5.0}
+        if refused:
+            program["out_of_memory"] = "RESOURCE_EXHAUSTED: ..."
+        else:
+            program.update(model_flops=1.0, hbm_traffic=1.0, ici_bytes=0, dcn_bytes=0)
+        return {"chip": {"name": "v5e"}, "devices": 4, "programs": [program]}
+
+    out = extrapolate.extrapolate(report(10 * gib), report(18 * gib, True), 2, 3, 12)
+    (program,) = out["programs"]
+    assert "out_of_memory" in program and program["extrapolated"]["layers"] == 12
+    assert program["memory"]["total"] == 10 * gib + 10 * 8 * gib  # 2 layers + 10 x (3 - 2)
+    assert program["headroom"] == pytest.approx(1 - 90 / 16)
+    assert program["compile_s"] == 10.0

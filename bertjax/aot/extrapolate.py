@@ -69,6 +69,9 @@ def extrapolate(small: dict, large: dict, a: int, b: int, layers: int) -> dict:
     chip = chips_lib.CHIPS[report["chip"]["name"]]
     report["programs"] = []
     for p, q in zip(small["programs"], large["programs"]):
+        if "out_of_memory" in p or "out_of_memory" in q:  # the compiler refused a depth
+            report["programs"].append(_refused(p, q, steps, a, b, layers))
+            continue
         program = _combine(p, q, steps)
         for kind, c in program.get("collectives", {}).items():
             c["largest"] = q["collectives"][kind]["largest"]  # ops of the deeper program
@@ -86,6 +89,21 @@ def extrapolate(small: dict, large: dict, a: int, b: int, layers: int) -> dict:
         program["compile_s"] = p["compile_s"] + q["compile_s"]
         report["programs"].append(program)
     return report
+
+
+def _refused(small: dict, large: dict, steps: float, a: int, b: int, layers: int) -> dict:
+    """A program the compiler refused for want of memory at a small depth: the real depth needs
+    at least as much (memory grows with the layers), extrapolated from both depths' needs."""
+    program = copy.deepcopy(large if "out_of_memory" in large else small)
+    needed = small["memory"]["total"] + steps * (
+        large["memory"]["total"] - small["memory"]["total"]
+    )
+    needed = max(needed, program["memory"]["total"])
+    program["memory"] = {**program["memory"], "total": int(needed)}
+    program["headroom"] = 1.0 - needed / program["hbm_per_device"]
+    program["extrapolated"] = {"from_layers": [a, b], "layers": layers}
+    program["compile_s"] = small["compile_s"] + large["compile_s"]
+    return program
 
 
 def with_layers(config, layers: int):
