@@ -299,6 +299,8 @@ def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
         changes = entry.set
         if "batch_size" in changes:
             changes.batch_size = 8
+        if "optim" in changes and "grad_accum_steps" in changes.optim:
+            changes.optim.grad_accum_steps = 1  # one microbatch, as the whole run
         if "data" in changes and "max_seq_length" in changes.data:
             changes.data.max_seq_length = 64
             changes.data.max_predictions = 6
