@@ -3,7 +3,9 @@
 
 1. weak: contrastive training on weakly supervised pairs at a very large batch (16,384 queries,
    each scored against every document of the global batch), which GradCache makes fit: the
-   encoder runs 256 queries (and their documents) at a time.
+   encoder runs 4,096 queries (and their documents) at a time, 64 per chip on the slice below
+   (fewer chips: a smaller chunk). Fewer, larger chunks keep the chips' matrix units busy and
+   reduce less across chips (benchmarks/results.md).
 2. hard: fine-tuning at batch 256 with 7 mined hard negatives per query and Matryoshka losses at
    768 and 256 dimensions.
 
@@ -52,7 +54,7 @@ def get_config(variant=""):
     config.phases.weak = phase(
         steps=10_000,
         pairs={"source": "builtin", "num_negatives": 0},
-        loss={"gradcache_chunk_size": 256},
+        loss={"gradcache_chunk_size": 4096},
         optim={"learning_rate": 2e-4},
     )
     config.phases.hard = phase(
