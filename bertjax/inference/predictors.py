@@ -11,6 +11,7 @@ the column a record lacks before anything runs.
 
 from __future__ import annotations
 
+import abc
 import functools
 
 import jax
@@ -32,7 +33,7 @@ from bertjax.tasks import tasks
 __all__ = ["TASKS", "Classifier", "Embeddings", "FillMask", "Predictor", "Tagger", "load", "make"]
 
 
-class Predictor:
+class Predictor(abc.ABC):
     """A model and its tokenizer; `predict(records)` -> one output dict a record, in order."""
 
     task = ""
@@ -54,8 +55,9 @@ class Predictor:
             return " ".join(str(record.get(k) or "") for k in ("title", "text")).strip()
         return str(record[column])
 
+    @abc.abstractmethod
     def predict(self, records: list[dict]) -> list[dict]:
-        raise NotImplementedError
+        """One output dict a record, in the records' order."""
 
 
 def _require(record: dict, columns: dict[str, str]) -> None:
