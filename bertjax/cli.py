@@ -1,5 +1,21 @@
-"""How every command meets bad input: `train.py` and ``python -m bertjax.predict``, ``.embed``,
-``.compile``, ``.glue``, ``.diffusion`` and ``.data.prepare``.
+"""How every command meets bad input and how it ends: `train.py` and ``python -m
+bertjax.predict``, ``.embed``, ``.compile``, ``.glue``, ``.diffusion`` and ``.data.prepare``.
+
+Exit statuses are a contract with whatever runs the command (a shell, Kubernetes, SLURM,
+torchrun, systemd), the same for every command and every process of a run:
+
+  0    `FINISHED`     done
+  1    `BUG`          an error bertjax did not expect (Python's own status for an uncaught
+                      exception): read the traceback, report it
+  2    `BAD_INPUT`    bad input (a flag, a file, a config key): one line says what and where;
+                      rerunning the same command fails the same way, so do not restart
+  75   `RETRY`        not done, restart the same command: storage stayed unreachable past
+                      its retry budget, or another process of the run was lost (EX_TEMPFAIL of
+                      sysexits.h); the rerun resumes from the last complete checkpoint
+  128+N `stopped_by(N)` stopped by signal N after saving (143 for SIGTERM, a preemption;
+                      130 for Ctrl-C); not done, restart: the rerun resumes where it stopped.
+                      A process of a multi-process run stopped because another was signalled
+                      exits 143 too.
 
 A bad flag, a path that names nothing, a file that is not what it should be (not UTF-8, no
 such column, not a BEIR directory, ...) stops the command with one line on stderr,
@@ -22,8 +38,18 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
+FINISHED = 0
+BUG = 1  # an uncaught exception (Python's status)
 BAD_INPUT = 2  # the exit status of every command stopped by bad input
+RETRY = 75  # EX_TEMPFAIL: storage unreachable past its budget, or a lost process; restart
+STOPPED = 128 + 15  # stopped by SIGTERM after saving (or because another process was signalled)
 INPUT_ERRORS = (ValueError, OSError)
+
+
+def stopped_by(signum: int | None) -> int:
+    """The exit status of a run stopped by signal ``signum`` after saving (None: another
+    process of the run was signalled): 128 + the signal, as a shell reports a signal's kill."""
+    return STOPPED if signum is None else 128 + int(signum)
 VERBOSE = 1  # the --verbosity from which a stopped command prints its traceback
 
 
@@ -48,14 +74,28 @@ def fail(message: str) -> NoReturn:
 @contextlib.contextmanager
 def input_errors(verbose: bool) -> Iterator[None]:
     """Inside: ValueError and OSError stop the command with `fail` (their traceback instead
-    when ``verbose``). The line ends saying how to get the traceback: the same exception types
-    can come from a bug rather than from bad input, and the traceback is what a report needs."""
+    when ``verbose``); `bertjax.retry.StorageUnavailable` with `unavailable` (status RETRY).
+    The line ends saying how to get the traceback: the same exception types can come from a
+    bug rather than from bad input, and the traceback is what a report needs."""
+    from bertjax.retry import StorageUnavailable
+
     try:
         yield
+    except StorageUnavailable as error:  # not bad input: restart later (RETRY)
+        if verbose:
+            raise
+        unavailable(error)
     except INPUT_ERRORS as error:
         if verbose:
             raise
         fail(f"{str(error) or type(error).__name__} (--verbosity=1 prints the traceback)")
+
+
+def unavailable(error: BaseException) -> NoReturn:
+    """Stops the command: ``error: MESSAGE`` (one line) on stderr, exit status `RETRY`."""
+    line = " ".join(str(error).split())
+    print(f"error: {line}", file=sys.stderr)
+    raise SystemExit(RETRY)
 
 
 def absl_verbose() -> bool:
