@@ -50,6 +50,8 @@ def stopped_by(signum: int | None) -> int:
     """The exit status of a run stopped by signal ``signum`` after saving (None: another
     process of the run was signalled): 128 + the signal, as a shell reports a signal's kill."""
     return STOPPED if signum is None else 128 + int(signum)
+
+
 VERBOSE = 1  # the --verbosity from which a stopped command prints its traceback
 
 
