@@ -24,3 +24,6 @@ class StorageUnavailable(Exception):
             f"{self.elapsed_s:.0f} s; the object is not known to be bad: rerun the same command "
             "when storage answers again (the run resumes from its last checkpoint)"
         )
+
+    def __reduce__(self):  # crosses process boundaries (data worker processes) whole
+        return type(self), (self.target, self.error, self.elapsed_s, self.attempts)
