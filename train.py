@@ -15,7 +15,9 @@ off).
 
 import json
 import os
+import signal
 import sys
+import traceback
 
 from absl import app, flags, logging
 
@@ -71,6 +73,31 @@ _HEARTBEAT = flags.DEFINE_integer(
 
 
 def main(argv):
+    from bertjax.training import stopping
+
+    stopping.command_mode()  # a signal ends this process in every phase (stopping.py)
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the trainer took over signals
+        stopping.leave_now(signal.SIGINT, "while starting; nothing was trained")
+    except SystemExit as stop:  # bad input (2), storage unreachable (75): the line is printed
+        if stop.code in (0, None):
+            raise
+        _leave(stop.code)
+    except BaseException:  # a bug (1): its traceback
+        traceback.print_exc()
+        _leave(cli.BUG)
+
+
+def _leave(status: int) -> None:
+    """Exits with ``status`` without the interpreter's teardown, which would wait for a thread
+    whose read hangs in storage (checkpoints are written and files closed by then)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}")
     import jax
@@ -89,6 +116,7 @@ def main(argv):
     elif any(flag.present for flag in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID)):
         cli.fail("--coordinator_address, --num_processes, --process_id need --multihost")
     from bertjax import trainer
+    from bertjax.training import stopping
 
     logging.info("devices: %s", jax.devices())
     with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
@@ -97,6 +125,8 @@ def main(argv):
         except processes.MismatchError:  # raised by every process: they leave together
             processes.finish()
             raise
+        except stopping.Interrupted as interrupted:  # before the first step: nothing to save
+            stopping.leave_now(interrupted.signum, "before training; nothing was trained")
         except Exception as error:  # the others stop too, naming this process or a lost one
             processes.on_error(error)
             raise
@@ -107,6 +137,13 @@ def main(argv):
         keys = ("step", "train/loss", *held_out, "perf/tokens_per_second", "perf/mfu")
         print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2), flush=True)
     processes.finish()  # the processes leave together
+    if summary["stopped_by_signal"]:  # saved, not done: a status that says "restart"
+        status = cli.stopped_by(summary["signal"])
+        name = signal.Signals(status - 128).name
+        sys.stdout.flush()
+        line = f"stopped by {name} after saving step {summary['step']} in {_WORKDIR.value}"
+        print(f"{line}: rerun the same command to resume (exit status {status})", file=sys.stderr)
+        _leave(status)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,12 @@ It is not bad input (the store, file or flag is not at fault), so it is no `OSEr
 from __future__ import annotations
 
 
-class StorageUnavailable(Exception):
+class Retryable(Exception):
+    """The command stopped for a reason that a rerun of the same command gets past (exit status
+    `bertjax.cli.RETRY`); ``str()`` says what happened."""
+
+
+class StorageUnavailable(Retryable):
     """Storage did not answer ``target`` within the retry budget; ``str()`` is one line naming
     the object, the last error, and how long and how often it was tried."""
 

@@ -11,6 +11,8 @@ import concurrent.futures
 import threading
 from collections.abc import Callable
 
+CLOSE_WAIT_S = 10.0  # how long closing waits for the reads running (a hung read is left)
+
 
 class Prefetch:
     """``compute(steps) -> batches`` of the steps ahead, ``group`` steps a call."""
@@ -50,6 +52,12 @@ class Prefetch:
         future, i = entry
         return future.result()[i]
 
-    def close(self) -> None:
-        """Cancels the reads not started and waits for those running (at most one a thread)."""
-        self.executor.shutdown(wait=True, cancel_futures=True)
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Cancels the reads not started and waits up to ``timeout_s`` for those running (at most
+        one a thread); a read that hangs in storage past that is left behind (its thread ends
+        when the read returns, or with the process)."""
+        with self._lock:
+            running = [future for future, _ in self._futures.values()]
+            self._futures.clear()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        concurrent.futures.wait(running, timeout=timeout_s)

@@ -3,13 +3,25 @@
 Each checkpoint step holds two items: ``state`` (step, params, opt_state; sharded arrays,
 restorable onto any mesh; never a frozen teacher) and ``meta`` (JSON: the run config, the model
 config, the tokenizer file and fingerprint, the data's fingerprint). Reading one without the
-trainer is `bertjax.interop.checkpoints`. Orbax writes a step into a temporary directory and
-renames it when complete, so a save killed half-way is never listed, and restore falls back to
-the last complete step."""
+trainer is `bertjax.interop.checkpoints`.
+
+What a fault leaves behind is never resumed from:
+- a save killed half-way (SIGKILL, a lost VM during an async save): orbax writes a step into a
+  temporary directory and renames it when complete (on object stores, a commit file marks it), so
+  it is never listed; the run resumes from the newest complete step and says which;
+- a listed step that cannot be read (a file truncated or lost after the save completed): the
+  run resumes from the newest step that reads (`Checkpointer.restore_newest`), moves the bad one
+  aside (``STEP.unreadable``, kept: nothing is deleted) and says so;
+- a save that cannot be written (a full disk): one line naming the step, the directory and the
+  checkpoint that is intact (`CheckpointWriteError`, an OSError: exit status 2, since restarting
+  does not free space); the previous checkpoints are untouched.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -66,6 +78,15 @@ class _Manager(ocp.CheckpointManager):
 
 # URL schemes orbax (0.12) writes checkpoints to; any other (s3://) fails inside its first save.
 ORBAX_URLS = ("gs://",)
+# what a write that failed for lack of room says (TensorStore's errors carry the errno in text)
+_NO_ROOM = ("No space left on device", "os_error_code='28'", "Disk quota exceeded",
+            "os_error_code='122'", "Read-only file system", "os_error_code='30'")  # fmt: skip
+UNREADABLE = ".unreadable"  # the suffix of a listed step that could not be restored
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written for lack of room (the message names the step, the
+    directory and the checkpoint that is intact)."""
 
 
 class Checkpointer:
@@ -87,9 +108,31 @@ class Checkpointer:
             cleanup_tmp_directories=True,
         )
         self._manager = _Manager(self.directory, options=options, item_names=ITEMS)
+        self._pending: int | None = None  # the step of the last save started
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def saving(self) -> bool:
+        """Whether an async save is still being written."""
+        return self._manager.is_saving_in_progress()
+
+    @contextlib.contextmanager
+    def _writing(self, step: int | None):
+        """Turns a write that failed for lack of room into one `CheckpointWriteError` line."""
+        try:
+            yield
+        except Exception as error:
+            text = str(error)
+            if not any(sign in text for sign in _NO_ROOM):
+                raise
+            kept = [s for s in self.all_steps() if s != step]
+            intact = f"step {max(kept)} is intact" if kept else "no earlier checkpoint exists"
+            reason = next(sign for sign in _NO_ROOM if sign in text and "'" not in sign)
+            raise CheckpointWriteError(
+                f"cannot write checkpoint step {step} to {self.directory}: {reason.lower()}; "
+                f"{intact}. Make room (or give another --workdir), then rerun the same command"
+            ) from None
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
@@ -100,13 +143,15 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return False
         self._remove_unfinished(step)
-        return self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(_state_tree(state)), meta=ocp.args.JsonSave(meta)
-            ),
-            force=force,
-        )
+        self._pending = step
+        with self._writing(step):
+            return self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(_state_tree(state)), meta=ocp.args.JsonSave(meta)
+                ),
+                force=force,
+            )
 
     def _remove_unfinished(self, step: int) -> None:
         """Removes what a save killed half-way left of ``step`` (never listed, never resumed
@@ -123,7 +168,9 @@ class Checkpointer:
             multihost_utils.sync_global_devices(f"bertjax-checkpoint-{step}")
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Until the async save in flight is written (its error, if it failed, raised here)."""
+        with self._writing(self._pending):
+            self._manager.wait_until_finished()
 
     def read_meta(self, step: int | None = None) -> dict:
         step = self.latest_step() if step is None else step
@@ -157,9 +204,70 @@ class Checkpointer:
         )  # ``frozen`` stays as shapes and shardings: the objective's resume_state fills it
         return state, restored["meta"]
 
+    def restore_newest(self, abstract_state, check: Callable[[dict], None]) -> tuple[Any, dict]:
+        """(state, meta) of the newest step that can be read, placed as in `restore`; ``check``
+        (meta) raises when a checkpoint does not suit this run (then no older one is tried: they
+        were made by the same run). Newer steps that could not be read are moved aside (kept),
+        and a warning names them; when none reads, the newest one's error is raised."""
+        steps = sorted(self.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        failed: list[tuple[int, BaseException]] = []
+        for step in steps:  # each process makes the same calls: every decision is agreed on
+            meta = _attempt(lambda step=step: self.read_meta(step), step, failed)
+            if meta is None:  # a truncated or lost meta file
+                continue
+            check(meta)
+            restored = _attempt(lambda step=step: self.restore(abstract_state, step), step, failed)
+            if restored is not None:
+                state, meta = restored
+                break
+        else:
+            raise failed[0][1]
+        for bad, error in failed:
+            self._set_aside(bad, error, step)
+        return state, meta
+
+    def _set_aside(self, step: int, error: BaseException, resumed: int) -> None:
+        """Moves listed step ``step``, which could not be read, out of the manager's sight."""
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        source = paths.join(self.directory, str(step))
+        target = source + UNREADABLE
+        if jax.process_index() == 0:
+            if paths.exists(target):
+                paths.Path(target).rmtree()
+            paths.Path(source).rename(target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"bertjax-set-aside-{step}")
+        self._manager.reload()
+        logging.warning(
+            "checkpoint step %d in %s could not be read (%s: %s); resumed from step %d; the "
+            "unreadable one is kept as %s",
+            step, self.directory, type(error).__name__, first, resumed, target,
+        )  # fmt: skip
+
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        with self._writing(self._pending):
+            self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _attempt(read: Callable, step: int, failed: list):
+    """``read()``, or None (the error added to ``failed``) when it failed on any process."""
+    try:
+        out, error = read(), None
+    except Exception as caught:
+        out, error = None, caught
+    if jax.process_count() > 1:
+        from bertjax.training import processes
+
+        if not all(processes.exchange("checkpoint-read", error is None)) and error is None:
+            out, error = None, RuntimeError("another process could not read its part")
+    if error is not None:
+        failed.append((step, error))
+    return out
 
 
 def check_compatible(

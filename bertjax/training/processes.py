@@ -33,9 +33,11 @@ from collections import Counter
 
 import jax
 
+from bertjax import cli
+
 HEARTBEAT_TIMEOUT_S = 30  # seconds without a heartbeat before a process counts as lost
 WATCH_INTERVAL_S = 1.0  # how often the watchdog asks which processes are alive
-EXIT_PROCESS_LOST = 3  # the exit status of a process that stops because another was lost
+EXIT_PROCESS_LOST = cli.RETRY  # the status of a process stopped because another was lost
 _WAIT_MS = 60 * 60 * 1000  # a peer may still be preparing data (tokenizing) when another asks
 
 
@@ -49,10 +51,24 @@ class MismatchError(ValueError):
 
 def _client():
     """JAX's coordination-service client (None outside a jax.distributed run). jax has no public
-    accessor; multihost_utils and orbax read the same object."""
+    accessor; multihost_utils and orbax read the same object (tests/private_api_test.py fails
+    when it moves)."""
+    if not jax.distributed.is_initialized():
+        return None
     from jax._src import distributed
 
     return distributed.global_state.client
+
+
+def exit_status(error: BaseException) -> int:
+    """The exit status a command ends with for ``error`` (bertjax/cli.py's contract)."""
+    from bertjax.retry import Retryable
+
+    if isinstance(error, Retryable):
+        return cli.RETRY
+    if isinstance(error, cli.INPUT_ERRORS):
+        return cli.BAD_INPUT
+    return cli.BUG
 
 
 _FAILED = "bertjax/failed/"  # key-value directory: a process's error, published before it exits
@@ -67,6 +83,8 @@ class _Group:
         self.heartbeat_timeout = heartbeat_timeout
         self.names = exchange("process", f"{socket.gethostname()} pid {os.getpid()}")
         self.finishing = threading.Event()  # set: others leaving is expected, not reported
+        self.failing = threading.Event()  # set: this process fails (its error is published)
+        self.failed: dict = {}  # the other processes that published a failure, by index
         self.others_gone = threading.Event()
         self.watchdog = threading.Thread(target=self._watch, name="bertjax-watchdog", daemon=True)
         self.watchdog.start()
@@ -88,15 +106,22 @@ class _Group:
                 self.others_gone.set()
                 return
             gone = others - set(live)
-            failed = {int(key.rsplit("/", 1)[1]): why for key, why in failed.items()}
+            failed = {int(key.rsplit("/", 1)[1]): json.loads(v) for key, v in failed.items()}
             failed.pop(self.index, None)
+            self.failed = failed
             if self.finishing.is_set():
                 if gone == others:
                     self.others_gone.set()
                     return
+            elif self.failing.is_set():  # this process fails too: name only the lost ones
+                if gone - set(failed):
+                    self._stop(", ".join(self.describe(i) for i in sorted(gone - set(failed)))
+                               + " left the run without saying why")  # fmt: skip
             elif failed:
-                what = "; ".join(f"{self.describe(i)} failed ({why})" for i, why in failed.items())
-                self._stop(what, "Fix that, then rerun")
+                what = "; ".join(f"{self.describe(i)} failed ({f['error']})"
+                                 for i, f in failed.items())  # fmt: skip
+                status = max(f["status"] for f in failed.values())
+                self._stop(what, "Rerun" if status == cli.RETRY else "Fix that, then rerun", status)
             elif gone:
                 self._stop(
                     ", ".join(self.describe(i) for i in sorted(gone)) + " left the run (it "
@@ -105,23 +130,41 @@ class _Group:
                 )
             time.sleep(WATCH_INTERVAL_S)
 
-    def _stop(self, what: str, then: str = "Rerun") -> None:
-        """Prints one line (what happened, what to do) and exits this process."""
+    def _stop(self, what: str, then: str = "Rerun", status: int = EXIT_PROCESS_LOST) -> None:
+        """Prints one line (what happened, what to do) and exits this process with ``status``
+        (a lost process: `cli.RETRY`; one that failed: the status it ends with)."""
         sys.stdout.flush()
         me = self.describe(self.index)
         sys.stderr.write(f"error: {what}; {me} stops too. {then} {_RERUN}\n")
         sys.stderr.flush()
-        os._exit(EXIT_PROCESS_LOST)
+        os._exit(status)
+
+    def publish(self, error: BaseException) -> None:
+        """Tells the others this process fails with ``error``, and the status it ends with."""
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        self.failing.set()
+        record = {"error": f"{type(error).__name__}: {first}", "status": exit_status(error)}
+        try:
+            self.client.key_value_set(f"{_FAILED}{self.index}", json.dumps(record))
+        except Exception:  # the service is gone already
+            pass
+
+    def settle(self, timeout_s: float) -> None:
+        """Waits until every other process has failed too (a common error: out of memory at
+        the first step) or the watchdog names one that was lost (it exits this process), at
+        most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.others_gone.is_set():
+            if len(self.failed) == self.count - 1:
+                return
+            time.sleep(WATCH_INTERVAL_S / 4)
 
     def fail(self, error: BaseException) -> None:
         """Tells the others this process fails with ``error`` (they stop, naming it); process 0,
         which hosts the coordination service, waits until they have left."""
-        first = (str(error).strip().splitlines() or [""])[0][:300]
+        if not self.failing.is_set():
+            self.publish(error)
         self.finishing.set()
-        try:
-            self.client.key_value_set(f"{_FAILED}{self.index}", f"{type(error).__name__}: {first}")
-        except Exception:  # the service is gone already
-            return
         if self.index == 0:
             self.others_gone.wait(self.heartbeat_timeout + 10 * WATCH_INTERVAL_S)
         self.leave()
@@ -236,15 +279,17 @@ def check_same(what: str, settings: dict) -> None:
 
 
 def on_error(error: BaseException) -> None:
-    """Called with the exception that ends this process's run. A JAX error (a collective that
-    failed: another process is likely gone) first gives the watchdog a heartbeat timeout to name
-    the lost process (it exits this one); otherwise the others are told this one fails, so they
-    stop with one line instead of waiting for a heartbeat timeout."""
+    """Called with the exception that ends this process's run: the others are told this one
+    fails (they stop with one line and its status instead of waiting for a heartbeat timeout).
+    A JAX error (a collective that failed) may come from another process that is gone: then
+    this one waits, up to a heartbeat timeout, for the watchdog to name it (it exits this
+    process), unless every other process reports an error of its own first."""
     global _group
     if _group is None:
         return
+    _group.publish(error)
     if isinstance(error, jax.errors.JaxRuntimeError):
-        _group.watchdog.join(_group.heartbeat_timeout + 5 * WATCH_INTERVAL_S)
+        _group.settle(_group.heartbeat_timeout + 5 * WATCH_INTERVAL_S)
     group, _group = _group, None
     group.fail(error)
 

@@ -29,6 +29,7 @@ from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.modeling import attention_kernels
 from bertjax.objectives.warm_start import warm_start, with_source_tokenizer
+from bertjax.retry import Retryable, StorageUnavailable
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import phases as phases_lib
 from bertjax.training import processes, sharding
@@ -36,7 +37,7 @@ from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
 from bertjax.training.checkpoint import Checkpointer, check_compatible
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
-from bertjax.training.stopping import StopRequests
+from bertjax.training.stopping import Interrupted, StopRequests
 
 
 def _prepare_workdir(workdir: str) -> str:
@@ -89,12 +90,27 @@ def _meta(config, model_cfg, data) -> dict:
     }
 
 
-def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer, phase=None):
+class EarlierCheckpoint(Retryable):
+    """The newest readable checkpoint is older than the one the run planned from (a newer one
+    was unreadable and was set aside): the run is planned again from it."""
+
+    def __init__(self, step: int):
+        super().__init__(
+            f"resumed from step {step}: a newer checkpoint could not be read and was set aside; "
+            "rerun the same command (it resumes from that step)"
+        )
+        self.step = step
+
+
+def restore_or_init(
+    config, objective, data, model_cfg, mesh, ckpt: Checkpointer, phase=None, planned=None
+):
     """The train state: the latest checkpoint in ``ckpt`` if there is one (made whole by the
     objective: a teacher reloaded), else a fresh state prepared by the objective (the MLM bias,
     a pretrained encoder, a distillation teacher). A later ``phase`` (bertjax/training/
     phases.py) starts from the previous phase's last checkpoint; with reset_time its schedule
-    counts restart at the phase's first step."""
+    counts restart at the phase's first step. ``planned``: the step the run was planned from
+    (phases, JAX's sync point): resuming from another raises `EarlierCheckpoint`."""
     abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
 
     def fresh():
@@ -103,12 +119,15 @@ def restore_or_init(config, objective, data, model_cfg, mesh, ckpt: Checkpointer
         return init(jax.random.key(config.seed))
 
     if ckpt.latest_step() is not None:
-        meta = ckpt.read_meta()
-        check_compatible(meta, model_cfg, data.tokenizer.fingerprint(), ckpt.directory)
-        state, _ = ckpt.restore(abstract)
+        fingerprint = data.tokenizer.fingerprint()
+        state, meta = ckpt.restore_newest(
+            abstract, lambda meta: check_compatible(meta, model_cfg, fingerprint, ckpt.directory)
+        )
+        if planned is not None and int(state.step) != planned:
+            raise EarlierCheckpoint(int(state.step))  # a newer one was unreadable: replan
         state = objective.resume_state(state, data, fresh)
         data.check_resume(meta.get("config", {}), int(state.step))
-        logging.info("resumed from step %d in %s", int(state.step), ckpt.directory)
+        logging.warning("resumed from step %d in %s", int(state.step), ckpt.directory)
         if phase is not None and phase.index and phase.reset_time and state.step == phase.start:
             logging.info(
                 "phase %r starts at step %d: its schedule restarts", phase.name, phase.start
@@ -167,7 +186,9 @@ class _Run:
     """One call of `train_and_evaluate`: its parts, the loop, and the cadence of logging,
     evaluation and checkpoints."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, phase, stop: StopRequests):
+    def __init__(
+        self, config: ml_collections.ConfigDict, workdir: str, phase, stop: StopRequests, planned
+    ):
         self.config, self.workdir, self.stop = config, workdir, stop
         self.phase = phase or phases_lib.plan_phases(config)[0]
         self.is_chief = jax.process_index() == 0
@@ -192,8 +213,9 @@ class _Run:
         )
         self._check_batch_sizes()
         self.state = restore_or_init(
-            config, self.objective, self.data, self.model_cfg, self.mesh, self.ckpt, self.phase
-        )
+            config, self.objective, self.data, self.model_cfg, self.mesh, self.ckpt, self.phase,
+            planned,
+        )  # fmt: skip
         self.steps = step_lib.jit_steps(self.state, self.mesh, step_lib.compiler_options(config))
         self.meta = _meta(config, self.model_cfg, self.data)
         self.best = None
@@ -234,27 +256,62 @@ class _Run:
         dropout_rng = jax.random.key(config.seed + 1)
         self.window.restart()
         stopped = self.stop.reached(start)  # a request that came before the first step
-        current = start
-        while current < total and not stopped:
-            within = current - phase.start  # the phase's data and batch plan count from its start
-            host_batch = self.data.batch(within)
-            size = self.data.step_batch_size(within) or config.batch_size
-            self.window.add(host_batch, size)
-            batch = sharding.global_batch(host_batch, self.mesh, size)
-            first = current == start  # traced then: record the kernel each attention gets
-            with attention_kernels.recording() if first else contextlib.nullcontext() as traced:
-                self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
-            if traced and self.is_chief:
-                self._say("attention: " + "; ".join(attention_kernels.summary(traced)))
-            self.history.append(step_metrics)
-            self.unchecked.append(step_metrics)
-            current += 1
-            stopped = self._after_step(current, total)
-        if start >= total and config.eval_every:  # already trained: report held-out metrics
-            self.summary.update(self._evaluate())
+        self.current = self.saved = start
+        self.stop.unsaved, self.stop.training = self._unsaved, True
+        try:
+            while self.current < total and not stopped:
+                self._step(dropout_rng, start)
+                stopped = self._after_step(self.current, total)
+            if start >= total and config.eval_every:  # already trained: report held-out metrics
+                with self.stop.interruptible():
+                    self.summary.update(self._evaluate())
+        except Interrupted as signal_stop:  # outside a step: the state is the last step's
+            self._save_unsaved(f"stopped by {signal_stop}")
+            stopped = signal_stop.signum
+        except StorageUnavailable:  # the batch never came: the state is the last step's
+            if jax.process_count() == 1:  # several: the others wait in the step (processes.py)
+                self._save_unsaved("storage unreachable")
+            raise
+        finally:
+            self.stop.training = False
         self.summary["step"] = int(jax.device_get(self.state.step))
-        self.summary["stopped_by_signal"] = stopped
+        self.summary["stopped_by_signal"] = bool(stopped)
+        self.summary["signal"] = self.stop.received
         return self.summary
+
+    def _step(self, dropout_rng, start: int) -> None:
+        """Reads the batch of step ``self.current`` (interruptible: nothing has changed yet) and
+        dispatches the step (a signal then waits for its end)."""
+        within = self.current - self.phase.start  # the phase's data and plan count from its start
+        with self.stop.interruptible():
+            host_batch = self.data.batch(within)
+        size = self.data.step_batch_size(within) or self.config.batch_size
+        self.window.add(host_batch, size)
+        batch = sharding.global_batch(host_batch, self.mesh, size)
+        first = self.current == start  # traced then: record the kernel each attention gets
+        with attention_kernels.recording() if first else contextlib.nullcontext() as traced:
+            self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
+        self.current += 1
+        if traced and self.is_chief:
+            self._say("attention: " + "; ".join(attention_kernels.summary(traced)))
+        self.history.append(step_metrics)
+        self.unchecked.append(step_metrics)
+
+    def _unsaved(self) -> bool:
+        """Steps trained since the last checkpoint, or a checkpoint still being written."""
+        return self.current != self.saved or self.ckpt.saving()
+
+    def _save_unsaved(self, why: str) -> None:
+        """Saves the state (one process: a stop outside a step) when steps were trained since
+        the last checkpoint, and says so."""
+        if self.current != self.saved:
+            if self.history:
+                self._log(self.current)
+            self._check_finite(self.current)
+            self.ckpt.save(self.state, self.meta, force=True)
+            self.saved = self.current
+        self.ckpt.wait()
+        logging.warning("%s: step %d is saved in %s", why, self.saved, self.ckpt.directory)
 
     def _say(self, line: str) -> None:
         """One line of train.py's output (above the progress bar when there is one)."""
@@ -278,6 +335,7 @@ class _Run:
         if (every and within % every == 0) or last or stopping:
             self._check_finite(done)
             self.ckpt.save(self.state, self.meta, force=True)
+            self.saved = done
         if stopping:
             logging.warning(
                 "stop requested (a signal to this or another process): saved step %d, stopping",
@@ -320,7 +378,8 @@ class _Run:
         return {f"eval/{k}": v for k, v in result.items()}
 
     def _eval(self, done: int) -> None:
-        result = self._evaluate()
+        with self.stop.interruptible():  # a signal stops the evaluation, not the bookkeeping
+            result = self._evaluate()
         self.writer.write_scalars(done, result)
         self.summary.update(result)
         if result and self.is_chief:
@@ -359,27 +418,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     phases = phases_lib.plan_phases(config)
     stop = StopRequests()
     try:
-        done = None
-        if len(phases) > 1 or stop.synced:
-            probe = Checkpointer(paths.join(workdir, "checkpoints"), async_save=False)
-            done = probe.latest_step()
-            probe.close()
-        if stop.synced:  # JAX's sync point counts from the step the run resumes at
-            stop.reached(done or 0)
-        summary: dict = {}
-        for phase in phases:
-            if done is not None and done >= phase.end and phase is not phases[-1]:
-                continue  # finished in an earlier call
-            if len(phases) > 1:
-                logging.info("phase %r: steps %d to %d", phase.name, phase.start, phase.end)
-            run = _Run(phase.config, workdir, phase, stop)
+        while True:
             try:
-                summary = run.train()
-            finally:
-                run.close()
-            summary["phase"] = phase.name
-            if summary["stopped_by_signal"]:
-                break
+                return _train_phases(phases, workdir, stop)
+            except EarlierCheckpoint:
+                if stop.synced:  # JAX's sync point counted from the newer step: a rerun (75)
+                    raise
+                logging.warning("a checkpoint was set aside: the phases are planned again")
     finally:
         stop.restore()
+
+
+def _train_phases(phases: list, workdir: str, stop: StopRequests) -> dict:
+    """Trains the phases not finished yet (all of a one-phase run) from the newest checkpoint."""
+    done = None
+    if len(phases) > 1 or stop.synced:
+        probe = Checkpointer(paths.join(workdir, "checkpoints"), async_save=False)
+        done = probe.latest_step()
+        probe.close()
+    if stop.synced:  # JAX's sync point counts from the step the run resumes at
+        stop.reached(done or 0)
+    summary: dict = {}
+    for phase in phases:
+        if done is not None and done >= phase.end and phase is not phases[-1]:
+            continue  # finished in an earlier call
+        if len(phases) > 1:
+            logging.info("phase %r: steps %d to %d", phase.name, phase.start, phase.end)
+        with stop.interruptible():  # preparing data, restoring, compiling: nothing to save
+            run = _Run(phase.config, workdir, phase, stop, planned=done)
+        try:
+            summary = run.train()
+        finally:
+            run.close()
+        summary["phase"] = phase.name
+        if summary["stopped_by_signal"]:
+            break
+        done = None  # the next phase starts from this one's last checkpoint, as planned
     return summary

@@ -269,7 +269,7 @@ def _train(
     sentences: Iterable[str], tmp: str, vocab_size: int, model_type: str, language: str
 ) -> None:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
+        sentence_iterator=sentences,
         model_prefix=os.path.join(tmp, "spm"),
         vocab_size=vocab_size,
         model_type=model_type,
@@ -313,10 +313,21 @@ def train_sentencepiece(
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     spm.set_random_generator_seed(seed)
+    raised: list[BaseException] = []  # what the sentences raised, which SentencePiece wraps
+
+    def read(sentences):
+        try:
+            yield from sentences
+        except BaseException as error:  # a corpus error, a signal: raised as itself below
+            raised.append(error)
+            raise
+
     try:
-        _train(sentences, tmp, vocab_size, model_type, language)
+        _train(read(sentences), tmp, vocab_size, model_type, language)
     except RuntimeError as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if raised:
+            raise raised[0] from None
         raise ValueError(
             f"SentencePiece training for {directory!r} failed with "
             f"config.data.vocab_size={vocab_size}: "
