@@ -91,3 +91,126 @@ def test_an_orbax_without_the_private_attributes_keeps_its_handler():
         assert type_handlers.get_type_handler(jax.Array) is stripped
     finally:
         type_handlers.register_type_handler(jax.Array, before, override=True)
+
+
+def _saved_steps(directory, steps=(1, 2, 3)):
+    """Checkpoints at ``steps`` of random params (incompressible: a truncated file is short)."""
+    ckpt = checkpoint.Checkpointer(str(directory), keep=5, async_save=True)
+    for step in steps:
+        key = jax.random.key(step)
+        ckpt.save(
+            _State(step=jnp.int32(step), params={"w": jax.random.normal(key, (64, 64))},
+                   opt_state={"m": jnp.full((8,), float(step))}),
+            {"step": step},
+        )  # fmt: skip
+    ckpt.close()
+    return jax.eval_shape(lambda: _State(jnp.int32(0), {"w": jnp.zeros((64, 64))},
+                                         {"m": jnp.zeros((8,))}))  # fmt: skip
+
+
+def _abstract(shapes):
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
+
+
+def _largest_file(directory):
+    files = [p for p in directory.rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["array data", "meta"])
+def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_previous_one_restored(
+    tmp_path, damage, caplog
+):
+    """A listed step with a truncated array file (or its meta lost): the run resumes from the
+    step before, names the bad one, and keeps it aside (STEP.unreadable), out of the listing, so
+    that the resumed run saves that step afresh."""
+    abstract = _abstract(_saved_steps(tmp_path))
+    if damage == "array data":
+        victim = _largest_file(tmp_path / "3" / "state")
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    else:
+        (tmp_path / "3" / "meta" / "metadata").unlink()
+    ckpt = checkpoint.Checkpointer(str(tmp_path), keep=5)
+    with caplog.at_level("WARNING"):
+        state, meta = ckpt.restore_newest(abstract, check=lambda meta: None)
+    assert int(state.step) == 2 and meta == {"step": 2}
+    np.testing.assert_array_equal(state.opt_state["m"], np.full((8,), 2.0))
+    assert ckpt.all_steps() == [1, 2] and (tmp_path / "3.unreadable").is_dir()
+    assert f"checkpoint step 3 in {tmp_path} could not be read" in caplog.text
+    assert "resumed from step 2" in caplog.text and "3.unreadable" in caplog.text
+    ckpt.close()
+
+
+def test_a_checkpoint_that_does_not_suit_the_run_is_not_skipped(tmp_path):
+    """A meta check that fails (another model shape) is raised at once: older checkpoints of
+    the same run would not suit either, and nothing is set aside."""
+    abstract = _abstract(_saved_steps(tmp_path, steps=(1, 2)))
+
+    def refuse(meta):
+        raise ValueError(f"different model shape at {meta['step']}")
+
+    with pytest.raises(ValueError, match="different model shape at 2"):
+        checkpoint.Checkpointer(str(tmp_path)).restore_newest(abstract, check=refuse)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]
+
+
+FULL_DISK = r"""
+import os, sys
+import jax, jax.numpy as jnp
+sys.path.insert(0, sys.argv[2])
+import checkpoint_test as t
+from bertjax.training import checkpoint
+directory = sys.argv[1]
+ckpt = checkpoint.Checkpointer(directory, keep=5, async_save=True)
+def state(step):
+    return t._State(jnp.int32(step), {"w": jax.random.normal(jax.random.key(step), (256, 256))},
+                    {"m": jnp.zeros((8,))})
+ckpt.save(state(1), {"step": 1})
+ckpt.wait()
+free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+with open(os.path.join(directory, "..", "filler"), "wb") as f:  # the disk fills up
+    f.write(b"\0" * max(0, free - 64 * 1024))
+try:
+    ckpt.save(state(2), {"step": 2})
+    ckpt.save(state(3), {"step": 3})  # the async save's error comes out here at the latest
+    ckpt.wait()
+    print("no error")
+except checkpoint.CheckpointWriteError as error:
+    print("error:", error)
+os.remove(os.path.join(directory, "..", "filler"))
+restored, meta = checkpoint.Checkpointer(directory).restore(
+    jax.eval_shape(lambda: state(0)), step=1)
+print("restored", int(restored.step), meta)
+"""
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_is_intact(tmp_path):
+    """A checkpoint that cannot be written for lack of room (a 2 MB tmpfs filled up, in a mount
+    namespace of its own) stops with one line naming the step, the directory and the intact
+    checkpoint (CheckpointWriteError, exit status 2 through bertjax/cli.py); step 1 restores."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT, child_env
+
+    mount, script = tmp_path / "disk", tmp_path / "full_disk.py"
+    mount.mkdir()
+    script.write_text(FULL_DISK)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    command = (
+        f"mount -t tmpfs -o size=2m tmpfs {mount} && "
+        f"{sys.executable} {script} {mount}/checkpoints {tests}"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", command], cwd=ROOT, env=child_env(),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == (
+        f"error: cannot write checkpoint step 2 to {mount}/checkpoints: no space left on device; "
+        "step 1 is intact. Make room (or give another --workdir), then rerun the same command"
+    ), result.stdout
+    assert lines[1] == "restored 1 {'step': 1}"
