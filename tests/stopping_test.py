@@ -25,6 +25,9 @@ start = time.perf_counter(); hashlib.pbkdf2_hmac("sha256", b"x", b"y", 200_000)
 ROUNDS = 200_000 / (time.perf_counter() - start)
 if scenario != "library":
     stopping.command_mode()
+if scenario == "multihost":  # one process of a jax.distributed run: JAX's notifier owns SIGTERM
+    from bertjax.training import processes
+    processes.initialize(f"127.0.0.1:{sys.argv[2]}", 1, 0)
 stop = stopping.StopRequests()
 print("ready", flush=True)
 if scenario == "native":  # nothing trained: the watcher ends the process
@@ -61,13 +64,20 @@ elif scenario == "library":  # no exit: a flag, Interrupted outside a step, Keyb
     except KeyboardInterrupt:
         print("keyboard interrupt", flush=True)
     stop.restore()
+elif scenario == "multihost":  # the first Ctrl-C goes to the sync point, a second leaves
+    stop.training, step = True, 0
+    while not stop.reached(step):
+        step += 1
+        time.sleep(0.01)
+    print("sync point", flush=True)
+    time.sleep(60)  # a save that takes long
 print("end", flush=True)
 """
 
 
-def _start(scenario: str) -> subprocess.Popen:
+def _start(scenario: str, *args: str) -> subprocess.Popen:
     process = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, scenario], cwd=ROOT, env=child_env(), text=True,
+        [sys.executable, "-c", SCRIPT, scenario, *args], cwd=ROOT, env=child_env(), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     assert process.stdout.readline() == "ready\n", process.stderr.read()
@@ -142,6 +152,21 @@ def test_a_library_caller_keeps_its_process():
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert out.splitlines() == ["keyboard interrupt", "end"]
+
+
+def test_under_multihost_a_second_ctrl_c_leaves_without_jax_s_abort():
+    """In a jax.distributed run the first Ctrl-C goes through JAX's preemption sync point (every
+    process stops at one step); a second, while the stop is saving, leaves at once with 130 and
+    one line, not with JAX's C++ abort at interpreter exit (the coordination client's threads)."""
+    from helpers import free_port
+
+    process = _start("multihost", str(free_port()))
+    elapsed = _signal_and_time(process, signal.SIGINT, then=signal.SIGINT)
+    err = process.stderr.read()
+    assert process.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert elapsed < 20, elapsed
+    assert err.strip().splitlines()[-1].startswith("stopped by SIGINT (a second signal)")
+    assert "Check failure" not in err and "Traceback" not in err
 
 
 @pytest.mark.slow
