@@ -136,3 +136,58 @@ def test_train_and_compile_answer_in_one_line(command, line, files):
     assert result.returncode == 2, result.stderr[-2000:]
     (only,) = result.stderr.strip().splitlines()  # one line, no traceback
     assert only.startswith(line.format(root=root)), only
+
+
+RAISING = (  # train.py whose training raises the exception named by argv[1]
+    "import runpy, sys\n"
+    "from bertjax import trainer\n"
+    "from bertjax.retry import StorageUnavailable\n"
+    "errors = {'bug': RuntimeError('an error bertjax did not expect'),\n"
+    "          'storage': StorageUnavailable('gs://b/s/000001-00000.shard',\n"
+    "                                        OSError('503 Service Unavailable'), 601.0, 23)}\n"
+    "error = errors[sys.argv.pop(1)]\n"
+    "def train_and_evaluate(config, workdir):\n"
+    "    raise error\n"
+    "trainer.train_and_evaluate = train_and_evaluate\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+@pytest.mark.parametrize("kind,status", [("bug", cli.BUG), ("storage", cli.RETRY)])
+def test_a_bug_exits_1_with_its_traceback_and_unreachable_storage_75_with_one_line(
+    kind, status, tmp_path
+):
+    """The statuses that are not bad input: a bug (1) keeps its traceback for the report;
+    storage unreachable past its budget (75: restart, it resumes) is one line naming the
+    object. (0 and 2: every test that runs a command; 128+N: trainer_test.py, stopping_test.py;
+    75 from real faults: faults_test.py.)"""
+    command = [sys.executable, "-c", RAISING, kind, os.path.join(ROOT, "train.py"),
+               f"--config={TINY}", f"--workdir={tmp_path}"]  # fmt: skip
+    env = dict(child_env(), BERTJAX_HUGEPAGE_MALLOC="0")
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == status, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    if kind == "bug":
+        assert "Traceback (most recent call last)" in result.stderr
+        assert lines[-1] == "RuntimeError: an error bertjax did not expect"
+    else:
+        assert lines == [
+            "error: storage unreachable: gs://b/s/000001-00000.shard (OSError: 503 Service "
+            "Unavailable) after 23 tries over 601 s; the object is not known to be bad: rerun the "
+            "same command when storage answers again (the run resumes from its last checkpoint)"
+        ]
+
+
+def test_readme_s_exit_status_table_is_cli_s_contract():
+    """README's table (Long runs) lists exactly bertjax/cli.py's statuses, with their meaning."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("## Long runs: faults, stops and exit statuses", 1)[1].split("\n## ")[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")]
+    table = {cells[0].strip(): cells[1].strip() for cells in rows[1:]}
+    assert list(table) == [str(cli.FINISHED), str(cli.BUG), str(cli.BAD_INPUT), str(cli.RETRY),
+                           "128+N"]  # fmt: skip
+    assert table["0"] == "finished" and table["1"].startswith("a bug")
+    assert table["2"].startswith("bad input") and "storage unreachable" in table["75"]
+    assert "143: SIGTERM" in table["128+N"] and "130: Ctrl-C" in table["128+N"]
+    assert cli.stopped_by(15) == cli.STOPPED == 143 and cli.stopped_by(2) == 130

@@ -96,8 +96,8 @@ class EarlierCheckpoint(Retryable):
 
     def __init__(self, step: int):
         super().__init__(
-            f"resumed from step {step}: a newer checkpoint could not be read and was set aside; "
-            "rerun the same command (it resumes from that step)"
+            f"a newer checkpoint could not be read and was set aside (see the warning above); "
+            f"the newest that reads is step {step}: rerun the same command (it resumes there)"
         )
         self.step = step
 
