@@ -76,7 +76,8 @@ def fail(message: str) -> NoReturn:
 @contextlib.contextmanager
 def input_errors(verbose: bool) -> Iterator[None]:
     """Inside: ValueError and OSError stop the command with `fail` (their traceback instead
-    when ``verbose``); `bertjax.retry.Retryable` (StorageUnavailable) with `unavailable` (status RETRY).
+    when ``verbose``); `bertjax.retry.Retryable` (StorageUnavailable) with `unavailable`
+    (status RETRY).
     The line ends saying how to get the traceback: the same exception types can come from a
     bug rather than from bad input, and the traceback is what a report needs."""
     from bertjax.retry import Retryable
