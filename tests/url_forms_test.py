@@ -15,6 +15,7 @@ from helpers import command, env
 
 from bertjax import paths, trainer
 from bertjax.data import make_pipeline
+from bertjax.data.plans.epochs import SplitEpochs
 from bertjax.data.store import beam_prepare, shard_writer
 from bertjax.data.store import shard_format as fmt
 from bertjax.data.text import beir, corpus, pairs
@@ -154,23 +155,56 @@ def test_workdirs(place, tmp_path):
     np.testing.assert_array_equal(restored.params["w"], [0.0, 1.0, 2.0])
 
 
+def _capped_lanes(store: str):
+    """(config overrides, steps an epoch) of configs/bert_tiny.py on ``store``: a batch in lanes of
+    32 rows (the default) and pieces of a few thousand tokens, too few pieces for its lanes, two
+    or more steps an epoch, and an epoch that, as long as its lanes' units (before issue 61), ran
+    past a lane's units in its last step. (The session's tokenizer, so the store, differs from
+    run to run: the sizes are found, not fixed.)"""
+    config = trainer.load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                   "bert_tiny.py"))  # fmt: skip
+    config.data.update(store=store, tokenizer_model="", max_seq_length=32, prefetch=0)
+    opened = make_pipeline(config, "", process_index=0, process_count=1).store
+    for batch in (1024, 768, 640, 512, 384, 256):  # three epochs in the fewest steps first
+        for piece_tokens in range(2000, 6000, 100):
+            config.batch_size, config.data.piece_tokens = batch, piece_tokens
+            order = SplitEpochs(opened, config, batch, "train", lane_rows=32).epoch(32, 0)
+            units = order.lanes * order.per_lane * order.r  # the epoch's length before issue 61
+            per_epoch = len(order) // batch
+            capped = 1 < order.lanes < batch // 32
+            if capped and per_epoch >= 2 and units // batch > per_epoch:
+                return {"batch_size": batch, "data.piece_tokens": piece_tokens}, per_epoch
+    pytest.fail(f"no batch and piece size over the store {store} make capped lanes")
+
+
 def test_train_py_from_a_file_url_store_without_a_tokenizer(sources, tmp_path):
-    """The README's command with file:// for the store and the workdir, no tokenizer given."""
+    """The README's command with file:// for the store and the workdir, no tokenizer given,
+    through three epoch ends of a store whose lanes are capped by its pieces."""
     import subprocess
 
     _, root = sources
+    store = f"file://{root}/store"
+    capped, per_epoch = _capped_lanes(store)
+    steps = 3 * per_epoch + 1
     run = command(
         f"file://{tmp_path}/run",
-        steps=2,
-        every=2,
+        steps=steps,
+        every=steps,
         extra=[
-            f"--config.data.store=file://{root}/store",
+            f"--config.data.store={store}",
             "--config.data.tokenizer_model=",
             "--config.optim.warmup_steps=1",
+            *(f"--config.{key}={value}" for key, value in capped.items()),
         ],
     )
     result = subprocess.run(run, env=env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert os.path.isdir(tmp_path / "run" / "checkpoints" / "2")
-    meta = json.loads((tmp_path / "run" / "checkpoints" / "2" / "meta" / "metadata").read_text())
+    assert os.path.isdir(tmp_path / "run" / "checkpoints" / str(steps))
+    meta = json.loads(
+        (tmp_path / "run" / "checkpoints" / str(steps) / "meta" / "metadata").read_text()
+    )
     assert meta["tokenizer_file"].endswith("spm.model")
+    ran = meta["config"]
+    assert (ran["batch_size"], ran["data"]["piece_tokens"], ran["data"]["lane_rows"]) == (
+        capped["batch_size"], capped["data.piece_tokens"], 32,
+    )  # fmt: skip

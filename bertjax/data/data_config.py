@@ -26,8 +26,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # ((step, (weight, ...)), ...): bertjax/data/mixture.py (the rule for changes on resume)
     c.mixture = ()
     c.mixture_changes = ()
-    # store: bound of the in-memory cache of blocks, per split (-1: chosen from the batch's bytes,
-    # bertjax/data/read_settings.py)
+    # store: bound of the in-memory caches of blocks of one host, all together: train and eval
+    # splits, a mixture's stores and config.data.workers processes (an equal share a process; -1:
+    # chosen from the batch's bytes, bertjax/data/read_settings.py)
     c.store_cache_bytes = -1
     c.shard_bytes = 512 << 20  # prepare: token data per shard (0.5 GiB)
     c.block_tokens = 16 << 10  # prepare: tokens per read and checksum unit of a shard (48 KiB)

@@ -35,6 +35,7 @@ from bertjax.data.plans.schedule import LengthSchedule
 from bertjax.data.prefetch import Prefetch
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store import configured as store_config
+from bertjax.data.store.cache_budget import CacheBudget
 from bertjax.data.store.memmap import Store
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.data.tokenizer.configured import load_tokenizer
@@ -54,13 +55,16 @@ class Pipeline(BatchRows, DataSource):
         similar=None,
         eval_store: Store | None = None,
         reads: read_settings.ReadSettings | None = None,
+        cache: CacheBudget | None = None,
     ):
         """``reads``: how the store is read (read_settings.py; None: chosen for ``store`` as a
-        local store)."""
+        local store); ``cache``: the bound its stores' block caches share (None: a local
+        store's, memory-mapped)."""
         c = self.c = config.data
         self.config, self.tokenizer, self.store = config, tokenizer, store
         self.global_batch_size = config.batch_size
         self.process_index, self.process_count = process_index, process_count
+        self.cache = cache
         self._batches = BatchPlan.from_config(config, c.max_seq_length)
         if self._batches.sizes and c.length_schedule:
             raise ValueError(
@@ -249,18 +253,26 @@ class Pipeline(BatchRows, DataSource):
 
     def start_workers(self, workdir: str) -> None:
         """Prefetched batches computed in config.data.workers processes (data/workers.py), a
-        read (`read_steps` batches) each at a time."""
-        self.close()
+        read (`read_steps` batches) each at a time; each holds its share of the host's block
+        caches (read_settings.py), as this process does."""
+        if self._prefetch is not None:
+            self._prefetch.close()
+        config = self.config.copy_and_resolve_references()
+        config.data.store_cache_bytes = max(1, self.reads.process_cache_bytes)
         pool = workers.process_pool(
-            make_pipeline, self.config, workdir, self.process_index, self.process_count
+            make_pipeline, config, workdir, self.process_index, self.process_count
         )
         ahead = max(self.reads.prefetch, self.c.workers * self.reads.read_steps)
         self._prefetch = Prefetch(workers.compute_batches, pool, ahead, self.reads.read_steps)
 
     def close(self):
-        """Stops background prefetching."""
+        """Stops background work (prefetch threads or worker processes, the stores' read
+        threads) and drops the stores' cached blocks: a phase of the run ended."""
         if self._prefetch is not None:
             self._prefetch.close()
+        for store in (self.store, self._eval_store):
+            if store is not None:
+                store.close()
 
 
 def make_pipeline(
@@ -270,10 +282,12 @@ def make_pipeline(
     split: str = "train",
     process_index: int | None = None,
     process_count: int | None = None,
+    cache: CacheBudget | None = None,
 ) -> Pipeline:
     """This host's pipeline; each stage visited once: the run's tokenizer
     (tokenizer/configured.py), its token store (store/configured.py), the plans and corruption
-    the pipeline applies per batch."""
+    the pipeline applies per batch. ``cache``: the bound its sharded stores' block caches share
+    (None: a new one, this process's share of config.data.store_cache_bytes)."""
 
     data_config.validate(config)
     c = config.data
@@ -286,7 +300,8 @@ def make_pipeline(
             part.data.store, part.data.mixture, part.data.mixture_changes = url, (), ()
             part.data.lane_rows = 0  # a store's rows of a step do not start at B * step
             parts.append(make_pipeline(part, workdir, split=split, process_index=process_index,
-                                       process_count=process_count))  # fmt: skip
+                                       process_count=process_count, cache=cache))  # fmt: skip
+            cache = parts[0].cache  # the stores of a mixture share one bound
         index, count = parts[0].process_index, parts[0].process_count
         return Mixture(config, parts, process_index=index, process_count=count)
     if process_index is None or process_count is None:
@@ -308,13 +323,14 @@ def make_pipeline(
         reads = read_settings.choose(
             c, sharded=True, host_rows=per_host, block_bytes=store.blocks.block_bytes
         )
+        cache = cache or CacheBudget(reads.process_cache_bytes)
         for opened in (store, eval_store):
-            opened.set_reads(reads.store_cache_bytes, reads.read_threads, reads.read_gap_bytes)
+            opened.set_reads(cache, reads.read_threads, reads.read_gap_bytes)
     else:
         tokenizer = load_tokenizer(config, workdir, process_index, process_count)
         store, eval_store = store_config.load_store(config, tokenizer, split)
         reads = read_settings.choose(c, sharded=False, host_rows=per_host)
-    read_settings.log_choice(c.store or store.directory, reads, c)
+    read_settings.log_choice(c.store or store.directory, reads, c, sharded=bool(c.store))
     if store.num_documents == 0:
         raise ValueError(
             f"store {store.directory!r} has no {split!r} documents "
@@ -331,6 +347,7 @@ def make_pipeline(
         similar=similar,
         eval_store=eval_store if eval_store.num_documents else None,
         reads=reads,
+        cache=cache,
     )
     if c.workers:
         pipeline.start_workers(workdir)

@@ -15,8 +15,12 @@ of requests in flight and makes each round count:
   (reading 1 MiB costs less than the round trip of another request);
 - read_threads = 32: threads sending one read's ranges on a synchronous filesystem (a gcsfuse
   mount; gcsfs and s3fs send them together themselves);
-- store_cache_bytes = max(256 MiB, 4 x K x host rows x the store's block bytes): the blocks of
-  the reads in flight, each row a block at worst.
+- store_cache_bytes = max(256 MiB, P x K x host rows x the store's block bytes): the blocks of
+  the reads in flight, each row a block at worst. It bounds every block cache of the host
+  together: it is cut into equal shares, one for this process and one for each of
+  config.data.workers worker processes, and in a process one share holds the blocks of every
+  split (train, eval) and every store of a mixture, least recently used evicted first
+  (store/cache_budget.py). (Before issue 61 each split of each process had the whole of it.)
 Measured: benchmarks/reader_throughput.py, results.md "Data preparation and the sharded store".
 """
 
@@ -43,14 +47,29 @@ class ReadSettings:
     read_steps: int
     read_threads: int
     read_gap_bytes: int
-    store_cache_bytes: int
+    store_cache_bytes: int  # the host's block caches together: every split, every process
+    workers: int = 0  # worker processes, each with its share of store_cache_bytes
 
-    def describe(self) -> str:
+    @property
+    def process_cache_bytes(self) -> int:
+        """The share of store_cache_bytes that one process's block caches hold together."""
+        return self.store_cache_bytes // (1 + self.workers)
+
+    def describe(self, sharded: bool = True) -> str:
+        cache = "memory-mapped, no block cache"
+        if sharded:
+            cache = f"block caches {self.store_cache_bytes >> 20} MiB a host"
+            if self.workers:
+                cache += (
+                    f" ({self.process_cache_bytes >> 20} MiB in each of {1 + self.workers} "
+                    "processes)"
+                )
+            cache += ", train and eval splits together"
         return (
             f"{self.prefetch} batches ahead, read {self.read_steps} at a time with "
             f"{self.prefetch_threads} reads in flight; ranges closer than "
             f"{self.read_gap_bytes >> 10} KiB joined, {self.read_threads} threads a read on a "
-            f"synchronous filesystem; block cache {self.store_cache_bytes >> 20} MiB"
+            f"synchronous filesystem; {cache}"
         )
 
 
@@ -73,7 +92,7 @@ def choose(c, *, sharded: bool, host_rows: int, block_bytes: int = 0) -> ReadSet
             read_steps=steps,
             read_threads=RANGE_THREADS,
             read_gap_bytes=GAP_BYTES,
-            store_cache_bytes=max(CACHE_FLOOR, 4 * steps * host_rows * block_bytes),
+            store_cache_bytes=max(CACHE_FLOOR, threads * steps * host_rows * block_bytes),
         )
     settings = {k: (v if v != AUTO else chosen[k]) for k, v in given.items()}
     if settings["prefetch"] and settings["read_steps"] > settings["prefetch"]:
@@ -81,12 +100,12 @@ def choose(c, *, sharded: bool, host_rows: int, block_bytes: int = 0) -> ReadSet
     return ReadSettings(**settings)
 
 
-def log_choice(store: str, settings: ReadSettings, c) -> None:
+def log_choice(store: str, settings: ReadSettings, c, sharded: bool = True) -> None:
     """One line: the settings, and which of them were chosen here rather than given."""
     chosen = [f.name for f in dataclasses.fields(ReadSettings) if c[f.name] == AUTO]
     logging.info(
         "data: store %s: %s (chosen from the store: %s; set config.data.<name> to override)",
         store,
-        settings.describe(),
+        settings.describe(sharded),
         ", ".join(chosen) or "none",
     )

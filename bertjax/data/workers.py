@@ -1,6 +1,8 @@
 """Batches computed in worker processes (config.data.workers): each spawned process holds its own
 pipeline of the run's config, so prefetched batches use more cores than this process's GIL
-allows, and are the same batches (a batch is a function of the config and the step)."""
+allows, and are the same batches (a batch is a function of the config and the step). Each holds
+an equal share of the host's block caches (config.data.store_cache_bytes, set by the pipeline that
+starts them); closing that pipeline ends them."""
 
 from __future__ import annotations
 

@@ -16,6 +16,14 @@ per step do not grow with the pod (without lanes every host planned every window
 read). m - L floor(m / L) < L pieces (a different few each epoch) sit an epoch out so that lanes
 have equal lengths. With L = 1 this is the order of issue 51: the same batches.
 
+Length. The lanes give their rows in turns of L lane_rows positions (lane l: rows
+[l lane_rows, (l + 1) lane_rows) of each turn), so an epoch holds the positions every lane can
+serve: the whole turns of a lane's n = (m // L) R units, then the first n mod lane_rows positions
+of the next turn (lane 0's). Where L = B / lane_rows a turn is a step and this drops nothing from
+the steps of an epoch (floor(len / B)); where L is capped (fewer than 4 B / lane_rows pieces) a
+step spans turns, and the epoch ends before a position past a lane's units (issue 61: the last
+step of such an epoch raised).
+
 Position p of an epoch (step p // B, row p % B; a step's positions start at a multiple of B) is
 computed alone, from the shuffled piece order, its window's shuffle and its window's units.
 """
@@ -55,7 +63,9 @@ class EpochOrder:
         self._windows = OnceCache(cache_windows)
 
     def __len__(self) -> int:
-        return self.lanes * self.per_lane * self.r
+        """Positions every lane serves: whole turns of lanes, then lane 0's part of the next."""
+        turns, rest = divmod(self.per_lane * self.r, self.lane_rows)
+        return self.lanes * self.lane_rows * turns + rest
 
     def units(self, piece: int) -> int:
         raise NotImplementedError
@@ -83,6 +93,9 @@ class EpochOrder:
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(piece, unit of the piece) of each position of the epoch."""
+        positions = np.asarray(positions, np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
+            raise IndexError(f"position out of range for an epoch of {len(self)} units")
         lane, within_lane = self.lane_of(positions)
         window, within = np.divmod(within_lane, WINDOW * self.r)
         piece, unit = np.empty_like(window), np.empty_like(window)

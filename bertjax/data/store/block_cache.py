@@ -6,13 +6,15 @@ at most `gap_blocks` apart with the blocks between them (read, checked and cache
 range costs a round trip, a few blocks more cost little); each run is one range, plus one range
 of the CRC-32s of its blocks unless the shard's index was loaded. All of a fetch's ranges go in
 one `RangeReader.read`. Blocks another thread is reading are waited for, never read twice; a
-block enters the cache once (its bytes counted once), and the cache is evicted to its bound
-(`cache_bytes`) after every insert.
+block enters the cache once (its bytes counted once), and is evicted to the bound after every
+insert: the cache's own (`cache_bytes`), or a `CacheBudget` the process's caches share
+(cache_budget.py: the least recently used block of any of them goes first).
 
 `RangeReader` sends the ranges of one read in flight together: an asynchronous filesystem
 (gcsfs, s3fs: `async_impl`) does so itself in one `cat_ranges` call; a synchronous one (a local
 path, which a gcsfuse mount is) reads a call's ranges one after another, so they are spread over
-`threads` threads. It counts requests (calls, or ranges on a synchronous filesystem) and ranges.
+`threads` threads (started on the first such read, stopped by `close`). It counts requests
+(calls, or ranges on a synchronous filesystem) and ranges.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import zlib
 import numpy as np
 
 from bertjax.data.store import shard_format as fmt
+from bertjax.data.store.cache_budget import CacheBudget
 
 
 class RangeReader:
@@ -65,6 +68,13 @@ class RangeReader:
         with self._lock:
             return self.requests, self.ranges
 
+    def close(self) -> None:
+        """Stops its threads, once the reads running end (a later read starts them again)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
 
 class _Pending:
     """Blocks one fetch is reading: other fetches wait for them here."""
@@ -76,7 +86,8 @@ class _Pending:
 
 
 class BlockCache:
-    """Data-region blocks of every shard of a split, fetched by range and cached (LRU)."""
+    """Data-region blocks of every shard of a split, fetched by range and cached (LRU); the
+    bound is ``cache_bytes``, or a `CacheBudget` shared with other caches (``budget``)."""
 
     def __init__(
         self,
@@ -87,9 +98,11 @@ class BlockCache:
         block_tokens,
         cache_bytes,
         gap_blocks: int = 0,
+        budget: CacheBudget | None = None,
     ):
         self.url, self.reader, self.shards, self.layouts = url, reader, shards, layouts
-        self.block_tokens, self.cache_bytes = block_tokens, int(cache_bytes)
+        self.block_tokens = block_tokens
+        self.budget = budget if budget is not None else CacheBudget(cache_bytes)
         self.gap_blocks = int(gap_blocks)
         self.crcs: dict[int, np.ndarray] = {}  # shard -> CRC-32 of its blocks (0 = not known)
         self._known: dict[int, np.ndarray] = {}  # shard -> which of those were read
@@ -98,7 +111,7 @@ class BlockCache:
         self.paths = [f"{root}/{s['path']}" for s in shards]
         self.cache: collections.OrderedDict = collections.OrderedDict()
         self.cached = 0  # bytes held by the cache
-        self.lock = threading.Lock()
+        self.lock = self.budget.lock
         self._pending: dict[tuple[int, int], _Pending] = {}
         self.bytes_read = 0  # bytes fetched from storage so far (blocks, checksums, counts)
         self.index_bytes_read = 0  # bytes of piece indexes fetched (documents, sentences)
@@ -159,7 +172,7 @@ class BlockCache:
             for key in wanted:
                 data = self.cache.get(key)
                 if data is not None:
-                    self.cache.move_to_end(key)
+                    self.budget.used(self, key)
                     found[key] = data
                 elif key in self._pending:
                     waits[id(self._pending[key])] = self._pending[key]
@@ -188,15 +201,30 @@ class BlockCache:
         return [found[k] for k in wanted]
 
     def _insert(self, blocks: dict) -> None:
-        """Into the cache (under the lock): each block once, then evicted to the bound."""
+        """Into the cache (under the lock): each block once; the budget evicts to its bound."""
         for key, data in blocks.items():
             if key in self.cache:
-                self.cache.move_to_end(key)
+                self.budget.used(self, key)
                 continue
             self.cache[key] = data
             self.cached += len(data)
-        while self.cached > self.cache_bytes and len(self.cache) > 1:
-            self.cached -= len(self.cache.popitem(last=False)[1])
+            self.budget.added(self, key, len(data))
+
+    def evict(self, key) -> None:
+        """Drops one block (the budget's choice, under the lock)."""
+        self.cached -= len(self.cache.pop(key))
+
+    def use_budget(self, budget: CacheBudget) -> None:
+        """Holds its blocks under ``budget`` from now on (the blocks held so far are dropped)."""
+        self.release()
+        self.budget, self.lock = budget, budget.lock
+
+    def release(self) -> None:
+        """Drops every block it holds (the pipeline is closed)."""
+        with self.lock:
+            self.budget.release(self)
+            self.cache.clear()
+            self.cached = 0
 
     def _runs(self, keys: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
         """(shard, first block, last block) runs covering ``keys`` (sorted), gaps filled."""

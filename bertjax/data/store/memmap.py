@@ -343,6 +343,10 @@ class Store:
         """`piece_index` of each (shard, first, end) of ``pieces``."""
         return [self.piece_index(*piece) for piece in pieces]
 
+    def close(self) -> None:
+        """Nothing to stop: a memory map has no threads or cache of its own (ShardedStore's
+        interface)."""
+
     def token_counts(self, max_tokens: int | None = None, chunk: int = 1 << 24) -> np.ndarray:
         """[V] int64 occurrences of each token id: of every token, or (``max_tokens``) of an
         evenly strided sample of at most that many."""

@@ -22,9 +22,10 @@ import numpy as np
 
 from bertjax.data.store import shard_format as fmt
 from bertjax.data.store.block_cache import BlockCache, RangeReader
+from bertjax.data.store.cache_budget import CacheBudget
 from bertjax.data.store.memmap import SPLITS
 
-CACHE_BYTES = 256 << 20  # default bound of the block cache per split
+CACHE_BYTES = 256 << 20  # default bound of a split's block cache opened alone (no pipeline)
 COUNT_SHARDS = 16  # shards whose token counts stand for the store's before its index is loaded
 
 
@@ -134,12 +135,18 @@ class ShardedStore:
         if index:
             self._load_index()
 
-    def set_reads(self, cache_bytes: int, read_threads: int, gap_bytes: int) -> None:
-        """The block cache's bound, the threads of a read on a synchronous filesystem, and the
-        gap (bytes) across which a read joins two runs of blocks (read_settings.py)."""
-        self.blocks.cache_bytes = int(cache_bytes)
+    def set_reads(self, cache, read_threads: int, gap_bytes: int) -> None:
+        """The block cache's bound (bytes, or a `CacheBudget` shared with the process's other
+        caches), the threads of a read on a synchronous filesystem, and the gap (bytes) across
+        which a read joins two runs of blocks (read_settings.py)."""
+        self.blocks.use_budget(cache if isinstance(cache, CacheBudget) else CacheBudget(cache))
         self.reader.threads = max(1, int(read_threads))
         self.blocks.gap_blocks = int(gap_bytes) // max(1, self.blocks.block_bytes)
+
+    def close(self) -> None:
+        """Stops its read threads and drops its cached blocks (reopened on a later read)."""
+        self.reader.close()
+        self.blocks.release()
 
     def _load_index(self) -> dict:
         """Documents, sentences, token counts and block checksums of every shard."""
