@@ -2,8 +2,9 @@
 compiled on this CPU host for small TPU topologies: the collectives a data-parallel step holds
 (only the gradient reduction, equal to a hand count of the gradient bytes, packed rows and
 scanned layers included), loop trips and async chains counted once each (a scanned FSDP step
-against the same step unrolled), a two-slice step's DCN traffic, phases that share a program,
-the report cache, and a program too large reported as not fitting; plus the target names."""
+against the same step unrolled), a two-slice step's DCN traffic, BERT-base's attention with
+dropout by the flash_dropout kernel, phases that share a program, the report cache, and a program
+too large reported as not fitting; plus the target names."""
 
 import os
 import subprocess
@@ -122,6 +123,24 @@ def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel
     assert first["kernel_calls"]["mosaic"] >= 2 and first_eval["kernel_calls"]["mosaic"] >= 1
     assert plan.fits(first) and 0 < first["roofline"]["mfu"] <= 1
     assert first["roofline"]["basis"]["memory_s"].startswith("estimate")
+
+
+def test_bert_base_trains_its_attention_with_the_dropout_kernel():
+    """BERT-base's train step (its smoke size, first phase) on v5e: every layer's attention with
+    dropout, the sparse last layer's gathered rows included, is the flash_dropout kernel (a
+    Mosaic call forward and one backward each), and the report's kernel line names it."""
+    _libtpu()
+    config = load_config_file(os.path.join(ROOT, "configs/bert_base.py:smoke"))
+    config.fast_compile = False
+    config.phase_order = ("seq128",)
+    assert config.model.attention_probs_dropout_prob > 0
+    (train,) = plan.compile_run(config, "v5e:2x2", eval_step=False)["programs"]
+    layers = config.model.num_hidden_layers
+    assert train["kernels"] == {
+        "flash_dropout: global, T=32, dropout": layers - 1,
+        "flash_dropout: global, gathered rows, dropout": 1,
+    }
+    assert train["kernel_calls"]["mosaic"] == 2 * layers
 
 
 def test_phases_share_a_program_only_when_it_is_the_same(data_parallel):
