@@ -326,11 +326,12 @@ def attention(
     if partition is None:
         return local(*args)
     batch_axes, head_axes = splash.mesh_axes(partition, batch, heads)
-    rows, heads_ = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None, head_axes)
+    rows, per_head = PartitionSpec(batch_axes), PartitionSpec(batch_axes, head_axes)
+    rows_and_heads = PartitionSpec(batch_axes, None, head_axes)
     return jax.shard_map(
         local,
-        in_specs=(heads_, heads_, heads_, rows, rows, rows, rows, PartitionSpec(*heads_[::2])),
-        out_specs=heads_,
+        in_specs=(*[rows_and_heads] * 3, *[rows] * 4, per_head),
+        out_specs=rows_and_heads,
         check_vma=False,  # pallas_call states no replication rule
     )(*args)
 
