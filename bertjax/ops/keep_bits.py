@@ -24,6 +24,13 @@ which never see the same key, so every (query, key) pair a softmax weighs gets i
 Pairing keys 8 apart puts a word's two halves in the same lane of two sublane tiles whichever
 way a kernel lays out its [keys, queries] or [queries, keys] block: no shuffles.
 
+Why not the TPU's own generator (`pltpu.prng_seed` / `prng_random_bits`, ~free on the chip): no
+CPU reproduces it. In jax 0.10, Pallas's interpret mode raises on it (``interpret=True``: no CPU
+lowering for ``prng_seed``) or returns zeros (``pltpu.InterpretParams``), so a test could not see
+which elements a TPU dropped. The hash costs ~8 vector-ALU operations per score in the forward
+and ~13 in the backward (two decisions per 10-operation hash, plus select), read from libtpu's
+compiled schedule (benchmarks/tpu_attention_schedule.py; benchmarks/results.md).
+
 These are not the exact path's bits (it draws `keep_mask` from the same key: a different
 generator, the same distribution). A kernel choice therefore changes which elements drop, not
 how many nor their scaling; a test that compares a kernel with the exact path hands both these.
