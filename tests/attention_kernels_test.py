@@ -25,6 +25,7 @@ import pytest
 
 import bertjax
 from bertjax.modeling import attention_kernels as kernels
+from bertjax.modeling.attention import SelfAttention
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.modeling.embeddings import position_ids
 from bertjax.modeling.encoder import Encoder, layer_kinds
@@ -364,3 +365,27 @@ def test_on_a_tpu_dropout_takes_the_kernel_that_regenerates_its_bits(monkeypatch
     with pytest.raises(ValueError, match="flash_dropout kernel draws its own keep-bits"):
         kernels.attend(spec, q, k, v, masks[False], jnp.ones((B, N, T, T), bool), RATE,
                        implementation="flash_dropout")  # fmt: skip
+
+
+def test_a_raw_dropout_key_draws_what_its_typed_key_draws():
+    """`attend` tells the layer's dropout key from a keep mask by its key type: a raw key
+    (jax.random.PRNGKey's uint32 words) is wrapped first, so it drops what its typed key does."""
+    cfg = bertjax.BertConfig.preset(
+        "tiny", vocab_size=32, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+        attention_probs_dropout_prob=0.3,
+    )  # fmt: skip
+    layer = SelfAttention(cfg)
+    x = jnp.asarray(np.random.default_rng(5).normal(size=(B, T, 16)), jnp.float32)
+    mask = AttentionMask.build(None, None, position_ids(None, B, T, 0))
+    variables = layer.init(jax.random.key(0), x, mask, True)
+
+    def apply(key, deterministic=False):
+        return layer.apply(variables, x, mask, deterministic, rngs={"dropout": key})
+
+    @jax.jit
+    def three(raw):  # one compile: the raw key, its typed key, no dropout
+        return apply(raw), apply(jax.random.wrap_key_data(raw)), apply(raw, True)
+
+    from_raw, from_typed, deterministic = three(jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(from_raw, from_typed)
+    assert np.abs(from_raw - deterministic).max() > 1e-3

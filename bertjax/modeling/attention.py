@@ -119,6 +119,8 @@ class SelfAttention(nn.Module):
         keep = None  # the dropout key: `attend` draws the bits the chosen kernel takes
         if rate > 0 and not deterministic:
             keep = self.make_rng("dropout")
+            if not jax.dtypes.issubdtype(keep.dtype, jax.dtypes.prng_key):
+                keep = jax.random.wrap_key_data(keep)  # a raw key (jax.random.PRNGKey's)
         spec = AttentionSpec(
             batch=q_BTNH.shape[0],
             query_length=q_BTNH.shape[1],
