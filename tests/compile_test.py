@@ -13,6 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from bertjax.aot import chips, devices, hlo, plan
 from bertjax.training import sharding
@@ -200,6 +201,30 @@ def test_scanned_and_unrolled_fsdp_steps_count_the_same_collectives(fsdp_pair):
     rs = scanned["collectives"]["reduce-scatter"]
     assert rs["bytes"] * 4 == rs["operand_bytes"]
     assert scanned["scan_layers"] and not unrolled["scan_layers"]
+
+
+def test_the_hbm_estimate_counts_a_scanned_layer_s_slice_not_the_whole_stack():
+    """A scan that stacks each step's output (as a scanned layer stack keeps its residuals):
+    libtpu writes each slice in place inside a fusion with two outputs; the estimate counts the
+    slice written per trip, not the whole stacked array (8x here, read and written)."""
+    _libtpu()
+    layers, rows, width = 8, 4096, 1024
+    chip = devices.topology_devices(chips.parse_slice("v5e:2x2"))[:1]
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(chip), ("x",)), P())
+
+    def stack(x, w):
+        def layer(h, w_layer):
+            y = jax.numpy.tanh(h @ w_layer)
+            return y, y * 2
+
+        return jax.lax.scan(layer, x, w)
+
+    shapes = [(rows, width), (layers, width, width)]
+    args = [jax.ShapeDtypeStruct(s, jax.numpy.bfloat16, sharding=replicated) for s in shapes]
+    text = jax.jit(stack).lower(*args).compile().as_text()
+    assert "dynamic-update-slice_fusion" in text
+    stacked = layers * rows * width * 2  # the outputs' bytes: each slice written once
+    assert stacked <= hlo.hbm_traffic(text) <= 4 * stacked
 
 
 def test_loop_trips_read_from_a_tpu_layout_and_a_peeled_start():
