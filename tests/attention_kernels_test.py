@@ -5,10 +5,13 @@ each feature alone, and each kernel's served features all at once; a kernel runs
 serves. A new feature needs its grid value in `VALUES` and its computation in the references
 (`_inputs`, attention_reference.py); the grid, the kernels' cases and the report
 (`attention_kernels.describe`) then follow, and a feature missing from any of them fails a test
-that names it. Splash runs in Pallas interpret mode; "cudnn" is the "xla" kernel's code with
-cuDNN named and needs a GPU, so it is not in the grid. Then: a feature no fast kernel lists takes
-the exact path on every platform and forcing another kernel raises; on a GPU, cuDNN serves
-what it can; causal attention never looks ahead nor across packed rows."""
+that names it. Splash and flash_dropout run in Pallas interpret mode; "cudnn" is the "xla"
+kernel's code with cuDNN named and needs a GPU, so it is not in the grid. Dropout's bits are what
+the kernel draws from the key (`Kernel.draw_keep`): a keep mask, or flash_dropout's seed, whose
+bits the reference recomputes (`attention_reference.hashed_keep`). Then: a feature no fast
+kernel lists takes the exact path on every platform and forcing another kernel raises; on a GPU,
+cuDNN serves what it can; on a TPU, dropout takes flash_dropout; causal attention never looks
+ahead nor across packed rows."""
 
 import dataclasses
 import logging
@@ -22,10 +25,11 @@ import pytest
 
 import bertjax
 from bertjax.modeling import attention_kernels as kernels
+from bertjax.modeling.attention import SelfAttention
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.modeling.embeddings import position_ids
 from bertjax.modeling.encoder import Encoder, layer_kinds
-from bertjax.ops import platform
+from bertjax.ops import elementwise, keep_bits, platform
 
 B, T, N, H = 2, 16, 2, 8
 ROWS = 5  # gathered query rows
@@ -88,9 +92,10 @@ def rows():
     return q, k, v, masks, gathered
 
 
-def _inputs(spec, rows) -> types.SimpleNamespace:
-    """What a kernel is given for ``spec``, and where its outputs are compared: at real query
-    tokens that see a key (fused kernels write 0 at padding)."""
+def _inputs(spec, rows, kernel=kernels.BY_NAME["exact"]) -> types.SimpleNamespace:
+    """What ``kernel`` is given for ``spec``, and where its outputs are compared: at real query
+    tokens that see a key (fused kernels write 0 at padding); ``dense_keep``: its dropout's keep
+    mask, for the reference."""
     q, k, v, masks, gathered = rows
     mask = masks[bool(spec.packed)]
     real = np.asarray(mask.tokens())
@@ -101,10 +106,13 @@ def _inputs(spec, rows) -> types.SimpleNamespace:
     heads = N // spec.kv_groups
     k, v = k[:, :, :heads], v[:, :, :heads]
     rng = np.random.default_rng(1)
-    keep, rate, bias = None, 0.0, None
+    keep, dense_keep, rate, bias = None, None, 0.0, None
     shape_BNTS = (B, N, spec.query_length, T)
     if spec.dropout:
-        keep, rate = jax.random.bernoulli(jax.random.key(2), 1 - RATE, shape_BNTS), RATE
+        keep = dense_keep = kernel.draw_keep(spec, jax.random.key(2), RATE)
+        rate = RATE
+        if keep.dtype != bool:  # a seed: the kernel regenerates its bits
+            dense_keep = reference.hashed_keep(keep, mask.query_positions, T, N, RATE)
     if spec.bias:
         bias = jnp.asarray(rng.normal(size=shape_BNTS), jnp.float32)
     visible = reference.visible(
@@ -121,6 +129,7 @@ def _inputs(spec, rows) -> types.SimpleNamespace:
         v=v,
         mask=mask,
         keep=keep,
+        dense_keep=dense_keep,
         rate=rate,
         bias=bias,
         visible=visible,
@@ -131,7 +140,9 @@ def _inputs(spec, rows) -> types.SimpleNamespace:
 
 def _want(spec, x):
     """The float64 outputs and gradients of ``spec`` on inputs ``x``."""
-    return reference.attention(spec, x.q, x.k, x.v, x.visible, x.keep, x.rate, x.bias, x.cotangent)
+    return reference.attention(
+        spec, x.q, x.k, x.v, x.visible, x.dense_keep, x.rate, x.bias, x.cotangent
+    )
 
 
 class _Reads:
@@ -181,9 +192,9 @@ def test_the_report_names_every_feature():
 @pytest.mark.parametrize("name,features", CASES)
 def test_kernel_equals_the_float64_reference(rows, name, features):
     spec = _spec(features)
-    x = _inputs(spec, rows)
     kernel = kernels.choose(spec, name)
     assert kernel.name == name
+    x = _inputs(spec, rows, kernel)
 
     @jax.jit
     def forward_backward(q, k, v):  # one compile: the outputs and the gradients
@@ -328,3 +339,53 @@ def test_on_a_gpu_cudnn_serves_what_it_can_and_fused_attention_the_rest(monkeypa
         kernels.choose(dataclasses.replace(bf16, half_window=3), "cudnn")
     monkeypatch.setattr(kernels, "_cudnn_installed", lambda: False)
     assert chosen(bf16) == "fused"  # no cuDNN library: XLA's fused attention
+
+
+def test_on_a_tpu_dropout_takes_the_kernel_that_regenerates_its_bits(monkeypatch, rows):
+    """On a TPU attention with dropout takes flash_dropout (splash and fused attention keep
+    what has none); `attend` draws from the layer's key what the chosen kernel takes: the exact
+    path the keep mask it always drew, flash_dropout the seed of its own bits."""
+    monkeypatch.setattr(platform, "current", lambda: "tpu")
+    plain = kernels.AttentionSpec(B, T, T, N, H, dtype="bfloat16")
+    gathered = dataclasses.replace(plain, query_length=ROWS, gathered_rows=True)
+    chosen = lambda spec, **f: kernels.choose(dataclasses.replace(spec, **f)).name  # noqa: E731
+    assert chosen(plain) == "splash" and chosen(gathered) == "fused"
+    assert chosen(plain, dropout=True) == chosen(gathered, dropout=True) == "flash_dropout"
+    assert chosen(plain, dropout=True, packed=True, half_window=3, causal=True) == "flash_dropout"
+    assert chosen(plain, dropout=True, kv_groups=2) == "exact"
+    key = jax.random.key(2)
+    spec = dataclasses.replace(plain, dropout=True)
+    np.testing.assert_array_equal(
+        kernels.BY_NAME["exact"].draw_keep(spec, key, RATE),
+        elementwise.keep_mask(key, (B, N, T, T), 1 - RATE),
+    )
+    seed = kernels.BY_NAME["flash_dropout"].draw_keep(spec, key, RATE)
+    np.testing.assert_array_equal(seed, keep_bits.seed_words(key))
+    q, k, v, masks, _ = rows
+    with pytest.raises(ValueError, match="flash_dropout kernel draws its own keep-bits"):
+        kernels.attend(spec, q, k, v, masks[False], jnp.ones((B, N, T, T), bool), RATE,
+                       implementation="flash_dropout")  # fmt: skip
+
+
+def test_a_raw_dropout_key_draws_what_its_typed_key_draws():
+    """`attend` tells the layer's dropout key from a keep mask by its key type: a raw key
+    (jax.random.PRNGKey's uint32 words) is wrapped first, so it drops what its typed key does."""
+    cfg = bertjax.BertConfig.preset(
+        "tiny", vocab_size=32, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+        attention_probs_dropout_prob=0.3,
+    )  # fmt: skip
+    layer = SelfAttention(cfg)
+    x = jnp.asarray(np.random.default_rng(5).normal(size=(B, T, 16)), jnp.float32)
+    mask = AttentionMask.build(None, None, position_ids(None, B, T, 0))
+    variables = layer.init(jax.random.key(0), x, mask, True)
+
+    def apply(key, deterministic=False):
+        return layer.apply(variables, x, mask, deterministic, rngs={"dropout": key})
+
+    @jax.jit
+    def three(raw):  # one compile: the raw key, its typed key, no dropout
+        return apply(raw), apply(jax.random.wrap_key_data(raw)), apply(raw, True)
+
+    from_raw, from_typed, deterministic = three(jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(from_raw, from_typed)
+    assert np.abs(from_raw - deterministic).max() > 1e-3

@@ -8,6 +8,9 @@ mask hides (segments, padding, the local window, causal order) get no weight; p 
 dropout: p' = keep * p / (1 - rate); out = p' v. Backward of <out, g>: dv = p'^T g, dp' = g v^T,
 dp = keep * dp' / (1 - rate), dl = p (dp - sum(dp p)), ds = dl (1 - tanh^2(s / c)) with the cap,
 dq = ds k / sqrt(H), dk = ds^T q / sqrt(H); a K-head's gradients sum over the heads it serves.
+
+`hashed_keep`: the keep-bits of bertjax/ops/keep_bits.py (the flash_dropout kernel's) written out
+again from its docstring, in 64-bit NumPy integers masked to 32 bits.
 """
 
 import numpy as np
@@ -59,3 +62,36 @@ def attention(spec, q, k, v, visible_BNTS, keep, rate, bias, cotangent):
         return d.reshape(b, length, -1, groups, h).sum(axis=3)
 
     return out, (dq, per_kv_head(dk_all), per_kv_head(dv_all))
+
+
+_WORD = 0xFFFFFFFF
+
+
+def _lowbias32(x, key=None):
+    """lowbias32 of uint64 arrays holding 32-bit words, ``key`` xored in before the second
+    multiply (keep_bits.mix)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _WORD
+    x ^= x >> 15
+    if key is not None:
+        x ^= key
+    x = (x * 0x846CA68B) & _WORD
+    return x ^ (x >> 16)
+
+
+def hashed_keep(seed, query_positions, key_length, heads, rate):
+    """Boolean [B, N, T, S]: keep_bits' decisions for int32 seed words [2] and query positions
+    [B, T] (element by element, from its docstring's definition)."""
+    s0, s1 = (int(w) & _WORD for w in np.asarray(seed))
+    positions = np.asarray(query_positions).astype(np.uint64)
+    batch, length = positions.shape
+    u = np.arange(batch * heads, dtype=np.uint64).reshape(batch, heads, 1, 1)
+    k1 = _lowbias32((_lowbias32(u ^ s0) + s1) & _WORD)
+    k2 = _lowbias32(k1 ^ 0x9E3779B9)
+    words = 8 * -(-key_length // 16)
+    s = np.arange(key_length, dtype=np.uint64)
+    word = 8 * (s // 16) + s % 8
+    counter = (positions[:, None, :, None] * words + word + k1) & _WORD  # [B, N, T, S]
+    h = _lowbias32(counter, k2)
+    half = np.where(s % 16 < 8, h & 0xFFFF, h >> 16)
+    return half < round((1.0 - rate) * 65536)

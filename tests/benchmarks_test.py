@@ -96,3 +96,25 @@ def test_attention_cpu_benchmark_prints_every_variant():
     names = [row.split("|")[1].strip() for row in rows]
     assert len(names) == 6 and sum("ops.attention" in n for n in names) == 3, names
     assert all(float(row.split("|")[2]) > 0 for row in rows)
+
+
+@pytest.mark.slow
+def test_tpu_attention_schedule_dry_run_reads_the_kernels_schedules():
+    """libtpu compiles splash and flash_dropout for one v5e chip; the table reads each kernel's
+    schedule from the dump: the dropout row costs more vector-ALU work than the same kernel
+    without dropout."""
+    pytest.importorskip("libtpu", reason="the TPU compiler (jax[tpu], Linux only)")
+    result = subprocess.run(
+        ["python", os.path.join(ROOT, "benchmarks", "tpu_attention_schedule.py"), "--dry_run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {
+        r.split("|")[1].strip(): r.split("|") for r in result.stdout.splitlines() if "| 128 |" in r
+    }
+    assert list(rows) == ["splash", "flash_dropout", "flash_dropout, dropout 0.1"]
+    valu = {name: float(row[7].split("/")[0]) for name, row in rows.items()}
+    assert valu["flash_dropout, dropout 0.1"] > valu["flash_dropout"] > 0

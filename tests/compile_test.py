@@ -2,8 +2,9 @@
 compiled on this CPU host for small TPU topologies: the collectives a data-parallel step holds
 (only the gradient reduction, equal to a hand count of the gradient bytes, packed rows and
 scanned layers included), loop trips and async chains counted once each (a scanned FSDP step
-against the same step unrolled), a two-slice step's DCN traffic, phases that share a program,
-the report cache, and a program too large reported as not fitting; plus the target names."""
+against the same step unrolled), a two-slice step's DCN traffic, BERT-base's attention with
+dropout by the flash_dropout kernel, phases that share a program, the report cache, and a program
+too large reported as not fitting; plus the target names."""
 
 import os
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from bertjax.aot import chips, devices, hlo, plan
 from bertjax.training import sharding
@@ -124,6 +126,24 @@ def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel
     assert first["roofline"]["basis"]["memory_s"].startswith("estimate")
 
 
+def test_bert_base_trains_its_attention_with_the_dropout_kernel():
+    """BERT-base's train step (its smoke size, first phase) on v5e: every layer's attention with
+    dropout, the sparse last layer's gathered rows included, is the flash_dropout kernel (a
+    Mosaic call forward and one backward each), and the report's kernel line names it."""
+    _libtpu()
+    config = load_config_file(os.path.join(ROOT, "configs/bert_base.py:smoke"))
+    config.fast_compile = False
+    config.phase_order = ("seq128",)
+    assert config.model.attention_probs_dropout_prob > 0
+    (train,) = plan.compile_run(config, "v5e:2x2", eval_step=False)["programs"]
+    layers = config.model.num_hidden_layers
+    assert train["kernels"] == {
+        "flash_dropout: global, T=32, dropout": layers - 1,
+        "flash_dropout: global, gathered rows, dropout": 1,
+    }
+    assert train["kernel_calls"]["mosaic"] == 2 * layers
+
+
 def test_phases_share_a_program_only_when_it_is_the_same(data_parallel):
     _libtpu()
     config = _tiny()
@@ -181,6 +201,30 @@ def test_scanned_and_unrolled_fsdp_steps_count_the_same_collectives(fsdp_pair):
     rs = scanned["collectives"]["reduce-scatter"]
     assert rs["bytes"] * 4 == rs["operand_bytes"]
     assert scanned["scan_layers"] and not unrolled["scan_layers"]
+
+
+def test_the_hbm_estimate_counts_a_scanned_layer_s_slice_not_the_whole_stack():
+    """A scan that stacks each step's output (as a scanned layer stack keeps its residuals):
+    libtpu writes each slice in place inside a fusion with two outputs; the estimate counts the
+    slice written per trip, not the whole stacked array (8x here, read and written)."""
+    _libtpu()
+    layers, rows, width = 8, 4096, 1024
+    chip = devices.topology_devices(chips.parse_slice("v5e:2x2"))[:1]
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(chip), ("x",)), P())
+
+    def stack(x, w):
+        def layer(h, w_layer):
+            y = jax.numpy.tanh(h @ w_layer)
+            return y, y * 2
+
+        return jax.lax.scan(layer, x, w)
+
+    shapes = [(rows, width), (layers, width, width)]
+    args = [jax.ShapeDtypeStruct(s, jax.numpy.bfloat16, sharding=replicated) for s in shapes]
+    text = jax.jit(stack).lower(*args).compile().as_text()
+    assert "dynamic-update-slice_fusion" in text
+    stacked = layers * rows * width * 2  # the outputs' bytes: each slice written once
+    assert stacked <= hlo.hbm_traffic(text) <= 4 * stacked
 
 
 def test_loop_trips_read_from_a_tpu_layout_and_a_peeled_start():

@@ -279,22 +279,78 @@ def device_groups(attributes: str, partitions: int) -> list[list[int]]:
 _SLICES = ("slice", "dynamic-slice")
 
 
-def _read_of_parameters(module: Module, fused: str) -> dict:
-    """{parameter index: bytes read} for a fused computation's parameters that it only slices
-    (a layer of a stacked array, a row block): the slices' bytes, not the whole operand's."""
-    instructions = module.computations.get(fused, ())
+def _users(instructions) -> dict:
     users = {}
     for i in instructions:
         for operand in i.operands:
             users.setdefault(operand, []).append(i)
+    return users
+
+
+def _read_of(module: Module, fused: str, name: str, users: dict) -> int | None:
+    """Bytes a fused computation reads of its value ``name`` when it only slices it (a layer of
+    a stacked array, a row block), through views (bitcasts), nested fusions and in-place updates
+    (a dynamic-update-slice of it reads nothing of it); None when it may read all of it."""
+    uses = users.get(name, [])
+    if not uses:
+        return None
+    total = 0
+    for use in uses:
+        if use.op in _SLICES and use.operands[0] == name:
+            total += array_bytes(use.result)
+        elif use.op == "dynamic-update-slice" and use.operands[0] == name:
+            continue  # written in place: the update is counted as written
+        elif use.op == "bitcast":
+            inner = _read_of(module, fused, use.name, users)
+            if inner is None:
+                return None
+            total += inner
+        elif use.op == "fusion" and (nested := re.search(r"calls=%?([\w.\-]+)", use.attributes)):
+            params = {int(p.arguments): p.name for p in module.computations.get(nested[1], ())
+                      if p.op == "parameter"}  # fmt: skip
+            inner_users = _users(module.computations.get(nested[1], ()))
+            for index in (k for k, operand in enumerate(use.operands) if operand == name):
+                inner = _read_of(module, nested[1], params.get(index, ""), inner_users)
+                if inner is None:
+                    return None
+                total += inner
+        else:
+            return None
+    return total
+
+
+def _read_of_parameters(module: Module, fused: str) -> dict:
+    """{parameter index: bytes read} for a fused computation's parameters that it only slices or
+    updates in place (`_read_of`): the slices' bytes, not the whole operand's."""
+    instructions = module.computations.get(fused, ())
+    users = _users(instructions)
     read = {}
     for i in instructions:
-        if i.op != "parameter":
-            continue
-        uses = users.get(i.name, [])
-        if uses and all(u.op in _SLICES and u.operands[0] == i.name for u in uses):
-            read[int(i.arguments)] = sum(array_bytes(u.result) for u in uses)
+        if i.op == "parameter":
+            bytes_read = _read_of(module, fused, i.name, users)
+            if bytes_read is not None:
+                read[int(i.arguments)] = bytes_read
     return read
+
+
+def _written(module: Module, fused: str, result: str) -> int:
+    """HBM bytes a fusion writes: each output its bytes, but an in-place dynamic-update-slice
+    (alone or in a tuple of outputs) only its update."""
+    named = module.named(fused)
+    root = module.root(fused)
+    outputs = root.operands if root is not None and root.op == "tuple" else [root and root.name]
+    parts = tuple_elements(result)
+    if len(parts) != len(outputs):
+        return hbm_bytes(result)
+    total = 0
+    for part, output in zip(parts, outputs):
+        element = named.get(output)
+        if element is not None and element.op == "dynamic-update-slice" and hbm_bytes(part):
+            update = named.get(element.operands[1]) if len(element.operands) > 1 else None
+            total += array_bytes(update.result) if update is not None else hbm_bytes(part)
+        else:
+            total += hbm_bytes(part)
+    return total
 
 
 def _moved(module: Module, i: Instruction, shapes: dict) -> int:
@@ -317,11 +373,7 @@ def _moved(module: Module, i: Instruction, shapes: dict) -> int:
         for index, read in _read_of_parameters(module, called.group(1)).items():
             if index < len(operands) and operands[index]:
                 operands[index] = min(operands[index], read)
-        root = module.root(called.group(1))
-        if root is not None and root.op == "dynamic-update-slice" and operands:
-            update = module.named(called.group(1)).get(root.operands[1])
-            written = array_bytes(update.result) if update is not None else result
-            operands[0], result = 0, min(result, written)  # an in-place update of operand 0
+        result = _written(module, called.group(1), i.result)
     return result + sum(operands)
 
 
@@ -329,8 +381,10 @@ def hbm_traffic(hlo_text: str | Module) -> float:
     """An estimate of the bytes a chip moves through HBM per step: what each op of the entry and
     the loop bodies reads and writes in HBM (`hbm_bytes`: not VMEM/SMEM), loop bodies times
     their trip count. A fusion counts as one op (its inside stays on chip), reading only the
-    slices of the operands it slices; an async copy or slice counts the bytes it moves; an
-    in-place update its update. Re-reads inside a fusion are missed: an estimate."""
+    slices of the operands it slices (through views and nested fusions); an async copy or slice
+    counts the bytes it moves; an in-place update, alone or among a fusion's outputs (a scanned
+    layer's slice of a stacked array), its update. Re-reads inside a fusion are missed: an
+    estimate."""
     module = hlo_text if isinstance(hlo_text, Module) else Module(hlo_text)
     called = set()
     for instructions in module.computations.values():

@@ -26,7 +26,6 @@ from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.layers import constrain, gather_rows, output_init, zeros_init
 from bertjax.modeling.position_init import attention_kernel_init
 from bertjax.ops import dense as dense_ops
-from bertjax.ops.elementwise import keep_mask
 
 __all__ = [
     "FLASH_BLOCK",
@@ -117,13 +116,11 @@ class SelfAttention(nn.Module):
             for y in (q_BTNH, k_BSNH, v_BSNH)
         ]
         rate = cfg.attention_probs_dropout_prob
-        keep = None
+        keep = None  # the dropout key: `attend` draws the bits the chosen kernel takes
         if rate > 0 and not deterministic:
-            keep = keep_mask(
-                self.make_rng("dropout"),
-                (q_BTNH.shape[0], heads, q_BTNH.shape[1], k_BSNH.shape[1]),
-                1.0 - rate,
-            )
+            keep = self.make_rng("dropout")
+            if not jax.dtypes.issubdtype(keep.dtype, jax.dtypes.prng_key):
+                keep = jax.random.wrap_key_data(keep)  # a raw key (jax.random.PRNGKey's)
         spec = AttentionSpec(
             batch=q_BTNH.shape[0],
             query_length=q_BTNH.shape[1],

@@ -17,6 +17,11 @@ LOCAL_FROM_BLOCKS blocks on, global layers the blocked one from FLASH_FROM keys,
 of FLASH_BLOCK (banded beats dense from T=512; blocked takes less memory from T=1024 but is only
 faster from T=4096, and this path is for speed).
 
+On a TPU, splash where it serves; attention with dropout by `flash_dropout` (bertjax/ops/
+flash_dropout.py), which regenerates its keep-bits from the layer's seed instead of storing a
+[B, N, T, S] mask: its bits are `keep_bits`' hash, not the exact path's `keep_mask` (the same
+distribution; a check against the exact path hands it those bits, `keep_bits.dense`).
+
 On a GPU, cuDNN's flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`) where
 it serves: bf16/fp16 queries, padded (not packed or gathered) rows, global or causal-local
 layers, and the cuDNN library installed; XLA's fused attention elsewhere. Not measured here (no
@@ -39,7 +44,8 @@ from jax.sharding import PartitionSpec
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.ops import attention as attention_ops
 from bertjax.ops import blocked_attention as blocked
-from bertjax.ops import platform, splash
+from bertjax.ops import flash_dropout, keep_bits, platform, splash
+from bertjax.ops.elementwise import keep_mask
 
 Array = jax.Array
 
@@ -133,7 +139,9 @@ class Kernel:
     exact reference's promise: a new feature is implemented there first); ``platforms``: where
     the automatic choice may take it (a forced kernel runs anywhere); ``limit``: why else it
     cannot serve a description (None: it can); ``worth``: whether the automatic choice should
-    take it at these shapes (measured faster); ``run(spec, q, k, v, mask, keep, rate, bias)``."""
+    take it at these shapes (measured faster); ``run(spec, q, k, v, mask, keep, rate, bias)``;
+    ``draw_keep(spec, key, rate)``: the ``keep`` it takes, drawn from the layer's dropout key
+    (a dense keep mask, or what the kernel regenerates the bits from)."""
 
     name: str
     serves: frozenset | None
@@ -141,6 +149,9 @@ class Kernel:
     run: Callable
     limit: Callable = lambda spec: None
     worth: Callable = lambda spec: True
+    draw_keep: Callable = lambda spec, key, rate: keep_mask(
+        key, (spec.batch, spec.heads, spec.query_length, spec.key_length), 1.0 - rate
+    )
 
     def cannot_serve(self, spec: AttentionSpec) -> str | None:
         """The first reason this kernel cannot compute ``spec`` (None: it can)."""
@@ -216,6 +227,16 @@ def _splash(spec, q, k, v, mask, keep, rate, bias):
         causal=spec.causal,
         partition=_activation_partition(),
     )
+
+
+def _flash_dropout(spec, q, k, v, mask, keep, rate, bias):
+    if keep is not None and keep.dtype == jnp.bool_:
+        raise ValueError("the flash_dropout kernel draws its own keep-bits: pass the dropout key")
+    rows = (mask.query_segments, mask.key_segments, mask.query_positions, mask.key_positions)
+    interpret = platform.current() != "tpu"  # forced elsewhere (the tests): Pallas interpret
+    partition = _activation_partition()
+    half, causal = spec.half_window, spec.causal
+    return flash_dropout.attention(q, k, v, *rows, keep, rate, half, causal, interpret, partition)
 
 
 def _fused(implementation):
@@ -299,6 +320,14 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("cpu_dense", _MASKING | {"gathered_rows", "dropout"}, ("cpu",), _cpu_dense),
     Kernel("splash", _MASKING, ("tpu",), _splash),
     Kernel(
+        "flash_dropout",
+        _MASKING | {"gathered_rows", "dropout"},
+        ("tpu",),
+        _flash_dropout,
+        worth=lambda spec: spec.dropout,  # splash and fused attention serve the rest
+        draw_keep=lambda spec, key, rate: keep_bits.seed_words(key),
+    ),
+    Kernel(
         "cudnn",
         _MASKING | {"gathered_rows"},
         ("gpu",),
@@ -376,8 +405,11 @@ def attend(
     implementation: str | None = None,
 ) -> Array:
     """Softmax attention [B, T, N, H] as ``spec`` describes, by the kernel `choose` picks
-    (logged once per description)."""
+    (logged once per description). ``keep``: the dropout's keep mask, or the layer's dropout
+    key (a PRNG key), drawn here in the form the chosen kernel takes (`Kernel.draw_keep`)."""
     kernel = choose(spec, implementation)
+    if keep is not None and jax.dtypes.issubdtype(keep.dtype, jax.dtypes.prng_key):
+        keep = kernel.draw_keep(spec, keep, rate)
     for record in _recorders:
         record.append((spec, kernel.name))
     if (kernel.name, spec) not in _logged:

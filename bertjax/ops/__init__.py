@@ -7,6 +7,8 @@ dense        `project` (Dense, Q/K/V, attention output) and `tied_decoder` (MLM 
 attention    softmax attention in independent row chains
 blocked_attention  banded local and blocked (flash-style) global attention, no T x S array
 splash       the TPU path: Pallas splash attention with segment ids and local masks
+flash_dropout  the TPU path with attention dropout: Pallas kernels that regenerate the keep-bits
+keep_bits    those bits: a counter-based hash of (seed, row, head, query position, key)
 elementwise  exact GELU with a saved Phi(x), dropout masks from 16-bit halves of one hash
 loss         cross-entropy whose backward is softmax minus one-hot in one pass
 platform     `on_cpu()` and `current()`, the switches between these paths and autodiff's

@@ -107,6 +107,17 @@ def _dividing(axes, size: int, what: str):
     return best or None
 
 
+def mesh_axes(partition: PartitionSpec, batch: int, heads: int) -> tuple:
+    """(batch axes, head axes) that a kernel's ``shard_map`` splits [B, T, N, H] activations
+    sharded as ``partition`` over (those that divide ``batch`` and ``heads``; `_dividing`); the
+    sequence axis must not be sharded."""
+    batch_axes, length_axes, head_axes, _ = (*partition, None, None, None, None)[:4]
+    if length_axes is not None:
+        raise ValueError(f"a Pallas attention kernel cannot shard the sequence axis: {partition}")
+    batch_axes = _dividing(batch_axes, batch, "batch")  # the init's batch is 1
+    return batch_axes, _dividing(head_axes, heads, "heads")
+
+
 def attention(
     q_BTNH: Array,
     k_BTNH: Array,
@@ -124,11 +135,7 @@ def attention(
     ``partition``: the inputs' and output's sharding over the current mesh's axes (batch and
     heads only), run under ``shard_map`` (None: a plain call, for one device or no mesh)."""
     if partition is not None:
-        batch_axes, length_axes, head_axes, _ = (*partition, None, None, None, None)[:4]
-        if length_axes is not None:
-            raise ValueError(f"splash attention cannot shard the sequence axis: {partition}")
-        batch_axes = _dividing(batch_axes, q_BTNH.shape[0], "batch")  # the init's batch is 1
-        head_axes = _dividing(head_axes, q_BTNH.shape[2], "heads")
+        batch_axes, head_axes = mesh_axes(partition, q_BTNH.shape[0], q_BTNH.shape[2])
         rows, rows_and_heads = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None, head_axes)
         local = functools.partial(
             attention, half_window=half_window, interpret=interpret, causal=causal
