@@ -7,9 +7,9 @@ jax-cuda12-plugin``, no GPU needed) compiles every phase's train step and the ev
 target's devices (`bertjax.aot.plan`), and this prints per chip: arguments, temporaries,
 outputs and code against the chip's HBM (fits with >= 10% headroom or not, and the knobs that
 shrink it), the model's FLOPs per step beside XLA's count, the collectives (kind, count, bytes,
-bytes sent over ICI and DCN), the attention kernel each layer got, and a roofline step time and
-MFU from the chip's published figures (`bertjax.aot.chips.CHIPS`), each term marked a bound or
-an estimate. ``--json`` prints the same as JSON. Exit status: 0 fits, 1 does not fit, 2 bad
+bytes sent over ICI and DCN), the attention kernel each layer got, and a roofline from the
+chip's published figures (`bertjax.aot.chips.CHIPS`): the ceiling of the bounds ("MFU <=") and
+the HBM estimate ("MFU ~"), each term marked a bound or an estimate. ``--json`` prints the same as JSON. Exit status: 0 fits, 1 does not fit, 2 bad
 input. Reports of compiled programs are kept in ``--cache_dir``: a second check recompiles only
 what changed.
 """

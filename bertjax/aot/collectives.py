@@ -1,5 +1,6 @@
 """The collectives of a compiled program, per chip per step: kind, executions (loop trips
-counted), result and operand bytes, group sizes, and the bytes each chip must send over ICI and,
+counted), result and operand bytes (a reduce-scatter's operand is the whole array it reduces,
+its result a chip's share), group sizes, and the bytes each chip must send over ICI and,
 in a multislice program, across slices (DCN), by the bandwidth-optimal algorithm of each kind.
 
 Read from the program's HLO (`hlo.Module`). libtpu writes an asynchronous collective as a chain
