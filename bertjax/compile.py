@@ -9,9 +9,9 @@ outputs and code against the chip's HBM (fits with >= 10% headroom or not, and t
 shrink it), the model's FLOPs per step beside XLA's count, the collectives (kind, count, bytes,
 bytes sent over ICI and DCN), the attention kernel each layer got, and a roofline from the
 chip's published figures (`bertjax.aot.chips.CHIPS`): the ceiling of the bounds ("MFU <=") and
-the HBM estimate ("MFU ~"), each term marked a bound or an estimate. ``--json`` prints the same as JSON. Exit status: 0 fits, 1 does not fit, 2 bad
-input. Reports of compiled programs are kept in ``--cache_dir``: a second check recompiles only
-what changed.
+the HBM estimate ("MFU ~"), each term marked a bound or an estimate. ``--json`` prints the
+same as JSON. Exit status: 0 fits, 1 does not fit, 2 bad input. Reports of compiled programs
+are kept in ``--cache_dir``: a second check recompiles only what changed.
 """
 
 from __future__ import annotations
