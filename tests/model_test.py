@@ -655,8 +655,8 @@ def test_erf_gelu_and_its_derivative_equal_float64():
 def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides, packed, nsp):
     """The last layer run only at the masked positions (and [CLS]) against the full model:
     fp32 both, same parameters; tolerance 1e-5 of each output's / gradient's largest entry. The
-    sparse layer's rows are padded to a multiple of 8 (XLA:GPU's tile sizes): 4 or 5 rows run
-    as 8, the padding dropped, the loss the full model's."""
+    sparse layer's rows are padded to a multiple of 16 (XLA:GPU's tile sizes): 4 or 5 rows run
+    as 16, the padding dropped, the loss the full model's."""
     cfg = _cfg(**overrides)
     full = bertjax.BertForPreTraining(cfg, next_sentence=nsp)
     sparse = full.clone(sparse_last_layer=True)
@@ -688,7 +688,7 @@ def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides,
     (_, want), want_grads = value_and_grad(full, params)
     with attention_kernels.recording() as record:
         (_, got), got_grads = value_and_grad(sparse, params)
-    assert record[-1][0].gathered_rows and record[-1][0].query_length == 8  # padded from 4 or 5
+    assert record[-1][0].gathered_rows and record[-1][0].query_length == 16  # padded from 4 or 5
     assert "sequence_output" in want and "sequence_output" not in got
     for key in ("mlm_logits", "nsp_logits") if nsp else ("mlm_logits",):
         scale = float(jnp.max(jnp.abs(want[key])))

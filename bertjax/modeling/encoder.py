@@ -127,9 +127,10 @@ def layer_kinds(cfg: BertConfig) -> list[dict]:
 
 # The sparse last layer's row count is rounded up to a multiple of this (the extra rows repeat
 # row 0 and are dropped after the layer): XLA:GPU (jax-cuda12-plugin 0.10.2) finds no tile sizes
-# for the query projection of 32 rows x 77 positions a GPU (bf16[2464,768]; jax#34010); BERT-base
-# seq512 for h100-8 compiles with 80.
-ROW_MULTIPLE = 8
+# for the query projection of gathered rows [B, R, D] flattened to [B R, D] unless 16 divides R
+# (jax#34010): BERT-base at 32 rows x 77 positions a GPU (bf16[2464,768]) and ALBERT-base at 512
+# x 21 (24 refused too, bf16[12288,768]) compile at 80 and 32.
+ROW_MULTIPLE = 16
 
 
 def pad_rows(rows_BR: Array, multiple: int = ROW_MULTIPLE) -> Array:
