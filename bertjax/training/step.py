@@ -257,13 +257,19 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
 
 
 def _replica_axes() -> tuple[str, ...]:
-    """The axes of the mesh being compiled for that only replicate parameters (no parameter is
-    split over ``dcn`` or ``data``) and split the batch: the gradient is a sum over them."""
+    """The mesh axes (all of them) when the mesh being compiled for is data parallel only: every
+    axis of more than one device is ``dcn`` or ``data``, which split the batch and replicate the
+    parameters, so the gradient is a sum over them; () otherwise (FSDP, tensor or expert axes:
+    the one-program loop). Manual over every axis, kernels inside need no partitioning of their
+    own (cuDNN's custom partitioning fails under a partly manual mesh)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return ()
     shape = dict(mesh.shape)
-    return tuple(a for a in (sharding.DCN_AXIS, "data") if shape.get(a, 1) > 1)
+    replicas = [a for a in (sharding.DCN_AXIS, "data") if shape.get(a, 1) > 1]
+    if not replicas or any(n > 1 for a, n in shape.items() if a not in replicas):
+        return ()
+    return tuple(mesh.axis_names)
 
 
 def _without(rules: tuple, axes: tuple) -> tuple:
