@@ -67,9 +67,16 @@ def compile_recipe(name: str, args, overrides=()) -> dict:
         return {"recipe": name, "topology": topology, "error": f"over {args.timeout} s"}
     seconds = time.perf_counter() - start
     if result.returncode not in (0, 1) or not result.stdout.strip():  # 1: does not fit
-        return {"recipe": name, "topology": topology, "error": result.stderr.strip()[-400:]}
+        return {"recipe": name, "topology": topology, "error": _error_line(result.stderr)}
     report = json.loads(result.stdout)
     return {"recipe": name, "seconds": seconds, "overrides": list(overrides), **report}
+
+
+def _error_line(stderr: str) -> str:
+    """The exception's own line (``SomeError: ...``) of a failed compile, else stderr's end."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    found = [line for line in lines if re.match(r"([\w.]+(Error|Exception)|error): ", line)]
+    return (found[-1] if found else stderr.strip()[-400:])[:400]
 
 
 def _row(r: dict, p: dict) -> str:
