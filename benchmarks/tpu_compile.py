@@ -1,7 +1,9 @@
 """Every recipe compiled for its target by the real compiler on this CPU host (`python -m
 bertjax.compile`), one subprocess per recipe: a markdown table of memory per chip, headroom,
-FLOPs, collectives (bytes sent per chip over ICI / DCN) and the roofline step time / MFU of each
-program, and how each was compiled.
+FLOPs, collectives (bytes sent per chip over ICI / DCN), the roofline ceiling (the largest bound:
+compute, ICI, DCN) with the MFU no run exceeds, and the HBM estimate with the MFU it suggests
+(an estimate, not a bound), and how each program was compiled. ``--topology=h100-8`` compiles
+every recipe for one 8-GPU node (the CUDA plugin, `bertjax.aot.devices`).
 
     python benchmarks/tpu_compile.py [--recipes=bert_base,modernbert_base] [--skip_eval]
         [--how=as_is|scan|quick|auto] [--topology=h100-8] [--num_slices=2] [--out=FILE.json]
@@ -65,9 +67,16 @@ def compile_recipe(name: str, args, overrides=()) -> dict:
         return {"recipe": name, "topology": topology, "error": f"over {args.timeout} s"}
     seconds = time.perf_counter() - start
     if result.returncode not in (0, 1) or not result.stdout.strip():  # 1: does not fit
-        return {"recipe": name, "topology": topology, "error": result.stderr.strip()[-400:]}
+        return {"recipe": name, "topology": topology, "error": _error_line(result.stderr)}
     report = json.loads(result.stdout)
     return {"recipe": name, "seconds": seconds, "overrides": list(overrides), **report}
+
+
+def _error_line(stderr: str) -> str:
+    """The exception's own line (``SomeError: ...``) of a failed compile, else stderr's end."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    found = [line for line in lines if re.match(r"([\w.]+(Error|Exception)|error): ", line)]
+    return (found[-1] if found else stderr.strip()[-400:])[:400]
 
 
 def _row(r: dict, p: dict) -> str:
@@ -91,7 +100,7 @@ def _row(r: dict, p: dict) -> str:
         f"{memory} | {p['hbm_per_device'] / 2**30:.0f} GiB | {p['headroom']:.0%} |"
     )
     if "out_of_memory" in p:
-        return head + " does not fit | | | | | |"
+        return head + " does not fit | | | | | | | |"
     roof = p["roofline"]
     kernels = ", ".join(sorted({k.split(":")[0] for k in p["kernels"]}))
     collectives = ", ".join(f"{k} x{c['count']}" for k, c in p["collectives"].items())
@@ -100,7 +109,8 @@ def _row(r: dict, p: dict) -> str:
     )
     return head + (
         f" {p['model_flops']:.2e} | {collectives or 'none'} | {sent} | {kernels} | "
-        f"{roof['step_s'] * 1e3:.0f} ms ({roof['bound']}) | {roof['mfu']:.0%} |"
+        f"{roof['ceiling_s'] * 1e3:.0f} ms ({roof['bound']}) | {roof['mfu_ceiling']:.0%} | "
+        f"{roof['memory_s'] * 1e3:.0f} ms | {roof['mfu']:.0%} |"
     )
 
 
@@ -108,7 +118,8 @@ def table(reports: list[dict]) -> str:
     head = (
         "| recipe | target | phase / step | batch x T | mesh (dcn, data, fsdp, tensor) | "
         "compiled | memory / chip | HBM / chip | headroom | model FLOPs | collectives | "
-        "MiB sent / chip (ICI / DCN) | attention | roofline step | MFU <= |\n|" + "---|" * 15
+        "MiB sent / chip (ICI / DCN) | attention | ceiling (bound) | MFU <= | HBM estimate | "
+        "MFU ~ (with it) |\n|" + "---|" * 17
     )
     rows = [head]
     for r in reports:

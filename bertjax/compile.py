@@ -7,11 +7,11 @@ jax-cuda12-plugin``, no GPU needed) compiles every phase's train step and the ev
 target's devices (`bertjax.aot.plan`), and this prints per chip: arguments, temporaries,
 outputs and code against the chip's HBM (fits with >= 10% headroom or not, and the knobs that
 shrink it), the model's FLOPs per step beside XLA's count, the collectives (kind, count, bytes,
-bytes sent over ICI and DCN), the attention kernel each layer got, and a roofline step time and
-MFU from the chip's published figures (`bertjax.aot.chips.CHIPS`), each term marked a bound or
-an estimate. ``--json`` prints the same as JSON. Exit status: 0 fits, 1 does not fit, 2 bad
-input. Reports of compiled programs are kept in ``--cache_dir``: a second check recompiles only
-what changed.
+bytes sent over ICI and DCN), the attention kernel each layer got, and a roofline from the
+chip's published figures (`bertjax.aot.chips.CHIPS`): the ceiling of the bounds ("MFU <=") and
+the HBM estimate ("MFU ~"), each term marked a bound or an estimate. ``--json`` prints the
+same as JSON. Exit status: 0 fits, 1 does not fit, 2 bad input. Reports of compiled programs
+are kept in ``--cache_dir``: a second check recompiles only what changed.
 """
 
 from __future__ import annotations
@@ -61,7 +61,10 @@ _QUICK = flags.DEFINE_bool(
     "state's memory come out exact, temporaries only roughly (benchmarks/results.md).",
 )
 _HLO = flags.DEFINE_string(
-    "hlo_dir", "", "Also write each compiled program's optimized HLO text here."
+    "hlo_dir",
+    "",
+    "Also write each compiled program's optimized HLO text here (with --quick: the two small "
+    "depths', under DIR/<depth>_layers).",
 )
 
 KNOBS = (
@@ -87,6 +90,26 @@ def _collectives_line(p: dict) -> str:
     return "  collectives per chip: " + (", ".join(parts) or "none") + sent
 
 
+def _roofline_line(roof: dict, hbm_traffic: float) -> str:
+    """The ceiling (bounds only: "MFU <=") and, where the HBM estimate is larger, the estimate
+    ("MFU ~"), then every term marked a bound or an estimate."""
+    line = (
+        f"  roofline: ceiling {roof['ceiling_s'] * 1e3:.1f} ms/step ({roof['bound']}-bound), "
+        f"MFU <= {roof['mfu_ceiling']:.0%}"
+    )
+    if roof["limit"] == "HBM":
+        line += (
+            f"; with the HBM estimate {roof['step_s'] * 1e3:.1f} ms/step, MFU ~ {roof['mfu']:.0%}"
+        )
+    line += (
+        f": compute {roof['compute_s'] * 1e3:.1f} ms (bound), ICI {roof['ici_s'] * 1e3:.1f} ms "
+        "(bound)"
+    )
+    if roof["dcn_s"]:
+        line += f", DCN {roof['dcn_s'] * 1e3:.1f} ms (bound)"
+    return line + f", HBM {roof['memory_s'] * 1e3:.1f} ms (estimate: {_gib(hbm_traffic)})"
+
+
 def _program_lines(p: dict, plan) -> list[str]:
     head = (
         f"\n[{p['phase']}] {p['step']} step: batch {p['batch']} x {p['length']}, mesh "
@@ -94,7 +117,14 @@ def _program_lines(p: dict, plan) -> list[str]:
         f"{'scanned' if p['scan_layers'] else 'unrolled'} layers"
     )
     if "same_as" in p:
-        return [head + f": the program of [{p['same_as']}] (other constants)"]
+        head += f": the program of [{p['same_as']}] (other constants)"
+        if "roofline" not in p:
+            return [head]
+        return [
+            head,
+            f"  FLOPs per step: model {p['model_flops']:.3e} (this phase's)",
+            _roofline_line(p["roofline"], p["hbm_traffic"]),
+        ]
     if "extrapolated" in p:
         (a, b), layers = p["extrapolated"]["from_layers"], p["extrapolated"]["layers"]
         head += f" (extrapolated to {layers} layers from {a} and {b}: {p['compile_s']:.0f} s)"
@@ -125,11 +155,7 @@ def _program_lines(p: dict, plan) -> list[str]:
         + "; ".join(f"{k} (x{n})" for k, n in p["kernels"].items())
         + "; kernel calls in the program: "
         + (", ".join(f"{k} {n}" for k, n in p["kernel_calls"].items() if n) or "none"),
-        f"  roofline: {roof['step_s'] * 1e3:.1f} ms/step ({roof['bound']}-bound), MFU <= "
-        f"{roof['mfu']:.0%}: compute {roof['compute_s'] * 1e3:.1f} ms (bound), ICI "
-        f"{roof['ici_s'] * 1e3:.1f} ms (bound)"
-        + (f", DCN {roof['dcn_s'] * 1e3:.1f} ms (bound)" if roof["dcn_s"] else "")
-        + f", HBM {roof['memory_s'] * 1e3:.1f} ms (estimate: {_gib(p['hbm_traffic'])})",
+        _roofline_line(roof, p["hbm_traffic"]),
     ]
 
 
@@ -149,6 +175,14 @@ def format_report(report: dict) -> str:
     ]
     for p in report["programs"]:
         lines += _program_lines(p, plan)
+    if report.get("hlo_files"):
+        quick = any("extrapolated" in p for p in report["programs"])
+        lines.append("\noptimized HLO written: " + ", ".join(report["hlo_files"]))
+        if quick:
+            lines.append(
+                "  (--quick: the two small depths it compiled, not the recipe's depth; drop "
+                "--quick to write that program)"
+            )
     return "\n".join(lines)
 
 

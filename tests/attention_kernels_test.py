@@ -14,7 +14,9 @@ cuDNN serves what it can; on a TPU, dropout takes flash_dropout; causal attentio
 ahead nor across packed rows."""
 
 import dataclasses
+import inspect
 import logging
+import re
 import types
 
 import attention_reference as reference
@@ -29,7 +31,7 @@ from bertjax.modeling.attention import SelfAttention
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.modeling.embeddings import position_ids
 from bertjax.modeling.encoder import Encoder, layer_kinds
-from bertjax.ops import elementwise, keep_bits, platform
+from bertjax.ops import cudnn_dropout, elementwise, keep_bits, platform
 
 B, T, N, H = 2, 16, 2, 8
 ROWS = 5  # gathered query rows
@@ -334,7 +336,7 @@ def test_on_a_gpu_cudnn_serves_what_it_can_and_fused_attention_the_rest(monkeypa
     assert chosen(dataclasses.replace(bf16, packed=True)) == "fused"  # a mask, not lengths
     assert chosen(dataclasses.replace(bf16, query_length=ROWS, gathered_rows=True)) == "fused"
     assert chosen(dataclasses.replace(bf16, head_dim=12)) == "fused"  # not a multiple of 8
-    assert chosen(dataclasses.replace(bf16, dropout=True)) == "exact"
+    assert chosen(dataclasses.replace(bf16, dropout=True)) == "cudnn"  # cuDNN draws the bits
     with pytest.raises(ValueError, match="'cudnn'.*a two-sided local window"):
         kernels.choose(dataclasses.replace(bf16, half_window=3), "cudnn")
     monkeypatch.setattr(kernels, "_cudnn_installed", lambda: False)
@@ -389,3 +391,60 @@ def test_a_raw_dropout_key_draws_what_its_typed_key_draws():
     from_raw, from_typed, deterministic = three(jax.random.PRNGKey(3))
     np.testing.assert_array_equal(from_raw, from_typed)
     assert np.abs(from_raw - deterministic).max() > 1e-3
+
+
+def test_the_private_cudnn_call_the_dropout_path_uses_is_still_there():
+    """bertjax/ops/cudnn_dropout.py calls a private JAX function (jax.nn's cuDNN path takes no
+    dropout): a JAX release that moves it or renames its arguments fails here, by name."""
+    module = cudnn_dropout.fused()
+    parameters = inspect.signature(module.dot_product_attention).parameters
+    missing = [name for name in cudnn_dropout.ARGUMENTS if name not in parameters]
+    assert not missing, f"{cudnn_dropout.PRIVATE}.dot_product_attention lost {missing}"
+    assert {"PADDING", "PADDING_CAUSAL", "NO_MASK"} <= set(module.MaskType.__members__)
+    from flax.linen import module as flax_module  # the layer's path gives its seed
+
+    assert isinstance(flax_module._context.module_stack, list)
+
+
+def test_on_a_gpu_cudnn_drops_probabilities_with_a_seed_per_layer(monkeypatch):
+    """What is checked without a GPU: a BERT train step's attention with dropout goes to cuDNN's
+    fused call (forward and backward), at the config's rate, with one seed per layer shared by
+    the layer's forward and backward; scanned and shared stacks are refused. cuDNN's bits and
+    numbers need a GPU (benchmarks/gpu_checks.py)."""
+    cfg = bertjax.BertConfig.preset(
+        "tiny", vocab_size=32, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        num_hidden_layers=2, dtype="bfloat16", attention_probs_dropout_prob=0.125,
+    )  # fmt: skip
+    x = jnp.zeros((2, 8, 32), jnp.bfloat16)
+    mask = AttentionMask.build(jnp.ones((2, 8), jnp.int32), None, position_ids(None, 2, 8, 0))
+    monkeypatch.setattr(platform, "current", lambda: "gpu")
+    monkeypatch.setattr(kernels, "_cudnn_installed", lambda: True)
+    monkeypatch.setattr(cudnn_dropout.fused(), "check_cudnn_version", lambda: 91000)
+
+    def gradient_program(cfg):  # traced, never compiled (no GPU here)
+        params = jax.eval_shape(lambda: Encoder(cfg).init(jax.random.key(0), x, mask, True))
+
+        def loss(params):
+            out = Encoder(cfg).apply(params, x, mask, False, rngs={"dropout": jax.random.key(1)})
+            return jnp.sum(out.astype(jnp.float32))
+
+        with kernels.recording() as record:
+            text = str(jax.make_jaxpr(jax.grad(loss))(params))
+        return text, kernels.summary(record)
+
+    text, used = gradient_program(cfg)
+    assert used == {"cudnn: global, T=8, dropout": 2}
+    call = r"dot_product_attention_(fwd|bwd)\w*\[[^\]]*?dropout_rate=([\d.]+)"
+    calls = re.findall(call, text)
+    assert sorted(calls) == [("bwd", "0.125")] * 2 + [("fwd", "0.125")] * 2, calls
+    seeds = re.findall(r"seed=(\d+)", text)
+    assert len(seeds) == 4 and len(set(seeds)) == 2  # a layer's forward and backward share one
+    for change, reason in (
+        ({"scan_layers": True}, "scan_layers"),
+        ({"num_hidden_groups": 1}, "shared"),
+    ):
+        other = dataclasses.replace(cfg, **change)
+        _, used = gradient_program(other)
+        assert set(used) == {"exact: global, T=8, dropout"}, change  # the automatic choice
+        with pytest.raises(ValueError, match=f"cudnn kernel cannot serve {reason}"):
+            gradient_program(dataclasses.replace(other, attention_implementation="cudnn"))

@@ -11,21 +11,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_gpu_suite_dry_run_prints_the_table():
+    """The suite a developer with one GPU runs, at tiny sizes on CPU: the numerics and dropout
+    checks pass, and the MFU table has bertjax beside HF for BERT and ModernBERT, each bertjax
+    row with its attention kernels and its program's roofline."""
     env = dict(os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS=xla_flags(1))
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| bertjax")]
-    assert len(rows) == 3  # T=32: rbg dropout key, threefry, scan + remat
-    for row in rows:
-        tokens_per_second = float(row.split("|")[6].replace(",", ""))
-        assert tokens_per_second > 0
+    assert "ok   dropout 0.1" in result.stdout
+    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith("| ")]
+    names = [row[1].strip() for row in rows]
+    assert names[1:] == [
+        "HF BERT-tiny", "bertjax BERT-tiny", "HF ModernBERT-tiny", "bertjax ModernBERT-tiny"
+    ], names  # fmt: skip
+    for row in rows[1:]:
+        assert float(row[5].replace(",", "")) > 0  # tokens/s
+    for row in (rows[2], rows[4]):
+        assert row[7].strip().endswith("(compute)") and "HBM" in row[8]  # the roofline
+        assert "cpu_dense: global" in row[9] and float(row[10].strip()[:-1]) > 0  # kernels, x HF
+    assert "dropout" in rows[2][9] and "dropout" not in rows[4][9]  # BERT's, not ModernBERT's
 
 
 @pytest.mark.slow

@@ -9,13 +9,16 @@ too large reported as not fitting; plus the target names."""
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax.aot import chips, devices, hlo, plan
+from bertjax.aot import cache, chips, devices, hlo, plan
+from bertjax.aot.collectives import collectives
+from bertjax.compile import format_report
 from bertjax.training import sharding
 from bertjax.training.run_config import load_config_file
 from bertjax.training.step import abstract_train_state
@@ -89,6 +92,9 @@ def test_target_names():
         chips.parse_slice("h100-12")
     with pytest.raises(ValueError, match="--num_slices=2: slices are TPU slices"):
         chips.parse_slice("h100-8", num_slices=2)
+    for name in ("v4-16", "v6e-8"):  # no published DCN rate: refused, not a roofline without it
+        with pytest.raises(ValueError, match="--num_slices=2: v[46]e? has no published data"):
+            chips.parse_slice(name, num_slices=2)
 
 
 def test_gpu_nodes_are_described_from_the_chips_table():
@@ -144,6 +150,98 @@ def test_bert_base_trains_its_attention_with_the_dropout_kernel():
     assert train["kernel_calls"]["mosaic"] == 2 * layers
 
 
+def test_the_roofline_calls_only_bounds_bounds(data_parallel):
+    """The ceiling is the largest bound (compute, ICI, DCN) and its MFU an upper bound ("MFU
+    <="); the HBM estimate, where it is larger, gives "MFU ~" and never the word bound: on the
+    compiled program's figures, and with its HBM bytes made to win."""
+    _, report = data_parallel
+    train = report["programs"][0]
+    roof = train["roofline"]
+    assert roof["bound"] in ("compute", "ICI", "DCN")
+    assert roof["ceiling_s"] == max(roof["compute_s"], roof["ici_s"], roof["dcn_s"])
+    assert roof["step_s"] == max(roof["ceiling_s"], roof["memory_s"]) and roof["mfu"] <= 1
+    assert roof["mfu_ceiling"] == pytest.approx(roof["compute_s"] / roof["ceiling_s"])
+    chip = chips.CHIPS["v5e"]
+    args = (train["model_flops"], train["hbm_traffic"], train["ici_bytes"], 4, chip)
+    heavy = plan.roofline.roofline(*args[:1], 1e6 * train["hbm_traffic"], *args[2:])
+    assert heavy["limit"] == "HBM" and heavy["bound"] == roof["bound"]
+    assert heavy["mfu_ceiling"] == roof["mfu_ceiling"] and heavy["mfu"] < roof["mfu_ceiling"]
+    line = next(
+        text
+        for text in format_report({**report, "programs": [{**train, "roofline": heavy}]}).split(
+            "\n"
+        )
+        if "roofline:" in text
+    )
+    assert f"({heavy['bound']}-bound), MFU <= {heavy['mfu_ceiling']:.0%}" in line
+    assert "with the HBM estimate" in line and f"MFU ~ {heavy['mfu']:.0%}" in line
+    assert "HBM-bound" not in line
+    with pytest.raises(ValueError, match="v4: no published DCN rate"):
+        plan.roofline.roofline(*args[:4], chips.CHIPS["v4"], dcn_bytes=1.0)
+
+
+def test_phases_of_one_program_keep_their_own_flops(data_parallel, cache_dir):
+    """Two phases whose programs differ only in constants (a mask rate: the same masked slots,
+    more of them filled) compile once, and each reports its own FLOPs and roofline."""
+    config, report = data_parallel
+    config = config.copy_and_resolve_references()
+    config.phase_order = ("high", "low")
+    config.phases.high = plan.phases.phase(steps=2)
+    config.phases.low = plan.phases.phase(steps=2, data={"mask_rate": 0.05})
+    high, low = plan.compile_run(config, "v5e:2x2", eval_step=False, cache_dir=cache_dir)[
+        "programs"
+    ]
+    assert low["same_as"] == "high" and "same_as" not in high
+    assert high["model_flops"] > low["model_flops"]
+    assert high["roofline"]["compute_s"] > low["roofline"]["compute_s"]
+    assert high["collectives"] == low["collectives"]  # the same program
+    assert "(this phase's)" in format_report({**report, "programs": [high, low]})
+
+
+def test_a_reduce_scatter_counts_its_operand():
+    """An 8-way psum_scatter of 32 KiB a chip, compiled by XLA (8 CPU devices): a plain
+    ``reduce-scatter`` whose operand is 32 KiB and result 4 KiB; a ring sends 7/8 of the
+    operand, 28,672 bytes (its result's 7/8 once: 3,584)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    scatter = jax.shard_map(
+        lambda a: jax.lax.psum_scatter(a, "x", tiled=True),
+        mesh=mesh,
+        in_specs=PartitionSpec(),
+        out_specs=PartitionSpec("x"),
+    )
+    operand = jax.ShapeDtypeStruct(
+        (8192,), np.float32, sharding=NamedSharding(mesh, PartitionSpec())
+    )
+    text = jax.jit(scatter).lower(operand).compile().as_text()
+    assert " reduce-scatter(" in text
+    (found,) = collectives(text).values()
+    assert (found.kind, found.bytes, found.operand_bytes) == ("reduce-scatter", 4096, 32768)
+    assert found.wire_bytes == 28672
+
+
+def test_the_cache_key_names_the_package_that_provides_the_compiler(monkeypatch):
+    """libtpu's version as installed here, and a nightly or CUDA 13 package under its own name
+    (the key once read only libtpu and jax-cuda12-plugin)."""
+    import importlib.metadata
+
+    _libtpu()
+    assert cache.compiler_version("tpu").startswith(
+        f"libtpu {importlib.metadata.version('libtpu')}, jax "
+    )
+
+    def installed(*names):
+        return lambda: [types.SimpleNamespace(metadata={"Name": n}, version="9.9") for n in names]
+
+    monkeypatch.setattr(importlib.metadata, "distributions", installed("libtpu-nightly", "numpy"))
+    assert cache.compiler_version("tpu").startswith("libtpu-nightly 9.9, jax")
+    monkeypatch.setattr(
+        importlib.metadata, "distributions", installed("jax-cuda13-pjrt", "jax-cuda13-plugin")
+    )
+    assert cache.compiler_version("gpu").startswith("jax-cuda13-pjrt 9.9, jax-cuda13-plugin 9.9")
+
+
 def test_phases_share_a_program_only_when_it_is_the_same(data_parallel):
     _libtpu()
     config = _tiny()
@@ -168,14 +266,22 @@ def test_a_second_check_reads_the_compiled_programs_back(data_parallel, cache_di
         assert {k: v for k, v in second.items() if k != "cached"} == first
 
 
-def test_quick_check_extrapolates_to_a_hand_count(data_parallel, cache_dir):
+def test_quick_check_extrapolates_to_a_hand_count(data_parallel, cache_dir, tmp_path):
     """12 layers from 2 and 3 (the 2-layer program read back from the data-parallel test's): the
     only collective, the gradient reduction, and the FLOPs equal a hand count of the 12-layer
-    model."""
+    model; the HLO it writes is the two small depths', and the report says so."""
     _libtpu()
     config = _tiny(num_hidden_layers=12)
     config.data.pack_rows = True
-    report = plan.compile_run(config, "v5e:2x2", eval_step=False, cache_dir=cache_dir, quick=True)
+    hlo_dir = str(tmp_path / "hlo")
+    report = plan.compile_run(
+        config, "v5e:2x2", eval_step=False, cache_dir=cache_dir, quick=True, hlo_dir=hlo_dir
+    )
+    assert report["hlo_files"] == [
+        os.path.join(hlo_dir, f"{d}_layers", "run.train.hlo.txt") for d in (2, 3)
+    ]
+    assert all(os.path.getsize(path) for path in report["hlo_files"])
+    assert "not the recipe's depth" in format_report(report)
     (train,) = report["programs"]
     assert train["extrapolated"] == {"from_layers": [2, 3], "layers": 12}
     params, table = _gradient_bytes(config, report)
@@ -186,6 +292,26 @@ def test_quick_check_extrapolates_to_a_hand_count(data_parallel, cache_dir):
     assert train["model_flops"] == pytest.approx(
         plan._train_flops(config, plan.objectives.make_objective(config), cfg, 8)
     )
+
+
+def test_cramming_microbatches_reduce_each_gradient_once():
+    """configs/cramming.py (its smoke size) with 2 microbatches on 4 chips, data parallel: each
+    chip keeps its partial sums through the microbatch loop and the step reduces every fp32
+    gradient once, the word table included (it crossed twice a microbatch, as the lookup's
+    scatter-add and the tied decoder's product: 301,068 bytes here before), plus the loss
+    sums."""
+    _libtpu()
+    config = load_config_file(os.path.join(ROOT, "configs/cramming.py:smoke"))
+    config.fast_compile = False
+    config.optim.grad_accum_steps = 2
+    report = plan.compile_run(config, "v5e:2x2", eval_step=False)
+    (train,) = report["programs"]
+    assert train["microbatches"] == 2 and train["mesh"]["data"] == 4
+    assert set(train["collectives"]) == {"all-reduce"}
+    reduced = train["collectives"]["all-reduce"]
+    params, _ = _gradient_bytes(config, report)
+    assert 0 <= reduced["bytes"] - params <= 64, (reduced["bytes"], params)
+    assert reduced["count"] <= 2  # the gradients and the loss sums, after the loop
 
 
 def test_scanned_and_unrolled_fsdp_steps_count_the_same_collectives(fsdp_pair):
@@ -257,8 +383,6 @@ ENTRY %main () -> f32[] {
 """
     module = hlo.Module(text)
     assert module.runs["body"] == 5  # i = 2, 4, ..., 10: (12 - 2) / 2
-    from bertjax.aot.collectives import collectives
-
     (reduce,) = collectives(module).values()
     assert (reduce.count, reduce.bytes, reduce.group_sizes) == (5, 5 * 256, {2: 5})
 

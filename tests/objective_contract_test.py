@@ -181,6 +181,41 @@ def test_objective_keeps_the_step_contract(name, tmp_path):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=5e-6)
 
 
+def test_data_parallel_microbatches_reduce_once_and_equal_one_device():
+    """On an all-data mesh the microbatch loop runs per replica under shard_map (each chip's
+    partial gradients, one reduction: tests/compile_test.py counts it): two microbatches on 4
+    data-parallel devices equal the whole batch on one device, without dropout."""
+    cfg = setup.tiny_model_config(num_hidden_layers=1, max_position_embeddings=LENGTH)
+    config = _config("pretraining")
+    mesh = _mesh(config, 1)
+    state = step.init_train_state(config, cfg, mesh, jax.random.key(0))
+    rng = jax.random.key(3)
+    want, want_metrics = step.jit_steps(state, mesh, step.FAST_COMPILE).train(
+        _copy(state), _batch(state.spec.objective, cfg, mesh, 0), rng
+    )
+    sharded_config = _config("pretraining", data=4)
+    sharded_config.optim.grad_accum_steps = 2
+    sharded_mesh = _mesh(sharded_config, 4)
+    with jax.sharding.use_abstract_mesh(sharded_mesh.abstract_mesh):
+        assert "data" in training_step._replica_axes()  # the shard_map'd loop, not the other
+    _, shardings, _ = step.abstract_train_state(sharded_config, cfg, sharded_mesh)
+    sharded = shardings.replace(
+        **{
+            f: jax.device_put(getattr(state, f), getattr(shardings, f))
+            for f in ("step", "params", "opt_state")
+        }
+    )
+    got, got_metrics = step.jit_steps(sharded, sharded_mesh, step.FAST_COMPILE).train(
+        sharded, _batch(state.spec.objective, cfg, sharded_mesh, 0), rng
+    )
+    for key in sorted(want_metrics):
+        np.testing.assert_allclose(
+            got_metrics[key], want_metrics[key], rtol=2e-5, atol=1e-6, err_msg=key
+        )
+    for a, b in zip(_leaves(got.params), _leaves(want.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=5e-6)
+
+
 # ---- what a new objective's author cannot get wrong silently (no model: fast) ----
 
 

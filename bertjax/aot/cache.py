@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 
 import jax
 
@@ -41,12 +42,21 @@ class Compiled:
         return cls(seconds, compiled.as_text(), Memory.of(compiled), float(cost.get("flops", 0.0)))
 
 
+# The packages that hold each platform's compiler, by name: libtpu (``libtpu``, ``libtpu-nightly``)
+# and the CUDA plugins (``jax-cuda12-plugin`` and ``-pjrt``, ``jax-cuda13-*``, ...).
+COMPILER_PACKAGES = {"tpu": r"libtpu(-nightly)?", "gpu": r"jax-cuda\d+-(plugin|pjrt)"}
+
+
 def compiler_version(platform: str) -> str:
-    name = "libtpu" if platform == "tpu" else "jax-cuda12-plugin"
-    try:
-        return f"{name} {importlib.metadata.version(name)}, jax {jax.__version__}"
-    except importlib.metadata.PackageNotFoundError:
-        return f"jax {jax.__version__}"
+    """The versions of whatever installed packages provide ``platform``'s compiler, and JAX's:
+    part of the cache key, so a new compiler never reads an old compiler's programs."""
+    pattern = re.compile(COMPILER_PACKAGES[platform], re.IGNORECASE)
+    found = {
+        dist.metadata["Name"].lower(): dist.version
+        for dist in importlib.metadata.distributions()
+        if dist.metadata["Name"] and pattern.fullmatch(dist.metadata["Name"])
+    }
+    return ", ".join([*(f"{n} {v}" for n, v in sorted(found.items())), f"jax {jax.__version__}"])
 
 
 class CompiledCache:

@@ -37,7 +37,8 @@ class Chip:
 # TPU sources: Cloud TPU system architecture pages, docs.cloud.google.com/tpu/docs/<version>
 # (read 2026-12). v4's page gives no per-chip ICI figure: 6 ICI links of 50 GB/s (Jouppi et al.,
 # "TPU v4", ISCA 2023) are taken as 300 GB/s. DCN per chip: v5p's page gives 50 Gbps; v5e's
-# 2 x 100 Gbps NICs per 8-chip host; v4's and v6e's pages give no per-chip figure.
+# 2 x 100 Gbps NICs per 8-chip host; v4's and v6e's pages give no per-chip figure, so a
+# multislice target of those is refused rather than given a roofline without its DCN term.
 # GPU sources: NVIDIA's H100, H200 and A100 datasheets (SXM, dense bf16 Tensor Core FLOP/s,
 # NVLink bidirectional); DCN: the DGX H100/H200 (8 x 400 Gb/s ConnectX-7) and DGX A100
 # (8 x 200 Gb/s HDR) networking, one port per GPU.
@@ -131,6 +132,12 @@ def parse_slice(name: str, num_slices: int = 1) -> Slice:
                 raise ValueError(f"--topology={name!r}: GPU nodes are NODESxGPUS, e.g. h100:2x8")
             return Slice(chip, grid)
         return Slice(chip, _gpu_grid(chip, int(match.group(2)), name))
+    if num_slices > 1 and not chip.dcn_bytes_per_second:
+        raise ValueError(
+            f"--num_slices={num_slices}: {chip.name} has no published data-center network rate "
+            "per chip (bertjax/aot/chips.py), so the traffic between slices cannot be bounded; "
+            "compile one slice, or a chip with one (v5e, v5p)"
+        )
     if match.group(3):
         return Slice(chip, tuple(int(side) for side in match.group(3).split("x")), num_slices)
     count = int(match.group(2))

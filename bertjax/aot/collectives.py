@@ -1,5 +1,6 @@
 """The collectives of a compiled program, per chip per step: kind, executions (loop trips
-counted), result and operand bytes, group sizes, and the bytes each chip must send over ICI and,
+counted), result and operand bytes (a reduce-scatter's operand is the whole array it reduces,
+its result a chip's share), group sizes, and the bytes each chip must send over ICI and,
 in a multislice program, across slices (DCN), by the bandwidth-optimal algorithm of each kind.
 
 Read from the program's HLO (`hlo.Module`). libtpu writes an asynchronous collective as a chain
@@ -125,6 +126,7 @@ def collectives(hlo_text: str | Module, slice_of=None, slices: int = 1) -> dict:
         if not runs:
             continue
         scatter = name.startswith("all-reduce-scatter")
+        shapes = {i.name: i.result for i in instructions}
         for i in instructions:
             if i.op == "send" and _MEGASCALE.search(i.attributes):
                 _megascale(found, i, runs, slices)
@@ -139,7 +141,10 @@ def collectives(hlo_text: str | Module, slice_of=None, slices: int = 1) -> dict:
             if i.op.endswith("-start") and kind in ("all-gather", "collective-permute"):
                 result = result[1:2]  # (operand, result, context...)
             result_bytes = sum(array_bytes(r) for r in result)
-            operand_bytes = result_bytes
+            operands = [shapes[n] for n in i.operands if n in shapes]
+            operand_bytes = sum(array_bytes(o) for o in operands) if operands else result_bytes
+            if kind == "all-reduce":
+                operand_bytes = result_bytes  # the same arrays (a start's operands alias them)
             if kind == "all-reduce" and scatter:
                 kind, result_bytes = "reduce-scatter", array_bytes(module.root(name).result)
             groups = device_groups(i.attributes, module.partitions)

@@ -191,8 +191,10 @@ def compile_run(
     (`chips.parse_slice`; ``num_slices`` TPU slices); returns what each program holds, per
     chip. ``cache_dir``: where what the compiler left of each program is kept
     (`bertjax.aot.cache`); "" keeps none. ``hlo_dir``: where each program's optimized HLO text
-    is written (``PHASE.STEP.hlo.txt``), for reading what it holds. ``quick``: compile at two
-    small depths and extrapolate to the real one (`bertjax.aot.extrapolate`)."""
+    is written (``PHASE.STEP.hlo.txt``; the report's ``hlo_files``), for reading what it holds.
+    ``quick``: compile at two small depths and extrapolate to the real one
+    (`bertjax.aot.extrapolate`); their programs go to ``hlo_dir/<depth>_layers``: the recipe's
+    own depth is never compiled."""
     if quick:
         from bertjax.aot import extrapolate
 
@@ -201,9 +203,18 @@ def compile_run(
         )
         if found is not None:
             a, b, layers = found
-            args = (topology, vocab_size, eval_step, num_slices, cache_dir, hlo_dir)
-            small, large = (compile_run(extrapolate.with_layers(config, d), *args) for d in (a, b))
-            return extrapolate.extrapolate(small, large, a, b, layers)
+            args = (topology, vocab_size, eval_step, num_slices, cache_dir)
+            small, large = (
+                compile_run(
+                    extrapolate.with_layers(config, d),
+                    *args,
+                    hlo_dir=hlo_dir and os.path.join(hlo_dir, f"{d}_layers"),
+                )
+                for d in (a, b)
+            )
+            report = extrapolate.extrapolate(small, large, a, b, layers)
+            report["hlo_files"] = small["hlo_files"] + large["hlo_files"]
+            return report
     target = chips_lib.parse_slice(topology, num_slices)
     devices = devices_lib.topology_devices(target)
     vocab = int(vocab_size or config.data.vocab_size)
@@ -216,14 +227,16 @@ def compile_run(
         "chip": dataclasses.asdict(target.chip),
         "vocab_size": vocab,
         "programs": [],
+        "hlo_files": [],  # the optimized HLO texts written to ``hlo_dir``
     }
     compiled_keys = {}
     for lowered in lower_run(config, devices, vocab, eval_step):
         c, record, about = lowered.config, lowered.record, lowered.about
         key = (about["step"], program_key(lowered.text))
-        if key in compiled_keys:  # the same program with other constants
-            earlier = compiled_keys[key]
-            report["programs"].append(earlier | about | {"same_as": earlier["phase"]})
+        if key in compiled_keys:  # the same program with other constants: its own FLOPs
+            report["programs"].append(
+                _same_program(compiled_keys[key], about, lowered.model_flops, target)
+            )
             continue
         cache = CompiledCache(cache_dir, target, step_lib.compiler_options(c))
         cache_key = cache.key(blank_constants(lowered.text))  # a new learning rate: read back
@@ -248,13 +261,30 @@ def compile_run(
             summary = _summarize(compiled, lowered.model_flops, target, lowered.mesh, record)
         if hlo_dir and compiled.text:
             os.makedirs(hlo_dir, exist_ok=True)
-            name = f"{about['phase']}.{about['step']}.hlo.txt"
-            with open(os.path.join(hlo_dir, name), "w") as f:
+            path = os.path.join(hlo_dir, f"{about['phase']}.{about['step']}.hlo.txt")
+            with open(path, "w") as f:
                 f.write(compiled.text)
+            report["hlo_files"].append(path)
         summary |= about
         report["programs"].append(summary)
         compiled_keys[key] = summary
     return report
+
+
+def _same_program(earlier: dict, about: dict, model_flops: float, target) -> dict:
+    """The report of a phase whose program is ``earlier``'s up to constants: its bytes and
+    collectives, this phase's FLOPs (a mask rate changes them) and the roofline they give."""
+    program = earlier | about | {"same_as": earlier["phase"], "model_flops": model_flops}
+    if "roofline" in earlier:
+        program["roofline"] = roofline.roofline(
+            model_flops,
+            earlier["hbm_traffic"],
+            earlier["ici_bytes"],
+            target.devices,
+            target.chip,
+            dcn_bytes=earlier["dcn_bytes"],
+        )
+    return program
 
 
 @dataclasses.dataclass

@@ -12,8 +12,10 @@ it rests on.
   bodies times their trips) at the published HBM bandwidth: an estimate, not a bound (fusions
   that read a slice of an operand are counted whole; re-reads inside a fusion are missed).
 
-The step-time figure is the largest term (compute and communication overlapped perfectly), and
-the MFU it implies an upper bound in the same sense.
+Two step times follow, each with the MFU it implies: the **ceiling**, the largest of the bounds
+(compute, ICI, DCN; compute and communication overlapped perfectly): no run does better, so
+its MFU is an upper bound ("MFU <="); and the **estimate**, the largest of every term, the HBM
+estimate included: where HBM wins it is a guess, not a bound ("MFU ~").
 """
 
 from __future__ import annotations
@@ -64,20 +66,33 @@ def roofline(
 ) -> dict:
     """Step-time terms on ``devices`` chips of ``chip`` (`chips.Chip`): ``model_flops`` for the
     whole step, ``hbm_bytes`` per chip, ``ici_bytes`` and ``dcn_bytes`` sent per chip (see the
-    module docstring for what each term is). The step is the largest term, MFU the compute
-    term's share of it."""
+    module docstring for what each term is). ``ceiling_s`` / ``mfu_ceiling``: the largest bound
+    (``bound`` names it) and the MFU no run exceeds; ``step_s`` / ``mfu``: the largest term, the
+    HBM estimate included (``limit`` names it; "HBM" makes both an estimate). A DCN term needs
+    the chip's DCN rate: bytes across slices on a chip without one raise."""
+    if dcn_bytes and not chip.dcn_bytes_per_second:
+        raise ValueError(
+            f"{chip.name}: no published DCN rate per chip (bertjax/aot/chips.py), so the "
+            "roofline cannot bound the traffic between slices; compile one slice"
+        )
     terms = {
         "compute_s": model_flops / (devices * chip.peak_bf16_flops),
         "memory_s": hbm_bytes / chip.hbm_bytes_per_second,
         "ici_s": ici_bytes / (chip.ici_bytes_per_second / 2),
-        "dcn_s": dcn_bytes / chip.dcn_bytes_per_second if chip.dcn_bytes_per_second else 0.0,
+        "dcn_s": dcn_bytes / chip.dcn_bytes_per_second if dcn_bytes else 0.0,
     }
-    bound = max(terms, key=terms.get)
-    step = terms[bound]
+    names = {"compute_s": "compute", "memory_s": "HBM", "ici_s": "ICI", "dcn_s": "DCN"}
+    bounds = ("compute_s", "ici_s", "dcn_s")
+    bound = max(bounds, key=terms.get)
+    limit = max(terms, key=terms.get)
+    ceiling, step = terms[bound], terms[limit]
     return {
         **terms,
+        "ceiling_s": ceiling,
+        "bound": names[bound],
+        "mfu_ceiling": terms["compute_s"] / ceiling if ceiling else 0.0,
         "step_s": step,
-        "bound": {"compute_s": "compute", "memory_s": "HBM", "ici_s": "ICI", "dcn_s": "DCN"}[bound],
+        "limit": names[limit],
         "mfu": terms["compute_s"] / step if step else 0.0,
         "basis": dict(BASIS),
     }

@@ -24,8 +24,11 @@ distribution; a check against the exact path hands it those bits, `keep_bits.den
 
 On a GPU, cuDNN's flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`) where
 it serves: bf16/fp16 queries, padded (not packed or gathered) rows, global or causal-local
-layers, and the cuDNN library installed; XLA's fused attention elsewhere. Not measured here (no
-GPU): the choice follows JAX's documentation, where cuDNN is the fast path on NVIDIA GPUs.
+layers, and the cuDNN library installed; XLA's fused attention elsewhere. With probability
+dropout (BERT's training steps) cuDNN draws the bits itself (`bertjax.ops.cudnn_dropout`: a
+private JAX call, bits not from the step's key, refused in scanned or shared stacks); the exact
+path, which writes the scores to HBM, serves the rest. Not measured here (no GPU): the choice
+follows JAX's documentation, where cuDNN is the fast path on NVIDIA GPUs.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from jax.sharding import PartitionSpec
 from bertjax.modeling.attention_mask import AttentionMask
 from bertjax.ops import attention as attention_ops
 from bertjax.ops import blocked_attention as blocked
-from bertjax.ops import flash_dropout, keep_bits, platform, splash
+from bertjax.ops import cudnn_dropout, flash_dropout, keep_bits, platform, splash
 from bertjax.ops.elementwise import keep_mask
 
 Array = jax.Array
@@ -265,13 +268,28 @@ def _fused(implementation):
     return run
 
 
+def _cudnn(spec, q, k, v, mask, keep, rate, bias):
+    """cuDNN's flash attention: `jax.nn.dot_product_attention`, or with dropout the call below
+    it (`bertjax.ops.cudnn_dropout`: cuDNN draws the bits; ``keep`` goes unused)."""
+    if keep is None:
+        return _fused("cudnn")(spec, q, k, v, mask, keep, rate, bias)
+    if spec.packed or spec.gathered_rows:
+        dense = mask.dense(spec.half_window, spec.causal)
+        return cudnn_dropout.attention(q, k, v, rate, mask=dense)
+    lengths = cudnn_dropout.lengths(mask.key_segments)
+    return cudnn_dropout.attention(q, k, v, rate, lengths, spec.causal, spec.half_window)
+
+
 def _cudnn_limit(spec):
     """What cuDNN's flash attention (through `jax.nn.dot_product_attention`) cannot compute."""
     if spec.head_dim > 256 or spec.head_dim % 8:
         return f"head_dim={spec.head_dim} (cuDNN: a multiple of 8, at most 256)"
     if spec.half_window and not spec.causal:
         return "a two-sided local window (cuDNN's sliding window looks left only)"
-    return None
+    odd = spec.query_length % 2 or spec.key_length % 2
+    if spec.dropout and (spec.packed or spec.gathered_rows) and odd:
+        return f"dropout with a mask over {spec.query_length} x {spec.key_length} (cuDNN: even)"
+    return cudnn_dropout.refusal() if spec.dropout else None
 
 
 @functools.cache
@@ -329,11 +347,12 @@ KERNELS: tuple[Kernel, ...] = (
     ),
     Kernel(
         "cudnn",
-        _MASKING | {"gathered_rows"},
+        _MASKING | {"gathered_rows", "dropout"},
         ("gpu",),
-        _fused("cudnn"),
+        _cudnn,
         limit=_cudnn_limit,
         worth=_cudnn_worth,
+        draw_keep=lambda spec, key, rate: key,  # cuDNN draws its own bits: nothing to draw
     ),
     Kernel("fused", _MASKING | {"gathered_rows"}, ("gpu", "tpu"), _fused(None)),
     Kernel("xla", _MASKING | {"gathered_rows"}, (), _fused("xla")),  # forced only

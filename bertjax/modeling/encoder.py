@@ -125,6 +125,23 @@ def layer_kinds(cfg: BertConfig) -> list[dict]:
     ]
 
 
+# The sparse last layer's row count is rounded up to a multiple of this (the extra rows repeat
+# row 0 and are dropped after the layer): XLA:GPU (jax-cuda12-plugin 0.10.2) finds no tile sizes
+# for the query projection of gathered rows [B, R, D] flattened to [B R, D] unless 16 divides R
+# (jax#34010): BERT-base at 32 rows x 77 positions a GPU (bf16[2464,768]) and ALBERT-base at 512
+# x 21 (24 refused too, bf16[12288,768]) compile at 80 and 32.
+ROW_MULTIPLE = 16
+
+
+def pad_rows(rows_BR: Array, multiple: int = ROW_MULTIPLE) -> Array:
+    """``rows`` with its count rounded up to a multiple of ``multiple`` by repeats of its first
+    row (a real position: every padded row is an ordinary query, then dropped)."""
+    extra = -rows_BR.shape[1] % multiple
+    if not extra:
+        return rows_BR
+    return jnp.concatenate([rows_BR, jnp.repeat(rows_BR[:, :1], extra, axis=1)], axis=1)
+
+
 def last_layer_at_rows(cfg: BertConfig) -> bool:
     """Whether the Encoder's last layer computes only the requested output rows (see Encoder)."""
     return not cfg.scan_layers and not cfg.num_experts
@@ -186,9 +203,12 @@ class Encoder(nn.Module):
         else:
             layers = [layer_cls(cfg, **kind, name=f"layer_{g}") for g, kind in enumerate(kinds)]
             for index in range(cfg.num_hidden_layers):
-                at_rows = sparse and index == cfg.num_hidden_layers - 1
                 group = index // repeats
-                x, _ = layers[group](x, mask, deterministic, group, rows if at_rows else None)
+                if sparse and index == cfg.num_hidden_layers - 1:  # padded rows, then dropped
+                    x, _ = layers[group](x, mask, deterministic, group, pad_rows(rows))
+                    x = x[:, : rows.shape[1]]
+                else:
+                    x, _ = layers[group](x, mask, deterministic, group)
         if rows is not None and not sparse:  # every row computed: keep the requested ones
             x = gather_rows(x, rows)
         if cfg.pre_layer_norm:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import struct
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from bertjax import objectives
 from bertjax.data.plans.batch_plan import BatchPlan
@@ -207,7 +207,8 @@ def _microbatches(batch: dict, k: int) -> dict:
     def split(x):
         if x.shape[0] % k:
             raise ValueError(
-                f"config.optim.grad_accum_steps={k} does not divide the batch size {x.shape[0]}"
+                f"config.optim.grad_accum_steps={k} does not divide the {x.shape[0]} rows of "
+                "the batch (each data-parallel replica's: the batch size / dcn x data)"
             )
         x = jnp.swapaxes(x.reshape((x.shape[0] // k, k) + x.shape[1:]), 0, 1)
         names = (None, "act_batch") + (None,) * (x.ndim - 2)
@@ -236,20 +237,79 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
         grads, sums = grad_fn(state.params, batch, rng)
         return grads, sums, norms
 
-    def accumulate(carry, xs):
-        microbatch, index = xs
-        grads, sums = grad_fn(state.params, microbatch, jax.random.fold_in(rng, index))
-        return jax.tree.map(jnp.add, carry, (grads, sums)), None
+    def accumulated(params, batch, rng):
+        def accumulate(carry, xs):
+            microbatch, index = xs
+            grads, sums = grad_fn(params, microbatch, jax.random.fold_in(rng, index))
+            return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-    microbatches = _microbatches(batch, k)
-    first = jax.tree.map(lambda x: x[0], microbatches)
-    sums_shape = jax.eval_shape(lambda: grad_fn(state.params, first, rng)[1])
-    zeros = (
-        jax.tree.map(jnp.zeros_like, state.params),
-        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape),
-    )
-    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (microbatches, jnp.arange(k)))
+        microbatches = _microbatches(batch, k)
+        first = jax.tree.map(lambda x: x[0], microbatches)
+        sums_shape = jax.eval_shape(lambda: grad_fn(params, first, rng)[1])
+        zeros = (
+            jax.tree.map(jnp.zeros_like, params),
+            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape),
+        )
+        return jax.lax.scan(accumulate, zeros, (microbatches, jnp.arange(k)))[0]
+
+    grads, sums = _reduced_once(accumulated)(state.params, batch, rng)
     return grads, sums, norms
+
+
+def _replica_axes() -> tuple[str, ...]:
+    """The mesh axes (all of them) when the mesh being compiled for is data parallel only: every
+    axis of more than one device is ``dcn`` or ``data``, which split the batch and replicate the
+    parameters, so the gradient is a sum over them; () otherwise (FSDP, tensor or expert axes:
+    the one-program loop). Manual over every axis, kernels inside need no partitioning of their
+    own (cuDNN's custom partitioning fails under a partly manual mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return ()
+    shape = dict(mesh.shape)
+    replicas = [a for a in (sharding.DCN_AXIS, "data") if shape.get(a, 1) > 1]
+    if not replicas or any(n > 1 for a, n in shape.items() if a not in replicas):
+        return ()
+    return tuple(mesh.axis_names)
+
+
+def _without(rules: tuple, axes: tuple) -> tuple:
+    """``rules`` with the mesh ``axes`` taken out (inside a shard_map manual over them)."""
+    stripped = []
+    for name, target in rules:
+        if isinstance(target, tuple):
+            target = tuple(a for a in target if a not in axes) or None
+        elif target in axes:
+            target = None
+        stripped.append((name, target))
+    return tuple(stripped)
+
+
+def _reduced_once(accumulated: Callable) -> Callable:
+    """``accumulated(params, batch, rng) -> (grads, sums)`` run on each replica's rows with its
+    partial sums kept, then reduced across replicas once (`_replica_axes`, under shard_map):
+    XLA moves the layers' reductions out of a microbatch loop but not the word table's two
+    (its lookup's scatter-add and the tied decoder), which crossed the chips every microbatch.
+    Each replica folds its index into the dropout key (bits per replica's rows; without
+    dropout the step equals the one-program loop)."""
+    axes = _replica_axes()
+    if not axes:
+        return accumulated
+    rules = _without(sharding.logical_axis_rules(), axes)
+
+    def local(params, batch, rng):
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))
+        with nn.logical_axis_rules(rules):
+            grads, sums = accumulated(params, batch, rng)
+        return jax.lax.psum((grads, sums), axes)
+
+    replicated, rows = PartitionSpec(), PartitionSpec(axes)
+    return jax.shard_map(
+        local,
+        in_specs=(replicated, rows, replicated),
+        out_specs=replicated,
+        axis_names=set(axes),
+        check_vma=False,
+    )
 
 
 def train_step(state: TrainState, batch: dict, rng: Array) -> tuple[TrainState, dict]:
