@@ -18,7 +18,10 @@ import gzip
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
+import tempfile
+import zlib
 
 import jax
 
@@ -39,6 +42,10 @@ class Compiled:
     def of(cls, compiled, seconds: float) -> Compiled:
         cost = compiled.cost_analysis() or {}
         return cls(seconds, compiled.as_text(), Memory.of(compiled), float(cost.get("flops", 0.0)))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def compiler_version(platform: str) -> str:
@@ -66,6 +73,8 @@ class CompiledCache:
         return os.path.join(self.directory, key + suffix)
 
     def get(self, key: str) -> Compiled | None:
+        """The entry of ``key``; None when there is none, or when it cannot be read whole (a
+        truncated or corrupted file: a miss, which the compile that follows replaces)."""
         if not self.directory:
             return None
         try:
@@ -74,24 +83,44 @@ class CompiledCache:
             text = ""
             if not facts.get("out_of_memory"):
                 with gzip.open(self._path(key, ".hlo.gz"), "rt") as f:
-                    text = f.read()
-        except (OSError, ValueError, KeyError):
+                    text = f.read()  # gzip checks its length and CRC-32 at the end
+            if _digest(text) != facts["text_sha256"]:  # an empty file, another writer's program
+                raise ValueError("the program is not the one its facts were written with")
+            memory = Memory(**facts["memory"]) if facts.get("memory") else None
+            return Compiled(
+                facts["seconds"],
+                text,
+                memory,
+                facts["xla_flops_per_device"],
+                facts["out_of_memory"],
+            )
+        except FileNotFoundError:
             return None
-        memory = Memory(**facts["memory"]) if facts.get("memory") else None
-        return Compiled(
-            facts["seconds"], text, memory, facts["xla_flops_per_device"], facts["out_of_memory"]
-        )
+        except (OSError, EOFError, ValueError, KeyError, TypeError, zlib.error) as error:
+            logging.warning("compile cache: entry %s cannot be read (%r): compiling it again", key,
+                            error)  # fmt: skip
+            return None
 
     def put(self, key: str, compiled: Compiled) -> None:
+        """Writes the entry of ``key``: each file under a temporary name of its own (two compile
+        jobs sharing the cache never write into one file), then renamed, the program before the
+        facts that hold its SHA-256: a reader gets a whole entry or a miss."""
         if not self.directory:
             return
         os.makedirs(self.directory, exist_ok=True)
         if compiled.text:  # written first: a report is never read without its program
-            with gzip.open(self._path(key, ".hlo.gz.tmp"), "wt") as f:
-                f.write(compiled.text)
-            os.replace(self._path(key, ".hlo.gz.tmp"), self._path(key, ".hlo.gz"))
+            self._write(key, ".hlo.gz", gzip.compress(compiled.text.encode(), mtime=0))
         facts = dataclasses.asdict(compiled)
-        del facts["text"]
-        with open(self._path(key, ".json.tmp"), "w") as f:
-            json.dump(facts, f)
-        os.replace(self._path(key, ".json.tmp"), self._path(key, ".json"))
+        facts["text_sha256"] = _digest(facts.pop("text"))
+        self._write(key, ".json", json.dumps(facts).encode())
+
+    def _write(self, key: str, suffix: str, data: bytes) -> None:
+        handle, tmp = tempfile.mkstemp(prefix=f".{key}{suffix}.", dir=self.directory)
+        try:
+            with os.fdopen(handle, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self._path(key, suffix))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
