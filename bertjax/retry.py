@@ -3,13 +3,14 @@
 A request to storage (a store's byte ranges, a manifest, a shard index, a tokenizer file, a file
 of a workdir on a URL) that fails with a transient error (`is_transient`: a connection error, a
 timeout, HTTP 408, 429 or 5xx, as each fsspec backend raises them) is tried again after an
-exponential backoff with full jitter (a delay drawn uniformly from [0, min(`MOST_DELAY_S`,
-`FIRST_DELAY_S` x 2^k)] after the k-th failure, so that a pod's hosts do not retry in step),
+exponential backoff with full jitter (after its k-th failure a delay drawn uniformly from
+[0, min(`MOST_DELAY_S`, `FIRST_DELAY_S` x 2^(k-1))], so that a pod's hosts do not retry in step),
 until it succeeds or its time budget (`config.storage_retry_seconds`, `BUDGET_S` by default)
 has passed; then `StorageUnavailable` names the object, the last error, how long and how often
 it was tried. Any other error (not found, permission denied, a bad request) is raised at once,
-as it came. Failures are counted (`COUNTS`, per process) and logged at most once a minute, not
-per retry.
+as it came. Failures are counted (`COUNTS`, per process: for metrics) and logged at most once
+a minute, not per retry. A process that is stopping (`stop`, from a signal handler) gives up its
+retries at once instead of waiting out the budget.
 
 What each layer under bertjax retries by itself, so that this layer does not multiply it:
 - gcsfs (gs:// through fsspec, and through epath, which uses fsspec when TensorFlow is not
@@ -255,13 +256,13 @@ class Policy:
         first_delay_s: float = FIRST_DELAY_S,
         most_delay_s: float = MOST_DELAY_S,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         rng: random.Random | None = None,
         counts: Counts | None = None,
     ):
         self.budget_s = check_budget(budget_s)
         self.first_delay_s, self.most_delay_s = float(first_delay_s), float(most_delay_s)
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep = clock, sleep or _sleep
         self.rng = rng or random.Random()
         self.counts = counts or COUNTS
 
@@ -300,7 +301,7 @@ class Attempt:
             raise error
         now = policy.clock()
         elapsed = now - self.start
-        if elapsed >= policy.budget_s:
+        if elapsed >= policy.budget_s or STOPPING.is_set():
             policy.counts.count(given_up=requests)
             raise StorageUnavailable(target, error, elapsed, self.tries) from error
         policy.counts.failure(target, error, requests, now)
@@ -321,6 +322,20 @@ def check_budget(seconds) -> float:
             "request is retried)"
         )
     return seconds
+
+
+STOPPING = threading.Event()  # set by `stop`
+
+
+def stop() -> None:
+    """The process is stopping (a signal): retries waiting now give up at once, and a request
+    that fails from now on is not tried again (`StorageUnavailable`), so that no read keeps a
+    stopping process for the rest of its budget."""
+    STOPPING.set()
+
+
+def _sleep(seconds: float) -> None:
+    STOPPING.wait(seconds)  # wakes early when the process stops
 
 
 POLICY = Policy()  # what this process's storage requests use (`configure` sets its budget)

@@ -379,3 +379,28 @@ def test_the_errors_of_the_real_backends_are_told_apart():
     ]
     assert [retry.is_transient(e) for e in transient] == [True] * len(transient)
     assert [retry.is_transient(e) for e in permanent] == [False] * len(permanent)
+
+
+def test_a_stopping_process_gives_up_its_retries_at_once(monkeypatch):
+    """retry.stop() (a signal): a request sleeping in its backoff wakes and gives up, on the real
+    clock, instead of keeping the process for the rest of its budget."""
+    monkeypatch.setattr(retry, "STOPPING", threading.Event())
+    failed, given_up = threading.Event(), []
+    policy = retry.Policy(600.0, first_delay_s=300.0, rng=random.Random(0), counts=retry.Counts())
+
+    def request():
+        failed.set()
+        raise TimeoutError("read timed out")
+
+    def read():
+        try:
+            policy.call("gs://bucket/object", request)
+        except retry.StorageUnavailable as error:
+            given_up.append(error)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    assert failed.wait(30)
+    retry.stop()
+    thread.join(30)
+    assert not thread.is_alive() and given_up and given_up[0].elapsed_s < 30
