@@ -29,12 +29,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zlib
 
 import numpy as np
 
-from bertjax import retry
+from bertjax import paths, retry
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -116,25 +115,12 @@ def encode_shard(columns: dict, vocab_size: int, block_tokens: int, dtype) -> tu
 
 
 def write_file(url: str, data: bytes) -> None:
-    """Writes a whole file so that no reader sees part of it: a local file is written beside,
-    under a name no other writer uses, and renamed; an object store's single upload is atomic
-    (tried again on transient errors: bertjax/retry.py)."""
+    """Writes a whole file so that no reader sees part of it: a local file as `paths.write_bytes`
+    does (beside, under a name no other writer uses, synced, renamed); an object store's single
+    upload is atomic (tried again on transient errors: bertjax/retry.py)."""
     fs, path = filesystem(url)
     if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        handle, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path)
-        )
-        try:
-            with os.fdopen(handle, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        paths.write_bytes(path, data)
         return
     retry.call(url, fs.pipe_file, path, data)
 
