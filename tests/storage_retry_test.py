@@ -163,7 +163,8 @@ def test_an_outage_past_the_budget_reaches_the_caller_from_prefetch_threads(stor
     error = raised.value
     assert type(error) is retry.StorageUnavailable
     assert error.target.startswith("faulty://") and ".shard bytes [" in error.target
-    assert error.elapsed_s >= config.storage_retry_seconds and error.attempts > 1
+    # (the threads share one fake clock: one thread's backoffs age another's first try)
+    assert error.elapsed_s >= config.storage_retry_seconds and error.attempts >= 1
     assert "503 Service Unavailable" in str(error) and "rerun the same command" in str(error)
     assert failed_in and all(name.startswith("bertjax-data") for name in failed_in)
     assert retry.current().counts.snapshot()["given_up"] >= 1
