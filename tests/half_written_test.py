@@ -7,6 +7,7 @@ The files are cut as a kill or a power cut leaves them."""
 
 import dataclasses
 import glob
+import gzip
 import os
 import random
 import threading
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import pytest
 
 from bertjax import paths, retry
-from bertjax.aot.cache import Compiled, CompiledCache
+from bertjax.aot.cache import ENTRY, Compiled, CompiledCache
 from bertjax.data.text import corpus
 from bertjax.data.tokenizer import Tokenizer, train_sentencepiece
 
@@ -37,22 +38,22 @@ def _cache(directory) -> CompiledCache:
     return CompiledCache(str(directory), target, ("O0",))
 
 
-@pytest.mark.parametrize("cut", ["hlo_truncated", "hlo_corrupted", "facts_truncated", "empty"])
+@pytest.mark.parametrize("cut", ["truncated", "corrupted", "empty", "other_content"])
 def test_a_cut_or_corrupted_compile_cache_entry_is_a_miss_and_is_replaced(tmp_path, compiled, cut):
     cache, (program, _) = _cache(tmp_path), compiled
     key = cache.key("a lowered program")
     cache.put(key, program)
     assert cache.get(key) == program
-    hlo, facts = (os.path.join(tmp_path, key + suffix) for suffix in (".hlo.gz", ".json"))
-    data = open(hlo, "rb").read()
-    if cut == "hlo_truncated":  # what a kill mid-write left under the old fixed temp names
-        open(hlo, "wb").write(data[: len(data) // 2])
-    elif cut == "hlo_corrupted":
-        open(hlo, "wb").write(data[:20] + bytes(b ^ 0xFF for b in data[20:40]) + data[40:])
-    elif cut == "facts_truncated":
-        open(facts, "wb").write(open(facts, "rb").read()[:10])
-    else:
-        open(hlo, "wb").close()
+    entry = os.path.join(tmp_path, key + ENTRY)
+    data = open(entry, "rb").read()
+    if cut == "truncated":  # what a kill mid-write left under the old fixed temp names
+        open(entry, "wb").write(data[: len(data) // 2])
+    elif cut == "corrupted":
+        open(entry, "wb").write(data[:20] + bytes(b ^ 0xFF for b in data[20:40]) + data[40:])
+    elif cut == "empty":
+        open(entry, "wb").close()
+    else:  # whole gzip, but not an entry
+        open(entry, "wb").write(gzip.compress(b'{"seconds": 1.0}'))
     assert cache.get(key) is None  # a miss: the compile that follows puts it again
     cache.put(key, program)
     assert cache.get(key) == program
@@ -85,7 +86,7 @@ def test_compile_jobs_sharing_the_cache_write_whole_entries(tmp_path, compiled):
     reader.join()
     assert all(entry is None or entry in big for entry in seen)
     assert cache.get(key) in big
-    assert sorted(os.listdir(tmp_path)) == ["same.hlo.gz", "same.json"]
+    assert os.listdir(tmp_path) == ["same" + ENTRY]
 
 
 @pytest.fixture
