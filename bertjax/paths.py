@@ -7,7 +7,9 @@ URLs left as they are; a path that must exist and does not stops with one line n
 setting (`MissingPathError`). Files the run writes go through `Path` (epath), so a workdir on
 cloud storage holds checkpoints, metrics, the tokenizer and the run meta. What a library can
 only read from local disk (SentencePiece models, memory-mapped token stores, safetensors)
-comes from `local_copy`, under the local cache directory (`cache_dir`).
+comes from `local_copy`, under the local cache directory (`cache_dir`). What these functions
+ask of a URL is tried again on transient errors within the retry budget (bertjax/retry.py), and
+a transient error is never taken for "not there".
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import os
 import tempfile
 
 from etils import epath
+
+from bertjax import retry
 
 CACHE_ENV = "BERTJAX_CACHE_DIR"  # overrides the default local cache directory
 
@@ -56,15 +60,37 @@ def Path(path: str) -> epath.Path:  # noqa: N802 (a constructor, as epath.Path)
     return epath.Path(_local(path))
 
 
+def _info(path: str) -> dict | None:
+    """fsspec's description of the object or directory at URL ``path``; None when there is none.
+    Transient errors are tried again (bertjax/retry.py), never taken for "not there"."""
+    import fsspec
+
+    def info():
+        fs, inner = fsspec.core.url_to_fs(path)
+        try:
+            return fs.info(inner)
+        except FileNotFoundError:
+            return None
+
+    return retry.call(path, info)
+
+
 def exists(path: str) -> bool:
+    if is_url(path):
+        return _info(path) is not None
     return Path(path).exists()
 
 
 def isdir(path: str) -> bool:
+    if is_url(path):
+        return (_info(path) or {}).get("type") == "directory"
     return Path(path).is_dir()
 
 
 def isfile(path: str) -> bool:
+    if is_url(path):
+        found = _info(path)
+        return found is not None and found.get("type") != "directory"
     path = Path(path)
     return path.exists() and not path.is_dir()
 
@@ -74,15 +100,18 @@ def join(path: str, *parts: str) -> str:
 
 
 def read_text(path: str) -> str:
+    if is_url(path):
+        return retry.call(path, Path(path).read_text, encoding="utf-8")
     return Path(path).read_text(encoding="utf-8")
 
 
 def write_bytes(path: str, data: bytes) -> None:
     """Writes a whole file; a reader never sees half of it (a local file is written beside, under
     a name no other process or thread uses, and renamed; an object store's single upload is
-    atomic); a failed write leaves the file as it was."""
+    atomic, and tried again on transient errors); a failed write leaves the file as it was. A
+    local file is on disk before it takes its name (a power cut leaves the old file or the new)."""
     if is_url(path):
-        Path(path).write_bytes(data)
+        retry.call(path, Path(path).write_bytes, data)
         return
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
@@ -90,6 +119,8 @@ def write_bytes(path: str, data: bytes) -> None:
     try:
         with os.fdopen(handle, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -102,6 +133,9 @@ def write_text(path: str, text: str) -> None:
 
 
 def makedirs(path: str) -> None:
+    if is_url(path):
+        retry.call(path, Path(path).mkdir, parents=True, exist_ok=True)
+        return
     Path(path).mkdir(parents=True, exist_ok=True)
 
 
@@ -118,15 +152,11 @@ def cache_dir(configured: str = "") -> str:
     return resolve(chosen)
 
 
-def _version(path: str) -> str | None:
-    """What changes when the object at URL ``path`` is rewritten: its size and its store's
-    version tag (generation, ETag or modification time, whichever the filesystem reports); None
-    when it reports none (an HTTP server without ETag, some S3-compatible stores): the size
-    alone would not tell a rewrite of the same size apart."""
-    import fsspec
-
-    fs, inner = fsspec.core.url_to_fs(path)
-    info = fs.info(inner)
+def _version(info: dict) -> str | None:
+    """What changes when an object is rewritten, from its fsspec ``info``: its size and its
+    store's version tag (generation, ETag or modification time, whichever the filesystem
+    reports); None when it reports none (an HTTP server without ETag, some S3-compatible
+    stores): the size alone would not tell a rewrite of the same size apart."""
     tags = [str(info.get(t, "")) for t in VERSION_TAGS]
     if not any(tags):
         return None
@@ -140,26 +170,43 @@ def local_copy(path: str, cache: str | None = None) -> str:
     """A local file with the content of ``path``: ``path`` itself when it is local (a file://
     URL is local: its path), else a copy under ``cache`` (default `cache_dir()`) keyed by the URL
     and the object's version, made once; a rewritten object gets a new copy. An object whose
-    filesystem reports no version is fetched on every call and kept by its content's hash."""
+    filesystem reports no version is fetched on every call and kept by its content's hash.
+
+    A copy is downloaded beside its place, synced to disk and renamed, so no reader sees half of
+    one and a download killed half-way leaves only a temporary file, never used; a kept copy
+    whose size is not the object's (a power cut before the disk had it) is fetched again. A
+    download that fails with a transient error is started again (bertjax/retry.py)."""
     if not is_url(path):
         return _local(path)
+    return retry.call(path, _download, path, cache or cache_dir())
+
+
+def _download(path: str, cache: str) -> str:
+    """One try of `local_copy` of URL ``path``."""
     import fsspec
 
-    downloads = os.path.join(cache or cache_dir(), "downloads")
+    downloads = os.path.join(cache, "downloads")
     os.makedirs(downloads, exist_ok=True)
-    version = _version(path)
+    fs, inner = fsspec.core.url_to_fs(path)
+    info = fs.info(inner)
+    size, version = info.get("size"), _version(info)
     if version is not None:
         digest = hashlib.sha256(f"{path} {version}".encode()).hexdigest()[:16]
         target = os.path.join(downloads, digest, os.path.basename(path))
-        if os.path.isfile(target):
+        if os.path.isfile(target) and (size is None or os.path.getsize(target) == size):
             return target
     handle, tmp = tempfile.mkstemp(prefix=".download-", dir=downloads)
     try:
-        content = hashlib.sha256()
-        with fsspec.open(path, "rb") as source, os.fdopen(handle, "wb") as sink:
+        content, got = hashlib.sha256(), 0
+        with fs.open(inner, "rb") as source, os.fdopen(handle, "wb") as sink:
             while chunk := source.read(1 << 20):
                 content.update(chunk)
                 sink.write(chunk)
+                got += len(chunk)
+            sink.flush()
+            os.fsync(sink.fileno())
+        if size is not None and got != size:  # the connection ended early: try again
+            raise ConnectionError(f"{path}: the download ended after {got} of {size} bytes")
         if version is None:
             digest = hashlib.sha256(f"{path} {content.hexdigest()}".encode()).hexdigest()[:16]
             target = os.path.join(downloads, digest, os.path.basename(path))

@@ -1,14 +1,123 @@
-"""Storage requests that fail for a while: what a command sees when storage stays unreachable.
+"""Storage requests that fail for a while: retried within a time budget, counted, and told.
 
-`StorageUnavailable` is raised when a request to storage (a store's byte ranges, a manifest, a
-tokenizer file, a checkpoint on a URL) kept failing with transient errors past the retry budget.
-It is not bad input (the store, file or flag is not at fault), so it is no `OSError` or
-`ValueError`: commands end with `bertjax.cli.RETRY` (75, "restart: it resumes"), not with
-`bertjax.cli.BAD_INPUT`. A missing or corrupt object is a different error
+A request to storage (a store's byte ranges, a manifest, a shard index, a tokenizer file, a file
+of a workdir on a URL) that fails with a transient error (`is_transient`: a connection error, a
+timeout, HTTP 408, 429 or 5xx, as each fsspec backend raises them) is tried again after an
+exponential backoff with full jitter (after its k-th failure a delay drawn uniformly from
+[0, min(`MOST_DELAY_S`, `FIRST_DELAY_S` x 2^(k-1))], so that a pod's hosts do not retry in step),
+until it succeeds or its time budget (`config.storage_retry_seconds`, `BUDGET_S` by default)
+has passed; then `StorageUnavailable` names the object, the last error, how long and how often
+it was tried. Any other error (not found, permission denied, a bad request) is raised at once,
+as it came. Failures are counted (`COUNTS`, per process: for metrics) and logged at most once
+a minute, not per retry. A process that is stopping (`stop`, from a signal handler) gives up its
+retries at once instead of waiting out the budget.
+
+What each layer under bertjax retries by itself, so that this layer does not multiply it:
+- gcsfs (gs:// through fsspec, and through epath, which uses fsspec when TensorFlow is not
+  installed): each request up to 6 tries, sleeping min(2^(k-1) + U(0, 1), 32) s between them
+  (~31-36 s in all), on HTTP 408, 429, 500-504, a 401 "Invalid Credentials", and requests' and
+  aiohttp's connection errors and timeouts; then it raises (`gcsfs.retry.HttpError` with its
+  ``code``, `requests.exceptions.ProxyError` for a 502, an aiohttp error).
+- s3fs over aiobotocore: botocore itself retries 429, 500, 502, 503, 504, 509, throttling codes
+  and socket errors (legacy mode: 5 attempts, sleeping U(0, 1) x 2^(k-1) s); around that s3fs
+  tries each call up to 5 times (0.1 x 1.7^k s apart) on timeouts, dropped connections and
+  "SlowDown"; then it raises the error translated to Python's (`OSError` with errno EBUSY for
+  503 and SlowDown, EREMOTEIO for 500, EIO for other codes; TimeoutError for RequestTimeout;
+  FileNotFoundError, PermissionError).
+- TensorStore, which orbax writes and reads checkpoint arrays through (gs://): its gcs driver
+  retries HTTP 408, 429 and 5xx and unreachable hosts up to ``gcs_request_retries.max_retries``
+  = 32 times, the delay doubling from ``initial_delay`` = 1 s to ``max_delay`` = 32 s plus up to
+  1 s of jitter: ~15 minutes before it gives up. bertjax does not wrap orbax's saves and restores
+  (a retried save would write its arrays again; TensorStore's own budget already outlasts this
+  one); only the files bertjax reads and writes itself go through this layer.
+A request this layer sees fail has therefore already been retried for up to about a minute
+below it. The budget is a time, not a count, for that reason: a count would multiply with the
+layers' counts (6 x N gcsfs requests, 5 x 5 x N botocore attempts) and give a run no known
+bound, while a time bounds how long a request is tried, whatever each try costs below: at most
+the budget plus one try. And it is what a user decides: how long an outage a run should ride
+out before it saves and exits with `bertjax.cli.RETRY` (75) for its supervisor to restart it.
+
+`StorageUnavailable` is not bad input (the store, file or flag is not at fault), so it is no
+`OSError` or `ValueError`: commands end with `bertjax.cli.RETRY` (75, "restart: it resumes"),
+not with `bertjax.cli.BAD_INPUT`. A missing or corrupt object is a different error
 (`bertjax.data.store.shard_format.StoreError`, bad input).
 """
 
 from __future__ import annotations
+
+import errno
+import logging
+import pickle
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+
+BUDGET_S = 600.0  # default time a request is retried (config.storage_retry_seconds)
+FIRST_DELAY_S = 1.0  # backoff bound after the first failure, doubled after each failure
+MOST_DELAY_S = 60.0  # the backoff bound stops growing here
+LOG_EVERY_S = 60.0  # retries are logged at most this often (per process)
+
+# HTTP statuses worth another try: timeout, too many requests, server errors
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504, 509})
+# errnos of a connection or a storage backend that may answer again (EIO, EBUSY, EREMOTEIO: what
+# gcsfuse and s3fs report for storage-side errors)
+TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNRESET",
+        "ECONNREFUSED",
+        "ECONNABORTED",
+        "ETIMEDOUT",
+        "EHOSTUNREACH",
+        "ENETUNREACH",
+        "ENETDOWN",
+        "ENETRESET",
+        "EPIPE",
+        "EAGAIN",
+        "EBUSY",
+        "EIO",
+        "EREMOTEIO",
+        "ESHUTDOWN",
+    )  # fmt: skip
+    if hasattr(errno, name)
+)
+# exception types (module.name, anywhere in the class's bases) of the HTTP clients under fsspec
+# that mean the connection failed, not the request
+TRANSIENT_TYPES = frozenset(
+    {
+        "aiohttp.client_exceptions.ClientError",  # a response error has a status: checked first
+        "requests.exceptions.ConnectionError",
+        "requests.exceptions.Timeout",
+        "requests.exceptions.ChunkedEncodingError",
+        "urllib3.exceptions.ProtocolError",
+        "urllib3.exceptions.TimeoutError",
+        "urllib3.exceptions.NewConnectionError",
+        "botocore.exceptions.HTTPClientError",
+        "botocore.exceptions.ConnectionError",
+        "botocore.exceptions.IncompleteReadError",
+        "botocore.exceptions.ResponseStreamingError",
+        "http.client.IncompleteRead",
+        "gcsfs.retry.ChecksumError",  # bytes corrupted in transit
+        "google.auth.exceptions.TransportError",  # the token server did not answer
+    }
+)
+# error codes of S3-style services that are throttling or a server's trouble (any status)
+TRANSIENT_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+     "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequestsException"}
+)  # fmt: skip
+# what an error without errno or status says when it is one of those (a wrapped HTTP error)
+_TRANSIENT_TEXT = re.compile(
+    r"\b(408|429|5\d\d) (service|too many|internal|bad gateway|gateway|request time|slow)|"
+    r"\b(http|status|code)\W{0,3}(408|429|5\d\d)\b|service unavailable|too many requests|"
+    r"slow ?down|reduce your request rate|internal server error|bad gateway|gateway time-?out|"
+    r"timed out|connection (reset|refused|aborted)|temporarily unavailable",
+    re.IGNORECASE,
+)
+_NEVER = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+          FileExistsError)  # fmt: skip
 
 
 class Retryable(Exception):
@@ -24,6 +133,8 @@ class StorageUnavailable(Retryable):
         self.target, self.error = str(target), error
         self.elapsed_s, self.attempts = float(elapsed_s), int(attempts)
         last = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        if isinstance(error, _Described):
+            last = str(error)
         super().__init__(
             f"storage unreachable: {self.target} ({last}) after {self.attempts} tries over "
             f"{self.elapsed_s:.0f} s; the object is not known to be bad: rerun the same command "
@@ -31,4 +142,220 @@ class StorageUnavailable(Retryable):
         )
 
     def __reduce__(self):  # crosses process boundaries (data worker processes) whole
-        return type(self), (self.target, self.error, self.elapsed_s, self.attempts)
+        error = self.error
+        try:
+            pickle.dumps(error)
+        except Exception:  # noqa: BLE001  (an HTTP client's error may hold a socket or a lock)
+            error = _Described(" ".join(f"{type(error).__name__}: {error}".split())[:300])
+        return type(self), (self.target, error, self.elapsed_s, self.attempts)
+
+
+class _Described(Exception):
+    """An error that could not cross a process boundary, as its type and message."""
+
+
+def _status(error: BaseException) -> int | None:
+    """The HTTP status an HTTP client's error carries (gcsfs ``code``, aiohttp ``status``,
+    requests' ``response.status_code``, botocore's response metadata), if any."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):  # botocore's ClientError
+        code = response.get("Error", {}).get("Code")
+        if code in TRANSIENT_CODES:
+            return 503
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status if isinstance(status, int) else None
+    for owner, name in ((error, "status"), (error, "status_code"), (error, "code"),
+                        (response, "status_code")):  # fmt: skip
+        value = getattr(owner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+            return value
+    return None
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` may go away if the request is sent again: a connection error or timeout,
+    HTTP 408, 429 or 5xx (also an OSError that says so in its message, with no errno), as gcsfs,
+    s3fs, aiohttp, requests and botocore raise them. Not found, permission denied, a bad request
+    and everything else: not transient."""
+    if isinstance(error, StorageUnavailable) or isinstance(error, _NEVER):
+        return False
+    status = _status(error)
+    if status is not None:
+        return status in TRANSIENT_STATUS
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__}
+    if names & TRANSIENT_TYPES:
+        return True
+    if isinstance(error, OSError):
+        if error.errno is not None:
+            return error.errno in TRANSIENT_ERRNOS
+        return bool(_TRANSIENT_TEXT.search(str(error)))
+    return False
+
+
+class Counts:
+    """A process's storage requests that failed and were retried, those that then succeeded,
+    those given up on, and the last failure; logged at most once every ``LOG_EVERY_S``."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.failed = self.recovered = self.given_up = 0
+            self.last_error, self.last_target = "", ""
+            self._logged_at: float | None = None
+            self._failed_logged = 0
+
+    def failure(self, target: str, error: BaseException, requests: int, now: float) -> None:
+        """``requests`` requests to ``target`` failed with ``error`` and will be tried again."""
+        with self._lock:
+            self.failed += requests
+            self.last_error = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+            self.last_target = target
+            due = self._logged_at is None or now - self._logged_at >= LOG_EVERY_S
+            if not due:
+                return
+            since = self.failed - self._failed_logged
+            window = (
+                "" if self._logged_at is None else f" in the last {now - self._logged_at:.0f} s"
+            )
+            self._logged_at, self._failed_logged = now, self.failed
+            failed, recovered = self.failed, self.recovered
+        logging.warning(
+            "storage: %d requests failed and are retried%s (%d in all, %d recovered); last: %s "
+            "(%s)",
+            since, window, failed, recovered, target, self.last_error,
+        )  # fmt: skip
+
+    def count(self, recovered: int = 0, given_up: int = 0) -> None:
+        with self._lock:
+            self.recovered += recovered
+            self.given_up += given_up
+
+    def snapshot(self) -> dict:
+        """The counts so far (for metrics): failed, recovered, given_up, last_error, last_target."""
+        with self._lock:
+            return {
+                "failed": self.failed,
+                "recovered": self.recovered,
+                "given_up": self.given_up,
+                "last_error": self.last_error,
+                "last_target": self.last_target,
+            }
+
+
+COUNTS = Counts()  # this process's
+
+
+class Policy:
+    """How long and how often a request is tried: backoff with full jitter within ``budget_s``.
+    ``clock``, ``sleep`` and ``rng`` are injectable (tests run on a fake clock and never sleep)."""
+
+    def __init__(
+        self,
+        budget_s: float = BUDGET_S,
+        *,
+        first_delay_s: float = FIRST_DELAY_S,
+        most_delay_s: float = MOST_DELAY_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] | None = None,
+        rng: random.Random | None = None,
+        counts: Counts | None = None,
+    ):
+        self.budget_s = check_budget(budget_s)
+        self.first_delay_s, self.most_delay_s = float(first_delay_s), float(most_delay_s)
+        self.clock, self.sleep = clock, sleep or _sleep
+        self.rng = rng or random.Random()
+        self.counts = counts or COUNTS
+
+    def attempt(self, target: str = "") -> Attempt:
+        """The tries of one request (or of one set of ranges: `Attempt.failed` per round)."""
+        return Attempt(self, target)
+
+    def call(self, target: str, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)``, tried again on transient errors within the budget."""
+        attempt = self.attempt(target)
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001  (not transient: raised again at once)
+                attempt.failed(error)
+            else:
+                attempt.succeeded()
+                return result
+
+
+class Attempt:
+    """The tries of one request under a `Policy`, from its first."""
+
+    def __init__(self, policy: Policy, target: str):
+        self.policy, self.target = policy, str(target)
+        self.start = policy.clock()
+        self.tries = 0
+
+    def failed(self, error: BaseException, target: str = "", requests: int = 1) -> None:
+        """After a try failed with ``error`` (``requests`` requests of ``target``): raises it when
+        it is not transient, `StorageUnavailable` once the budget has passed; otherwise counts
+        it and sleeps a backoff (never past the budget) before the caller tries again."""
+        policy, target = self.policy, str(target or self.target)
+        self.tries += 1
+        if not is_transient(error):
+            raise error
+        now = policy.clock()
+        elapsed = now - self.start
+        if elapsed >= policy.budget_s or STOPPING.is_set():
+            policy.counts.count(given_up=requests)
+            raise StorageUnavailable(target, error, elapsed, self.tries) from error
+        policy.counts.failure(target, error, requests, now)
+        bound = min(policy.most_delay_s, policy.first_delay_s * 2.0 ** min(self.tries - 1, 60))
+        policy.sleep(min(policy.rng.uniform(0.0, bound), policy.budget_s - elapsed))
+
+    def succeeded(self, requests: int = 1) -> None:
+        """After the request succeeded: counted as recovered when it had failed before."""
+        if self.tries:
+            self.policy.counts.count(recovered=requests)
+
+
+def check_budget(seconds) -> float:
+    seconds = float(seconds)
+    if not seconds >= 0.0:
+        raise ValueError(
+            f"config.storage_retry_seconds={seconds}: must be >= 0 (seconds a failing storage "
+            "request is retried)"
+        )
+    return seconds
+
+
+STOPPING = threading.Event()  # set by `stop`
+
+
+def stop() -> None:
+    """The process is stopping (a signal): retries waiting now give up at once, and a request
+    that fails from now on is not tried again (`StorageUnavailable`), so that no read keeps a
+    stopping process for the rest of its budget."""
+    STOPPING.set()
+
+
+def _sleep(seconds: float) -> None:
+    STOPPING.wait(seconds)  # wakes early when the process stops
+
+
+POLICY = Policy()  # what this process's storage requests use (`configure` sets its budget)
+
+
+def configure(budget_s: float) -> None:
+    """This process's retry budget (config.storage_retry_seconds)."""
+    POLICY.budget_s = check_budget(budget_s)
+
+
+def current() -> Policy:
+    """The policy storage requests use now (read at each request, so tests can swap it)."""
+    return POLICY
+
+
+def call(target: str, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` under this process's policy (`Policy.call`)."""
+    return current().call(target, fn, *args, **kwargs)

@@ -20,7 +20,7 @@ def test_a_rewritten_object_of_the_same_size_is_copied_again_when_no_version_is_
     fs = fsspec.filesystem("memory")
     fs.pipe("/bertjax-paths/vocab.txt", b"first")
     url = "memory://bertjax-paths/vocab.txt"
-    assert paths._version(url) is None
+    assert paths._version(fs.info("/bertjax-paths/vocab.txt")) is None
     first = paths.local_copy(url, str(tmp_path))
     fs.pipe("/bertjax-paths/vocab.txt", b"other")  # same size
     second = paths.local_copy(url, str(tmp_path))

@@ -3,8 +3,8 @@ the programs a changed knob changed: the optimized HLO text, the memory analysis
 count and the compile time (or the out-of-memory message), under a digest of the lowered program
 (its floating-point constants blanked: a new learning rate or mask rate is the same program), the
 target, the compiler options (``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS`` too) and the compiler's
-version. Reports are read anew from these each
-time, so a change in how bertjax reads them needs no recompile.
+version, one gzip-compressed JSON file an entry (``KEY.json.gz``). Reports are read anew from
+these each time, so a change in how bertjax reads them needs no recompile.
 
 JAX's own persistent compilation cache cannot serve here: an executable compiled for abstract
 devices cannot be loaded back without a client of that platform ("PjRtCompiler must be
@@ -18,12 +18,17 @@ import gzip
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
+import tempfile
+import zlib
 
 import jax
 
 from bertjax.aot.roofline import Memory
+
+ENTRY = ".json.gz"  # an entry's file: KEY.json.gz
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,36 +77,41 @@ class CompiledCache:
     def key(self, lowered_text: str) -> str:
         return hashlib.sha256((self.salt + lowered_text).encode()).hexdigest()
 
-    def _path(self, key: str, suffix: str) -> str:
-        return os.path.join(self.directory, key + suffix)
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, key + ENTRY)
 
     def get(self, key: str) -> Compiled | None:
+        """The entry of ``key``; None when there is none, or when it cannot be read whole (a
+        truncated or corrupted file: a miss, which the compile that follows replaces)."""
         if not self.directory:
             return None
         try:
-            with open(self._path(key, ".json")) as f:
-                facts = json.load(f)
-            text = ""
-            if not facts.get("out_of_memory"):
-                with gzip.open(self._path(key, ".hlo.gz"), "rt") as f:
-                    text = f.read()
-        except (OSError, ValueError, KeyError):
+            with gzip.open(self._path(key), "rt") as f:
+                facts = json.loads(f.read())  # gzip checks its length and CRC-32 at the end
+            memory = Memory(**facts["memory"]) if facts.get("memory") else None
+            return Compiled(facts["seconds"], facts["text"], memory,
+                            facts["xla_flops_per_device"], facts["out_of_memory"])  # fmt: skip
+        except FileNotFoundError:
             return None
-        memory = Memory(**facts["memory"]) if facts.get("memory") else None
-        return Compiled(
-            facts["seconds"], text, memory, facts["xla_flops_per_device"], facts["out_of_memory"]
-        )
+        except (OSError, EOFError, ValueError, KeyError, TypeError, zlib.error) as error:
+            logging.warning("compile cache: entry %s cannot be read (%r): compiling it again", key,
+                            error)  # fmt: skip
+            return None
 
     def put(self, key: str, compiled: Compiled) -> None:
+        """Writes the entry of ``key``, one file (the program and what the compiler said of it),
+        under a temporary name of its own (compile jobs sharing the cache never write into one
+        file), then renamed: a reader gets one writer's whole entry, or a miss."""
         if not self.directory:
             return
         os.makedirs(self.directory, exist_ok=True)
-        if compiled.text:  # written first: a report is never read without its program
-            with gzip.open(self._path(key, ".hlo.gz.tmp"), "wt") as f:
-                f.write(compiled.text)
-            os.replace(self._path(key, ".hlo.gz.tmp"), self._path(key, ".hlo.gz"))
-        facts = dataclasses.asdict(compiled)
-        del facts["text"]
-        with open(self._path(key, ".json.tmp"), "w") as f:
-            json.dump(facts, f)
-        os.replace(self._path(key, ".json.tmp"), self._path(key, ".json"))
+        data = gzip.compress(json.dumps(dataclasses.asdict(compiled)).encode(), mtime=0)
+        handle, tmp = tempfile.mkstemp(prefix=f".{key}{ENTRY}.", dir=self.directory)
+        try:
+            with os.fdopen(handle, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self._path(key))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise

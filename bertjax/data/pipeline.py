@@ -26,6 +26,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bertjax import retry
 from bertjax.data import data_config, read_settings, workers
 from bertjax.data.batch_rows import BatchRows, Located
 from bertjax.data.corruption import causal, masking, similarity
@@ -290,6 +291,7 @@ def make_pipeline(
     (None: a new one, this process's share of config.data.store_cache_bytes)."""
 
     data_config.validate(config)
+    retry.configure(config.get("storage_retry_seconds", retry.BUDGET_S))
     c = config.data
     if c.mixture:
         from bertjax.data.mixture import Mixture

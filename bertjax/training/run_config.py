@@ -66,6 +66,10 @@ def default_run_config() -> ml_collections.ConfigDict:
     config.checkpoint_every = 500  # steps between checkpoints (0: only at the end)
     config.keep_checkpoints = 3  # complete checkpoints kept
     config.async_checkpoints = True  # save in the background while training continues
+    # seconds a storage request failing with transient errors (timeouts, 429, 5xx) is tried again
+    # before the run saves and exits 75 to be restarted (bertjax/retry.py); an outage shorter
+    # than this is ridden out
+    config.storage_retry_seconds = 600.0
     # new models' MLM decoder bias: "unigram" (log token frequencies) | "zeros" (BERT)
     config.mlm_bias_init = "unigram"
     config.peak_flops_per_device = 0.0  # for MFU; 0 = by device kind, CPU measured at start

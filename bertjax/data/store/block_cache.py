@@ -15,6 +15,9 @@ insert: the cache's own (`cache_bytes`), or a `CacheBudget` the process's caches
 path, which a gcsfuse mount is) reads a call's ranges one after another, so they are spread over
 `threads` threads (started on the first such read, stopped by `close`). It counts requests
 (calls, or ranges on a synchronous filesystem) and ranges.
+Ranges that fail with a transient error (bertjax/retry.py) are sent again, those alone, with
+backoff, until the retry budget has passed (then `StorageUnavailable`); a missing or short shard
+or a block that fails its CRC is a bad store (`StoreError`), any other error a refused request.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import zlib
 
 import numpy as np
 
+from bertjax import retry
 from bertjax.data.store import shard_format as fmt
 from bertjax.data.store.cache_budget import CacheBudget
 
@@ -43,18 +47,49 @@ class RangeReader:
         self.ranges = 0  # byte ranges asked for (object storage bills each as a request)
 
     def read(self, paths: list, starts: list, ends: list) -> list:
-        """The bytes (or the exception) of each range [start, end) of ``paths``."""
+        """The bytes of each range [start, end) of ``paths``, or the error storage answered for
+        it when that error is not transient (a missing file). Ranges that fail with a transient
+        error are sent again, only those, until the retry budget has passed
+        (bertjax/retry.py); then `StorageUnavailable` names the first of them."""
+        out: list = [None] * len(paths)
+        todo = list(range(len(paths)))
+        attempt = retry.current().attempt()
+        while True:
+            bodies = self._send(
+                [paths[i] for i in todo], [starts[i] for i in todo], [ends[i] for i in todo]
+            )
+            for i, body in zip(todo, bodies):
+                out[i] = body
+            failed = [i for i in todo if isinstance(out[i], Exception)]
+            failed = [i for i in failed if retry.is_transient(out[i])]
+            if not failed:
+                attempt.succeeded(len(todo))
+                return out
+            first = failed[0]
+            where = f"{self._url(paths[first])} bytes [{starts[first]}, {ends[first]})"
+            attempt.failed(out[first], where, requests=len(failed))
+            todo = failed
+
+    def _url(self, path: str) -> str:
+        unstrip = getattr(self.fs, "unstrip_protocol", None)
+        return unstrip(path) if unstrip is not None else path
+
+    def _send(self, paths: list, starts: list, ends: list) -> list:
+        """One try of each range: its bytes or its error (a call that raises a transient error
+        gives it for each of its ranges)."""
         with self._lock:
             self.ranges += len(paths)
             self.requests += 1 if self.concurrent else len(paths)
         if self.concurrent or self.threads == 1 or len(paths) <= 1:
-            return self.fs.cat_ranges(list(paths), list(starts), list(ends))
+            return _bodies(self.fs.cat_ranges, paths, starts, ends)
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, "bertjax-ranges")
+            pool = self._pool
         parts = np.array_split(np.arange(len(paths)), min(self.threads, len(paths)))
         futures = [
-            self._pool.submit(
+            pool.submit(
+                _bodies,
                 self.fs.cat_ranges,
                 [paths[i] for i in part],
                 [starts[i] for i in part],
@@ -74,6 +109,17 @@ class RangeReader:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def _bodies(cat_ranges, paths: list, starts: list, ends: list) -> list:
+    """``cat_ranges(paths, starts, ends)``; a transient error raised by the call stands for each
+    range's answer (any other is raised)."""
+    try:
+        return cat_ranges(paths, starts, ends)
+    except Exception as error:  # noqa: BLE001
+        if not retry.is_transient(error):
+            raise
+        return [error] * len(paths)
 
 
 class _Pending:
@@ -122,11 +168,21 @@ class BlockCache:
         self._known[shard] = np.ones(len(crcs), bool)
 
     def _check(self, k: int, body, start: int, end: int, what: str) -> bytes:
-        if isinstance(body, Exception):
+        """``body`` as read from shard ``k``, or one error: a missing or short file is a bad store
+        (`fmt.StoreError`: restore it or prepare again); any other error storage answered (a
+        refused request: transient errors never get here, `RangeReader.read` retried them) is
+        not, and is raised naming the shard."""
+        if isinstance(body, FileNotFoundError):
             raise fmt.StoreError(
-                f"cannot read {what} of shard {self.name(k)} ({body!r:.200}): the manifest lists "
-                "it; restore it or prepare the store again (complete shards are kept)"
+                f"shard {self.name(k)} is missing ({body!r:.200}): the manifest lists it; restore "
+                "it or prepare the store again (complete shards are kept)"
             )
+        if isinstance(body, Exception):
+            raise OSError(
+                f"cannot read {what} of shard {self.name(k)}: storage refused the request "
+                f"({type(body).__name__}: {str(body)[:200]}), not a transient error, so it was not "
+                "retried: check the store's URL and this host's access to it"
+            ) from body
         if len(body) != end - start:
             raise fmt.StoreError(
                 f"shard {self.name(k)} is truncated: bytes [{start}, {end}) gave {len(body)}; the "

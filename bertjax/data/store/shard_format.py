@@ -33,6 +33,8 @@ import zlib
 
 import numpy as np
 
+from bertjax import paths, retry
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARD_BYTES = 512 << 20  # default shard size (data region); 0.5 GB
@@ -113,26 +115,21 @@ def encode_shard(columns: dict, vocab_size: int, block_tokens: int, dtype) -> tu
 
 
 def write_file(url: str, data: bytes) -> None:
-    """Writes a whole file so that no reader sees part of it: a local file is written beside and
-    renamed; an object store's single upload is atomic."""
+    """Writes a whole file so that no reader sees part of it: a local file as `paths.write_bytes`
+    does (beside, under a name no other writer uses, synced, renamed); an object store's single
+    upload is atomic (tried again on transient errors: bertjax/retry.py)."""
     fs, path = filesystem(url)
     if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        paths.write_bytes(path, data)
         return
-    fs.pipe_file(path, data)
+    retry.call(url, fs.pipe_file, path, data)
 
 
 def read_file(url: str) -> bytes | None:
-    """The bytes of a file; None when it does not exist."""
+    """The bytes of a file (tried again on transient errors); None when it does not exist."""
     fs, path = filesystem(url)
     try:
-        return fs.cat_file(path)
+        return retry.call(url, fs.cat_file, path)
     except FileNotFoundError:
         return None
 

@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from bertjax import retry
 from bertjax.data.store import shard_format as fmt
 from bertjax.data.store.block_cache import BlockCache, RangeReader
 from bertjax.data.store.cache_budget import CacheBudget
@@ -198,7 +199,8 @@ class ShardedStore:
         paths = [fmt.filesystem(n)[1] for n in names]
         sizes = {}
         for directory in sorted({p.rsplit("/", 1)[0] for p in paths}):
-            for info in fs.ls(directory, detail=True):
+            listed = retry.call(fs.unstrip_protocol(directory), fs.ls, directory, detail=True)
+            for info in listed:
                 sizes[info["name"].rstrip("/")] = info["size"]
         for name, path, shard in zip(names, paths, shards):
             found = sizes.get(path, sizes.get(path.lstrip("/")))
@@ -212,9 +214,14 @@ class ShardedStore:
                     f"shard {name} has {found} bytes; the manifest says {shard['bytes']}: the file "
                     "is truncated or was replaced; delete it and rerun the prepare job"
                 )
-        bodies = fs.cat_ranges(paths, [0] * len(paths), [lay["index_bytes"] for lay in layouts])
+        ends = [lay["index_bytes"] for lay in layouts]
+        bodies = self.reader.read(paths, [0] * len(paths), ends)
+        bodies = [
+            self.blocks._check(k, b, 0, e, "the index")
+            for k, (b, e) in enumerate(zip(bodies, ends))
+        ]
         for name, body, shard in zip(names, bodies, shards):
-            if isinstance(body, Exception) or zlib.crc32(body) != shard["index_crc32"]:
+            if zlib.crc32(body) != shard["index_crc32"]:
                 raise fmt.StoreError(
                     f"shard {name}: its index region fails the manifest's CRC-32 check: the file "
                     "is corrupted; delete it and rerun the prepare job to rewrite it"

@@ -74,6 +74,21 @@ def _hf_pieces(hf) -> tuple[list[str], list[bool]]:
     return pieces, special
 
 
+def _sentencepiece(path: str, data: bytes) -> spm.SentencePieceProcessor:
+    """The SentencePiece model in ``data``; a file that is not one whole (truncated, emptied,
+    overwritten) stops with one line naming it rather than SentencePiece's internal error."""
+    try:
+        if not data:
+            raise RuntimeError("the file is empty")
+        return spm.SentencePieceProcessor(model_proto=data)
+    except RuntimeError as error:
+        raise ValueError(
+            f"tokenizer file {path!r} ({len(data)} bytes) is not a whole SentencePiece model "
+            f"({' '.join(str(error).split())[:120]}): it was cut short or overwritten; delete it "
+            "and rerun (bertjax trains or copies it again), or give the original file"
+        ) from None
+
+
 class Tokenizer:
     """Encodes text to ids and marks word starts; SentencePiece or Hugging Face vocabularies."""
 
@@ -95,7 +110,7 @@ class Tokenizer:
         self._sp = self._hf = None
         self._dropped_sections = False
         if path.endswith(".model"):
-            self._sp = spm.SentencePieceProcessor(model_proto=self._bytes)
+            self._sp = _sentencepiece(path, self._bytes)
             pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
             special = [self._sp.is_control(i) or self._sp.is_unknown(i) for i in range(len(pieces))]
         else:
@@ -304,7 +319,9 @@ def train_sentencepiece(
     """Trains a SentencePiece model with the fixed special ids into `directory`; returns the .model
     path.
 
-    Written into `directory.tmp-<pid>` and renamed, so a half-trained model is never found.
+    Written into `directory.tmp-<pid>`, synced to disk and renamed, so a half-trained or
+    half-written model is never found (a kill leaves that temporary directory, which is never
+    read; a power cut leaves the model whole or none).
     """
     final = os.path.join(directory, "spm.model")
     if os.path.isfile(final):
@@ -333,6 +350,9 @@ def train_sentencepiece(
             f"config.data.vocab_size={vocab_size}: "
             f"{error}. Change config.data.vocab_size (or use a bigger corpus)"
         ) from error
+    for name in os.listdir(tmp):
+        with open(os.path.join(tmp, name), "rb") as f:
+            os.fsync(f.fileno())
     os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
     try:
         os.replace(tmp, directory)

@@ -1,0 +1,91 @@
+"""An fsspec filesystem over local files that fails chosen requests as object storage does,
+registered as ``faulty://`` when imported (``faulty:///tmp/store`` is the local /tmp/store).
+
+Every request counts, from 1, in the order this process sends them: a `cat_file` (so each range
+of fsspec's `cat_ranges` on a synchronous filesystem), an `info`, an `ls`, an `open`. `PLAN`
+decides which fail, raising `OSError("503 Service Unavailable")` as a wrapped HTTP error does:
+``fail_at`` (request numbers), ``every`` (every N-th request), ``start``/``stop`` (an outage:
+every request from ``start`` until ``stop``, 0: no end), each only on paths containing ``match``.
+A spawned process (a data worker) reads its plan from $BERTJAX_FAULTS (JSON of those keys) when
+it imports this module; `make_pipeline` is the pipeline factory such a worker is given, so that
+it imports this module, and so knows the protocol, before it opens the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from bertjax.data.pipeline import make_pipeline as _make_pipeline
+
+PROTOCOL = "faulty"
+ENV = "BERTJAX_FAULTS"
+
+
+class Plan:
+    """Which requests fail (see the module docstring); counts requests and failures."""
+
+    def __init__(self, fail_at=(), every: int = 0, start: int = 0, stop: int = 0, match: str = ""):
+        self.fail_at, self.every = {int(n) for n in fail_at}, int(every)
+        self.start, self.stop, self.match = int(start), int(stop), str(match)
+        self.requests = self.failures = 0
+        self._lock = threading.Lock()
+
+    def request(self, path: str) -> None:
+        """Counts a request to ``path``; raises when the plan fails it."""
+        with self._lock:
+            self.requests += 1
+            n = self.requests
+            fails = self.match in str(path) and (
+                n in self.fail_at
+                or (self.every and n % self.every == 0)
+                or (self.start and n >= self.start and (not self.stop or n < self.stop))
+            )
+            self.failures += bool(fails)
+        if fails:
+            raise OSError(f"503 Service Unavailable (request {n}, injected)")
+
+
+PLAN = Plan(**json.loads(os.environ.get(ENV) or "{}"))
+
+
+class FaultyFileSystem(LocalFileSystem):
+    """The local filesystem under ``faulty://``, its requests going through `PLAN`."""
+
+    protocol = PROTOCOL
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        if path.startswith(f"{PROTOCOL}://"):
+            path = path[len(PROTOCOL) + 3 :]
+        return super()._strip_protocol(path)
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        PLAN.request(path)
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+    def info(self, path, **kwargs):
+        PLAN.request(path)
+        return super().info(path, **kwargs)
+
+    def ls(self, path, detail=False, **kwargs):
+        PLAN.request(path)
+        return super().ls(path, detail=detail, **kwargs)
+
+    def _open(self, path, mode="rb", **kwargs):
+        PLAN.request(path)
+        return super()._open(path, mode=mode, **kwargs)
+
+
+fsspec.register_implementation(PROTOCOL, FaultyFileSystem, clobber=True)
+
+
+def make_pipeline(*args, **kwargs):
+    """bertjax's `make_pipeline`, from a process that knows ``faulty://`` (a test puts this in
+    the pipeline module's place, so that worker processes are started with it)."""
+    return _make_pipeline(*args, **kwargs)
