@@ -65,11 +65,13 @@ def roofline(
     """Step-time terms on ``devices`` chips of ``chip`` (`chips.Chip`): ``model_flops`` for the
     whole step, ``hbm_bytes`` per chip, ``ici_bytes`` and ``dcn_bytes`` sent per chip (see the
     module docstring for what each term is). The step is the largest term, MFU the compute
-    term's share of it."""
+    term's share of it. A chip of several devices (v2) gives each its share of the chip's
+    figures."""
+    share = chip.devices_per_chip
     terms = {
-        "compute_s": model_flops / (devices * chip.peak_bf16_flops),
-        "memory_s": hbm_bytes / chip.hbm_bytes_per_second,
-        "ici_s": ici_bytes / (chip.ici_bytes_per_second / 2),
+        "compute_s": model_flops / (devices * chip.peak_bf16_flops / share),
+        "memory_s": hbm_bytes / (chip.hbm_bytes_per_second / share),
+        "ici_s": ici_bytes / (chip.ici_bytes_per_second / 2 / share),
         "dcn_s": dcn_bytes / chip.dcn_bytes_per_second if chip.dcn_bytes_per_second else 0.0,
     }
     bound = max(terms, key=terms.get)
