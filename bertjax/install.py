@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkout", default=CHECKOUT, help="the bertjax source to install")
     parser.add_argument("--dry_run", action="store_true", help="print the plan, install nothing")
     args = parser.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.checkout, "pyproject.toml")):  # bad input: status 2
+        parser.error(f"--checkout={args.checkout}: no pyproject.toml; run it from a checkout")
     kind = runtime.accelerator_kind() if args.runtime == "auto" else args.runtime
     install(kind, os.path.abspath(args.checkout), args.extras, args.dry_run)
 

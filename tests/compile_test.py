@@ -149,6 +149,22 @@ def _cpu():
     return jax.devices("cpu")[:1]
 
 
+def test_the_tpu_notebook_sizes_its_run_for_the_colab_runtime():
+    """The run colab/pretrain_tpu.ipynb builds from its own cells on a target's devices
+    (benchmarks/colab_fit.py compiles it; results.md: Colab runtimes): BERT-base at 32 rows a
+    device, bfloat16 on a v5e-1, float32 on a T4, FSDP over 4 of v2-8's 8 devices."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import colab_fit
+
+    _libtpu()
+    v5e = colab_fit.notebook_config(devices.topology_devices(chips.parse_slice("v5e-1")))
+    assert (v5e.model.hidden_size, v5e.model.num_hidden_layers) == (768, 12)
+    assert (v5e.model.dtype, v5e.batch_size, v5e.data.max_seq_length) == ("bfloat16", 32, 128)
+    assert colab_fit.notebook_config(_gpu_devices("t4")).model.dtype == "float32"
+    v2 = colab_fit.notebook_config(devices.topology_devices(chips.parse_slice("v2-8")))
+    assert (v2.batch_size, v2.mesh.fsdp) == (256, 4)
+
+
 def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel):
     config, report = data_parallel
     first, first_eval = report["programs"]

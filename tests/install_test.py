@@ -89,6 +89,7 @@ def colab(tmp_path_factory):
     python = os.path.join(venv, "bin", "python")
     source = root / "bertjax-local"  # the repository as a local path (a clone's files)
     ignore = shutil.ignore_patterns("__pycache__")
+    source.mkdir()
     for name in SOURCE:
         if os.path.isdir(os.path.join(ROOT, name)):
             shutil.copytree(os.path.join(ROOT, name), source / name, ignore=ignore)
@@ -215,3 +216,14 @@ def test_the_runtime_is_the_hosts_accelerator(monkeypatch):
     assert present("/dev/nvidia0", "/dev/nvidiactl") == "gpu"
     assert present("/dev/vfio/0") == "tpu" and present("/dev/accel0") == "tpu"
     assert runtime.accelerator_present() is True  # the last host had a TPU
+
+
+def test_the_command_prints_its_plan_and_refuses_a_non_checkout(tmp_path, capsys):
+    install.main(["--runtime=gpu", "--dry_run", "--extras=colab"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("bertjax install: runtime gpu; keeping jax ")
+    assert out[-3].endswith(f"pip install {ROOT}[colab]") and out[-1] == "  changed: nothing"
+    with pytest.raises(SystemExit) as stopped:
+        install.main([f"--checkout={tmp_path}", "--dry_run"])
+    assert stopped.value.code == 2
+    assert f"--checkout={tmp_path}: no pyproject.toml" in capsys.readouterr().err
