@@ -96,17 +96,3 @@ def test_attention_cpu_benchmark_prints_every_variant():
     names = [row.split("|")[1].strip() for row in rows]
     assert len(names) == 6 and sum("ops.attention" in n for n in names) == 3, names
     assert all(float(row.split("|")[2]) > 0 for row in rows)
-
-
-@pytest.mark.slow
-def test_colab_fit_dry_run_compiles_the_tpu_notebooks_run():
-    """benchmarks/colab_fit.py --tiny: the notebook's run at 2 layers of width 32, compiled for
-    a v5e-1 by libtpu; a GPU target without the CUDA plugin names what to install."""
-    script = os.path.join(ROOT, "benchmarks", "colab_fit.py")
-    result = subprocess.run(
-        ["python", script, "--targets", "v5e-1", "--tiny"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    (row,) = [line for line in result.stdout.splitlines() if line.startswith("| v5e-1")]
-    assert "| bfloat16 | 32 x 128 |" in row and "| fits |" in row
