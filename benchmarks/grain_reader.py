@@ -124,8 +124,6 @@ def _dataset(source, args, workers: int):
 def run(args) -> dict:
     """One Grain run (``args.setting``: "grain" = THREADS threads, WORKERS processes;
     "grain-1" = no worker process; "grain-arrayrecord": the rows from ArrayRecord, local)."""
-    import reader_throughput
-
     counter = os.path.join(args.work, f"grain-requests-{os.getpid()}")
     open(counter, "wb").close()
     workers = 0 if args.setting == "grain-1" else WORKERS
@@ -146,7 +144,7 @@ def run(args) -> dict:
     del batches
     counts = (ranges, ranges, 0)  # per range: a request is a range
     cpu = time.process_time() - cpu if not workers else float("nan")
-    return reader_throughput.report(args, took, first, first_requests, counts, cpu)
+    return slow_store.run_report(args, took, first, first_requests, counts, cpu)
 
 
 def _array_record(args):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -77,22 +76,7 @@ def run_bertjax(args) -> dict:
     counts = [b - a for a, b in zip(first_counts, fs.counts())]
     cpu = time.process_time() - cpu if not config.data.workers else float("nan")
     pipeline.close()
-    return report(args, took, first, first_requests, counts, cpu)
-
-
-def report(args, took: float, first: float, first_requests: int, counts, cpu: float) -> dict:
-    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {
-        "tokens_per_s": args.batch * args.length * args.steps / took,
-        "requests_per_batch": counts[0] / args.steps,
-        "ranges_per_batch": counts[1] / args.steps,
-        "mib_per_batch": counts[2] / args.steps / 2**20,
-        "first_s": first,
-        "first_requests": first_requests,
-        "peak_mib": (usage + children) / 1024,
-        "tokens_per_cpu_s": args.batch * args.length * args.steps / cpu if cpu else 0.0,
-    }
+    return slow_store.run_report(args, took, first, first_requests, counts, cpu)
 
 
 def child(args) -> None:

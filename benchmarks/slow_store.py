@@ -1,6 +1,7 @@
 """What the data benchmarks share: a filesystem that behaves as object storage (a fixed latency a
-request) and counts what it is asked, and the real-text stores they read (Vim's help files, the
-built-in corpus), prepared once into a directory kept between runs.
+request) and counts what it is asked, the real-text stores they read (Vim's help files, the
+built-in corpus), prepared once into a directory kept between runs, and a reader run's figures
+(`run_report`, for bertjax's reader and Grain's alike).
 
 `LatencyFS` wraps an fsspec filesystem: every `cat_ranges` call is one round trip (its ranges in
 flight together, as gcsfs's) and every `cat_file` one; it sleeps ``latency`` seconds first (the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import resource
 import sys
 import threading
 import time
@@ -74,6 +76,24 @@ class LatencyFS:
 
     def __getattr__(self, name):
         return getattr(self.fs, name)
+
+
+def run_report(args, took: float, first: float, first_requests: int, counts, cpu: float) -> dict:
+    """One reader run's figures (bertjax's or Grain's): tokens/s, requests, ranges and MiB a
+    batch from ``counts`` (a `LatencyFS`'s, over ``args.steps`` batches), the start-up, the peak
+    RSS of this process and its children, and tokens per CPU second (0 where ``cpu`` is 0)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {
+        "tokens_per_s": args.batch * args.length * args.steps / took,
+        "requests_per_batch": counts[0] / args.steps,
+        "ranges_per_batch": counts[1] / args.steps,
+        "mib_per_batch": counts[2] / args.steps / 2**20,
+        "first_s": first,
+        "first_requests": first_requests,
+        "peak_mib": (usage + children) / 1024,
+        "tokens_per_cpu_s": args.batch * args.length * args.steps / cpu if cpu else 0.0,
+    }
 
 
 def install(fs) -> None:

@@ -19,6 +19,9 @@ The public faces: `bertjax.BertConfig` and the models below, `bertjax.convert` (
 to_hf), `bertjax.step`, `bertjax.trainer`, `bertjax.data.make_pipeline`, `bertjax.diffusion`,
 `bertjax.glue`, `bertjax.embed` (sentence embeddings, retrieval metrics, sentence-transformers),
 `bertjax.predict`. Every command meets bad input the same way (`bertjax.cli`).
+`python -m bertjax.install`, from a checkout, installs bertjax for the host's accelerator keeping
+the jax and torch already there (the Colab notebooks' first cell); `bertjax.recipes` finds the
+recipes (configs/) in a checkout or an installed wheel.
 """
 
 import importlib

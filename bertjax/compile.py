@@ -24,8 +24,9 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertjax import cli
+from bertjax.recipes import recipe_path
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "bert_tiny.py")
+DEFAULT_CONFIG = recipe_path("bert_tiny.py")
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "bertjax", "compile")
 
 if __name__ == "__main__":

@@ -18,11 +18,10 @@ import sys
 
 from bertjax import cli
 from bertjax.evaluation.glue import GlueHarness, default_glue_config, run_glue
+from bertjax.recipes import recipe_path
 from bertjax.tasks.glue_tasks import GLUE_TASKS, TASKS
 
-DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "glue.py"
-)
+DEFAULT_CONFIG = recipe_path("glue.py")
 __all__ = ["DEFAULT_CONFIG", "GLUE_TASKS", "TASKS", "default_glue_config", "main", "run_glue"]
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import types
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -86,6 +87,15 @@ def test_target_names():
     assert chips.parse_slice("h100-8").grid == (1, 8)
     assert chips.parse_slice("h200-16").grid == (2, 8)
     assert chips.parse_slice("a100:2x8").devices == 16
+    # Colab's runtimes: one-chip TPU hosts, v2-8 (4 chips of two TensorCores, each a device with
+    # 8 GiB of its own), one GPU
+    assert chips.parse_slice("v5e-1").topology_name == "v5e:1x1"
+    assert chips.parse_slice("v6e-1").chip.hbm_per_device == 32 * chips.GIB
+    v2 = chips.parse_slice("v2-8")
+    assert (v2.topology_name, v2.chips, v2.devices) == ("v2:2x2", 4, 8)
+    assert v2.chip.hbm_per_device == 8 * chips.GIB
+    assert chips.parse_slice("a100-40g-1").chip.hbm_bytes == 40 * 10**9
+    assert [chips.parse_slice(f"{g}-1").grid for g in ("t4", "l4")] == [(1, 1), (1, 1)]
     with pytest.raises(ValueError, match="--topology='v3-8': not a known target"):
         chips.parse_slice("v3-8")
     with pytest.raises(ValueError, match="12 GPUs is not whole 8-GPU nodes"):
@@ -108,6 +118,59 @@ def test_gpu_nodes_are_described_from_the_chips_table():
     except ImportError:
         with pytest.raises(devices.CompilerMissing, match="pip install jax-cuda12-plugin"):
             devices.topology_devices(chips.parse_slice("h100-8"))
+
+
+def _gpu_devices(chip: str) -> list:
+    """One GPU of ``chip`` as the CUDA plugin describes it where installed; else a stand-in
+    with the attributes the plugin's devices carry, from the table the plugin is given."""
+    try:
+        return devices.topology_devices(chips.parse_slice(f"{chip}-1"))
+    except devices.CompilerMissing:
+        info = devices.DEVICE_INFO[chip]
+        capability = "{}.{}".format(*info["cc"])
+        return [SimpleNamespace(platform="gpu", compute_capability=capability,
+                                device_kind=info["name"])]  # fmt: skip
+
+
+def test_the_dtype_follows_the_target():
+    """bfloat16 on TPUs and on GPUs with bfloat16 arithmetic (compute capability >= 8.0), float32
+    on a T4 (7.5): the TPU notebook's choice (`chips.compute_dtype`), and the line a bfloat16
+    run on a T4 prints (`chips.dtype_advice`)."""
+    t4 = _gpu_devices("t4")
+    assert chips.compute_dtype(t4) == "float32" and not chips.parse_slice("t4-1").chip.bfloat16
+    assert [chips.compute_dtype(_gpu_devices(g)) for g in ("l4", "a100-40g")] == ["bfloat16"] * 2
+    assert chips.compute_dtype(t4 + _gpu_devices("l4")) == "float32"  # every device must
+    advice = chips.dtype_advice("bfloat16", t4)
+    assert advice.startswith("dtype: Tesla T4 has no bfloat16") and advice.endswith(
+        "--config.model.dtype=float32"
+    )
+    assert chips.dtype_advice("float32", t4) == "" == chips.dtype_advice("bfloat16", _cpu())
+    assert chips.compute_dtype(_cpu()) == "float32"
+    _libtpu()
+    for target in ("v5e-1", "v6e-1", "v2-8"):
+        found = devices.topology_devices(chips.parse_slice(target))
+        assert len(found) == chips.parse_slice(target).devices, target
+        assert chips.compute_dtype(found) == "bfloat16", target
+
+
+def _cpu():
+    return jax.devices("cpu")[:1]
+
+
+def test_the_tpu_notebook_sizes_its_run_for_the_colab_runtime():
+    """The run colab/pretrain_tpu.ipynb builds from its own cells on a target's devices
+    (benchmarks/colab_fit.py compiles it; results.md: Colab runtimes): BERT-base at 32 rows a
+    device, bfloat16 on a v5e-1, float32 on a T4, FSDP over 4 of v2-8's 8 devices."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import colab_fit
+
+    _libtpu()
+    v5e = colab_fit.notebook_config(devices.topology_devices(chips.parse_slice("v5e-1")))
+    assert (v5e.model.hidden_size, v5e.model.num_hidden_layers) == (768, 12)
+    assert (v5e.model.dtype, v5e.batch_size, v5e.data.max_seq_length) == ("bfloat16", 32, 128)
+    assert colab_fit.notebook_config(_gpu_devices("t4")).model.dtype == "float32"
+    v2 = colab_fit.notebook_config(devices.topology_devices(chips.parse_slice("v2-8")))
+    assert (v2.batch_size, v2.mesh.fsdp) == (256, 4)
 
 
 def test_data_parallel_step_reduces_the_gradients_and_nothing_else(data_parallel):

@@ -200,6 +200,7 @@ HEAVIEST_FIRST = (
     "real_checkpoint_test",
     "trainer_test",
     "notebooks_test",
+    "install_test",
     "objective_contract_test",
     "benchmarks_test",
     "electra_test",
@@ -228,6 +229,11 @@ HEAVIEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(items):
+COLLECTED = pytest.StashKey[int]()  # tests collected, before -k/-m deselect any (readme_test)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    config.stash[COLLECTED] = len(items)
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: order within

@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import COLLECTED
 from glue_fixtures import write_glue_dir
 from helpers import free_port, xla_flags
 
@@ -301,6 +302,34 @@ def test_links_to_results_sections_resolve():
         "a-bs-c",
         "a-bs-c-1",
     }
+
+
+TESTS = os.path.join(ROOT, "tests")
+
+
+def collected_tests(config) -> int:
+    """The suite's test count: this session's where it collected all of tests/ (README's
+    command, CI), else a collect-only run of tests/ (~20 s of CPU)."""
+    if config.args and all(os.path.abspath(a).rstrip("/") == TESTS for a in config.args):
+        return config.stash[COLLECTED]
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", TESTS]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    found = re.search(r"^(\d+) tests? collected", out.stdout, re.MULTILINE)
+    assert found, out.stdout[-2000:] + out.stderr[-2000:]
+    return int(found.group(1))
+
+
+def test_the_test_count_readme_states_is_the_suites(request):
+    """README's "N tests" (from the latest CI run, results.md: Test suite wall time) within 5%
+    of the tests the suite holds now: a figure left behind by new tests fails here."""
+    with open(README, encoding="utf-8") as f:
+        stated = re.search(r"([\d,]+) tests on two\s+pytest-xdist workers", f.read())
+    assert stated, "README's test command no longer states the suite's test count"
+    stated, actual = int(stated.group(1).replace(",", "")), collected_tests(request.config)
+    assert abs(stated - actual) <= 0.05 * actual, (
+        f"README says {stated} tests; the suite holds {actual}: update README's count and "
+        "CI time from the latest CI run (results.md: Test suite wall time)"
+    )
 
 
 def test_parsing_joins_continuations_drops_comments_and_splits_chains():

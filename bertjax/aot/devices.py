@@ -36,6 +36,23 @@ DEVICE_INFO = {
         l2_cache_size=40 << 20, shared_memory_per_core=164 << 10,
         shared_memory_per_block_optin=163 << 10,
     ),
+    # Colab's GPUs (the datasheets; Turing and Ada Lovelace tuning guides for shared memory).
+    "a100-40g": dict(
+        name="NVIDIA A100-SXM4-40GB", core_count=108, fpus_per_core=64, cc=(8, 0),
+        clock_rate_ghz=1.41, memory_bandwidth=1.555e12, device_memory_size=40 * 10**9,
+        l2_cache_size=40 << 20, shared_memory_per_core=164 << 10,
+        shared_memory_per_block_optin=163 << 10,
+    ),
+    "l4": dict(
+        name="NVIDIA L4", core_count=58, fpus_per_core=128, cc=(8, 9), clock_rate_ghz=2.04,
+        memory_bandwidth=300e9, device_memory_size=24 * 10**9, l2_cache_size=48 << 20,
+        shared_memory_per_core=100 << 10, shared_memory_per_block_optin=99 << 10,
+    ),
+    "t4": dict(
+        name="Tesla T4", core_count=40, fpus_per_core=64, cc=(7, 5), clock_rate_ghz=1.59,
+        memory_bandwidth=320e9, device_memory_size=16 * 10**9, l2_cache_size=4 << 20,
+        shared_memory_per_core=64 << 10, shared_memory_per_block_optin=64 << 10,
+    ),
 }  # fmt: skip
 CUDNN_VERSION = (9, 10)  # the cuDNN the compile assumes (jax-cuda12 0.10's pinned cuDNN 9)
 
@@ -115,12 +132,13 @@ def topology_devices(target: Slice) -> list:
                 "it with pip install jax-cuda12-plugin==<your jax version> (no GPU needed)"
             ) from error
         return list(description.devices)
+    options = {"num_slices": target.num_slices} if target.num_slices > 1 else {}
+    if target.chips == 1:  # a one-chip host (v5e-1, v6e-1): libtpu's default host is 2x2
+        options["chips_per_host_bounds"] = [1, 1, 1]
     try:
         with _libtpu_shared():
             description = topologies.get_topology_desc(
-                topology_name=target.topology_name.split(" ")[0],
-                platform="tpu",
-                **({"num_slices": target.num_slices} if target.num_slices > 1 else {}),
+                topology_name=target.topology_name.split(" ")[0], platform="tpu", **options
             )
     except Exception as error:  # libtpu missing, or a grid it does not know
         raise CompilerMissing(

@@ -90,7 +90,7 @@ def _summarize(compiled: Compiled, model_flops, target, mesh, record) -> dict:
     """A compiled program's report, read from what the compiler left (`cache.Compiled`)."""
     module = hlo.Module(compiled.text)
     memory = compiled.memory
-    hbm = target.chip.hbm_bytes
+    hbm = target.chip.hbm_per_device
     flat = list(mesh.devices.flat)
     slice_of = None
     if target.chip.platform == "gpu" and target.grid[0] > 1:  # partition p runs on flat[p]
@@ -141,8 +141,8 @@ def _does_not_fit(compiled: Compiled, target, record) -> dict:
     return {
         "compile_s": round(compiled.seconds, 1),
         "memory": {"total": int(needed), "usable": int(usable)},
-        "hbm_per_device": target.chip.hbm_bytes,
-        "headroom": 1.0 - needed / target.chip.hbm_bytes,
+        "hbm_per_device": target.chip.hbm_per_device,
+        "headroom": 1.0 - needed / target.chip.hbm_per_device,
         "out_of_memory": compiled.out_of_memory,
         "kernels": attention_kernels.summary(record),
     }

@@ -69,16 +69,18 @@ def roofline(
     module docstring for what each term is). ``ceiling_s`` / ``mfu_ceiling``: the largest bound
     (``bound`` names it) and the MFU no run exceeds; ``step_s`` / ``mfu``: the largest term, the
     HBM estimate included (``limit`` names it; "HBM" makes both an estimate). A DCN term needs
-    the chip's DCN rate: bytes across slices on a chip without one raise."""
+    the chip's DCN rate: bytes across slices on a chip without one raise. A chip of several
+    devices (v2) gives each its share of the chip's figures."""
     if dcn_bytes and not chip.dcn_bytes_per_second:
         raise ValueError(
             f"{chip.name}: no published DCN rate per chip (bertjax/aot/chips.py), so the "
             "roofline cannot bound the traffic between slices; compile one slice"
         )
+    share = chip.devices_per_chip
     terms = {
-        "compute_s": model_flops / (devices * chip.peak_bf16_flops),
-        "memory_s": hbm_bytes / chip.hbm_bytes_per_second,
-        "ici_s": ici_bytes / (chip.ici_bytes_per_second / 2),
+        "compute_s": model_flops / (devices * chip.peak_bf16_flops / share),
+        "memory_s": hbm_bytes / (chip.hbm_bytes_per_second / share),
+        "ici_s": ici_bytes / (chip.ici_bytes_per_second / 2 / share),
         "dcn_s": dcn_bytes / chip.dcn_bytes_per_second if dcn_bytes else 0.0,
     }
     names = {"compute_s": "compute", "memory_s": "HBM", "ici_s": "ICI", "dcn_s": "DCN"}

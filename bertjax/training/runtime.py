@@ -45,12 +45,25 @@ TUNABLES = (
 )
 DISABLE_ENV = "BERTJAX_HUGEPAGE_MALLOC"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
-_ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+# Device files by accelerator: NVIDIA GPUs; TPUs (/dev/accelN: v2-v4, v5p; /dev/vfio/N: v5e, v6e).
+_ACCELERATOR_DEVICES = {
+    "gpu": ("/dev/nvidia[0-9]*",),
+    "tpu": ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*"),
+}
+
+
+def accelerator_kind() -> str:
+    """The host's accelerator by its device files: tpu, gpu, or cpu where it has none (what a
+    Colab runtime is; `bertjax.install` installs for it)."""
+    for kind, patterns in _ACCELERATOR_DEVICES.items():
+        if any(glob.glob(pattern) for pattern in patterns):
+            return kind
+    return "cpu"
 
 
 def accelerator_present() -> bool:
     """A GPU (/dev/nvidiaN) or TPU (/dev/accelN, /dev/vfio/N) device file exists on this host."""
-    return any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
+    return accelerator_kind() != "cpu"
 
 
 def default_to_cpu_without_accelerator(environ=os.environ) -> None:

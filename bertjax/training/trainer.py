@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import objectives, paths
+from bertjax.aot import chips
 from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.modeling import attention_kernels
@@ -294,6 +295,9 @@ class _Run:
         self.current += 1
         if traced and self.is_chief:
             self._say("attention: " + "; ".join(attention_kernels.summary(traced)))
+            devices = list(self.mesh.devices.flat)  # a T4 set to bfloat16: what to set
+            if advice := chips.dtype_advice(str(self.config.model.get("dtype", "")), devices):
+                self._say(advice)
         self.history.append(step_metrics)
         self.unchecked.append(step_metrics)
 
