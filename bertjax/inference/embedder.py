@@ -51,6 +51,9 @@ class Embedder:
 
     def __post_init__(self):
         self.cfg = self.cfg.replace(dtype="float32")
+        # on the device once: numpy leaves would be copied in at every call, and each call
+        # dispatched ahead would hold its own copy (~90 MB for all-MiniLM) until it ran
+        self.params = jax.device_put(self.params)
         limit = self.cfg.max_position_embeddings - self.cfg.position_offset
         self.max_seq_length = min(int(self.max_seq_length), limit)
         model = BertForEmbedding(self.cfg, self.pooling, self.normalize)

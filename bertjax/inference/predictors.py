@@ -39,7 +39,8 @@ class Predictor(abc.ABC):
     task = ""
 
     def __init__(self, cfg: BertConfig, params: dict, tokenizer: Tokenizer, length: int):
-        self.cfg, self.params, self.tokenizer = cfg.replace(dtype="float32"), params, tokenizer
+        self.cfg, self.tokenizer = cfg.replace(dtype="float32"), tokenizer
+        self.params = jax.device_put(params)  # once, not copied in at every call
         self.length = min(int(length), cfg.max_position_embeddings - cfg.position_offset)
         self.text_column, self.text_pair_column, self.tokens_column = "text", "", "tokens"
 
