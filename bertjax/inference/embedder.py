@@ -25,7 +25,7 @@ from bertjax.data.text import records
 from bertjax.data.text.beir import BeirSet, read_beir
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
-from bertjax.inference import batching, loading, sorted_apply
+from bertjax.inference import batching, loading, precision, sorted_apply
 from bertjax.inference.loading import TrainedModel
 from bertjax.interop import sentence_transformers as st_files
 from bertjax.modeling.bert_config import BertConfig
@@ -48,9 +48,13 @@ class Embedder:
     # several texts a row (segment ids; measured ~1.5x the buckets' texts/s on CPU,
     # benchmarks/predict_throughput.py) where the pooling allows; else length buckets
     packed: bool = True
+    # dense products: "auto" (bfloat16 on a CPU with bfloat16 instructions, else float32),
+    # "float32" or "bfloat16" (bertjax/inference/precision.py)
+    matmul_dtype: str = "auto"
 
     def __post_init__(self):
-        self.cfg = self.cfg.replace(dtype="float32")
+        products = precision.matmul_dtype(self.matmul_dtype, "embed")
+        self.cfg = self.cfg.replace(dtype="float32", matmul_dtype=products)
         # on the device once: numpy leaves would be copied in at every call, and each call
         # dispatched ahead would hold its own copy (~90 MB for all-MiniLM) until it ran
         self.params = jax.device_put(self.params)
@@ -146,23 +150,33 @@ class Embedder:
         )
 
 
-def from_model(model: TrainedModel, max_seq_length: int | None = None) -> Embedder:
+def from_model(
+    model: TrainedModel, max_seq_length: int | None = None, matmul_dtype: str = "auto"
+) -> Embedder:
     """The embedder of a loaded model (`bertjax.inference.loading`): its encoder without the
     pooler or heads, the pooling and normalization it trained (a sentence-transformers
-    directory's modules; mean pooling, normalized, for a model not trained to embed)."""
+    directory's modules; mean pooling, normalized, for a model not trained to embed), its
+    products in ``matmul_dtype`` (`Embedder.matmul_dtype`)."""
     if model.form == "workdir" and model.task != "embed":
         logging.warning("%s was not trained as an embedding model: mean pooling", model.path)
     bert = {k: v for k, v in model.params["bert"].items() if k != "pooler"}
     length = max_seq_length or model.max_seq_length
     return Embedder(
-        model.cfg, {"bert": bert}, model.tokenizer, model.pooling, model.normalize, length
+        model.cfg,
+        {"bert": bert},
+        model.tokenizer,
+        model.pooling,
+        model.normalize,
+        length,
+        matmul_dtype=matmul_dtype,
     )
 
 
-def load(path: str, max_seq_length: int | None = None) -> Embedder:
+def load(path: str, max_seq_length: int | None = None, matmul_dtype: str = "auto") -> Embedder:
     """The embedder under ``path``: a sentence-transformers directory, a bertjax workdir or a
-    Hugging Face model directory (`bertjax.inference.loading.load`)."""
-    return from_model(loading.load(path), max_seq_length)
+    Hugging Face model directory (`bertjax.inference.loading.load`), its products in
+    ``matmul_dtype`` (`Embedder.matmul_dtype`)."""
+    return from_model(loading.load(path), max_seq_length, matmul_dtype)
 
 
 def evaluate_beir(
