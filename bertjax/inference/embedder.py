@@ -33,6 +33,8 @@ from bertjax.modeling.embedder import PACKABLE_POOLING, BertForEmbedding, l2_nor
 from bertjax.modeling.encoder import BertModel
 from bertjax.tasks.tasks import pair_ids
 
+PACKED_ROW = 128  # the shortest packed row (tokens), and row lengths double from it
+
 
 @dataclasses.dataclass
 class Embedder:
@@ -116,14 +118,15 @@ class Embedder:
             yield np.stack(vectors).astype(np.float32)
 
     def _encode_packed(self, ids, tokens_per_batch: int) -> np.ndarray:
-        """Packed rows of the longest text's bucket length (one compiled shape per window)."""
+        """Packed rows of 128, 256, ... tokens up to the longest text's bucket length (one
+        compiled shape per row length: batching.packed_batches)."""
         lengths = [len(x) for x in ids]
-        length = batching.bucket_of(max(max(lengths), 128), self.max_seq_length)
-        rows = max(1, tokens_per_batch // length)
-        segments = max(1, length // 8)
+        top = batching.bucket_of(max(max(lengths), PACKED_ROW), self.max_seq_length)
+        row_lengths = [n for n in (PACKED_ROW << k for k in range(8)) if n < top] + [top]
         pending = []
-        for batch in batching.packed_batches(lengths, rows, length, segments):
+        for batch in batching.packed_batches(lengths, tokens_per_batch, row_lengths):
             (input_ids, segment_ids) = batching.fill(batch, (ids,), (self.cfg.pad_token_id,))
+            segments = batch.shape[1] // batching.SEGMENT_TOKENS
             pending.append(
                 (batch, self._apply_packed(self.params, input_ids, segment_ids, segments))
             )
