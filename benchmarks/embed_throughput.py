@@ -111,7 +111,8 @@ def bertjax_runner(model: str, matmul_dtype: str, tokens_per_batch: int):
 
     embedder = embed.load(model, matmul_dtype=matmul_dtype)
     chosen = embedder.cfg.matmul_dtype or "float32"
-    return (lambda texts: embedder.encode(texts, tokens_per_batch=tokens_per_batch)), chosen
+    tokens = tokens_per_batch or None
+    return (lambda texts: embedder.encode(texts, tokens_per_batch=tokens)), chosen
 
 
 def min_cosine(a, b) -> float:
@@ -252,7 +253,7 @@ def main():
     parser.add_argument("--st_batches", default="16,32,64,128")
     parser.add_argument("--st_dtypes", default="float32,bfloat16,autocast")
     parser.add_argument("--memory_repeats", type=int, default=3, help="0: skip the commands")
-    parser.add_argument("--tokens_per_batch", type=int, default=4096, help="bertjax's per call")
+    parser.add_argument("--tokens_per_batch", type=int, default=0, help="per call; 0: bertjax's")
     args = parser.parse_args()
     from bertjax.training import runtime
 

@@ -34,6 +34,9 @@ from bertjax.modeling.encoder import BertModel
 from bertjax.tasks.tasks import pair_ids
 
 PACKED_ROW = 128  # the shortest packed row (tokens), and row lengths double from it
+# tokens a packed call (perldiag on a 2-core Xeon, interleaved: 1024 gave 1.25x the texts/s of
+# 4096 in bfloat16 products, 1.4x in float32; 512 ~1024; benchmarks/results.md 2026-12-05)
+PACKED_TOKENS_PER_BATCH = 1024
 
 
 @dataclasses.dataclass
@@ -82,10 +85,11 @@ class Embedder:
         self,
         texts: list[str],
         batch_size: int | None = None,
-        tokens_per_batch: int = sorted_apply.TOKENS_PER_BATCH,
+        tokens_per_batch: int | None = None,
     ) -> np.ndarray:
         """[N, E] float32 vectors of ``texts`` in order: length-sorted batches of about
-        ``tokens_per_batch`` tokens (at most ``batch_size`` texts), or packed rows."""
+        ``tokens_per_batch`` tokens (at most ``batch_size`` texts), or packed rows (None: each
+        path's default)."""
         return np.concatenate(
             [np.zeros((0, self.dimension), np.float32)]
             + list(self.encode_stream(texts, batch_size, tokens_per_batch))
@@ -95,14 +99,14 @@ class Embedder:
         self,
         texts: Iterable[str],
         batch_size: int | None = None,
-        tokens_per_batch: int = sorted_apply.TOKENS_PER_BATCH,
+        tokens_per_batch: int | None = None,
         window: int = sorted_apply.WINDOW,
     ) -> Iterator[np.ndarray]:
         """`encode` of any number of texts, one [n, E] array per ``window`` texts read."""
         for chunk in sorted_apply.windows(texts, window):
             ids, _ = pair_ids(self.tokenizer, chunk, None, self.max_seq_length)
             if self.packed and set(self.pooling) <= set(PACKABLE_POOLING):
-                yield self._encode_packed(ids, tokens_per_batch)
+                yield self._encode_packed(ids, tokens_per_batch or PACKED_TOKENS_PER_BATCH)
                 continue
             apply = lambda i, t, m: self._apply(self.params, i, m)  # noqa: E731
             types = [np.zeros(len(x), np.int32) for x in ids]
@@ -112,7 +116,7 @@ class Embedder:
                 types,
                 self.cfg.pad_token_id,
                 self.max_seq_length,
-                tokens_per_batch,
+                tokens_per_batch or sorted_apply.TOKENS_PER_BATCH,
                 batch_size,
             )
             yield np.stack(vectors).astype(np.float32)
