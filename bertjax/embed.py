@@ -9,7 +9,9 @@ workdir (the pooling and normalization its run config trained), or a Hugging Fac
 directory (mean pooling, normalized). With ``--beir_dir`` the output is the JSON of NDCG@10,
 MRR@10 and Recall@100 of the split's judged queries (exact search over the whole corpus); with
 ``--corpus`` (BEIR's corpus.jsonl format) it is an .npz of ``ids`` and ``embeddings``;
-``--export`` writes a directory ``SentenceTransformer(dir)`` loads. The command's face; the
+``--export`` writes a directory ``SentenceTransformer(dir)`` loads. ``--matmul_dtype``: the dense
+products' dtype ("auto": bfloat16 on a CPU with bfloat16 instructions, else float32; logged;
+bertjax/inference/precision.py). The command's face; the
 embedder is bertjax/inference/embedder.py. Bad input stops with one line (bertjax/cli.py).
 
 Example::
@@ -24,6 +26,7 @@ import json
 
 from bertjax import cli, paths
 from bertjax.data.text.beir import read_beir
+from bertjax.inference import precision
 from bertjax.inference.embedder import Embedder, embed_corpus, evaluate_beir, load
 
 __all__ = ["Embedder", "embed_corpus", "evaluate_beir", "load", "main"]
@@ -31,6 +34,8 @@ __all__ = ["Embedder", "embed_corpus", "evaluate_beir", "load", "main"]
 
 def _run(flags, _) -> None:
     cli.require(flags, "model")
+    if flags.matmul_dtype not in precision.CHOICES:
+        cli.fail(f"--matmul_dtype={flags.matmul_dtype!r}: one of {precision.CHOICES}")
     if not (flags.beir_dir or flags.corpus or flags.export):
         cli.fail("give --beir_dir (metrics), --corpus (vectors) or --export (a directory)")
     if flags.corpus and not flags.output:
@@ -38,7 +43,7 @@ def _run(flags, _) -> None:
     if flags.corpus and not paths.exists(flags.corpus):
         cli.fail(f"--corpus={flags.corpus!r} does not exist")
     beir = read_beir(flags.beir_dir, flags.split) if flags.beir_dir else None  # before the model
-    embedder = load(flags.model, flags.max_seq_length or None)
+    embedder = load(flags.model, flags.max_seq_length or None, flags.matmul_dtype)
     if flags.export:
         embedder.export(flags.export)
         print(f"wrote the sentence-transformers directory {flags.export}")
@@ -64,6 +69,7 @@ def define_flags():
         ("export", "", "write a sentence-transformers directory here"),
         ("batch_size", 0, "at most this many texts a length bucket (0: ~4096 tokens a call)"),
         ("max_seq_length", 0, "token limit per text (0: the model's)"),
+        ("matmul_dtype", "auto", f"dense products, one of {precision.CHOICES} (precision.py)"),
     )
 
 
@@ -73,4 +79,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    import logging
+
+    from bertjax.training import runtime
+
+    runtime.default_to_cpu_without_accelerator()  # no TPU runtime start-up where libtpu is
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the products' dtype chosen
     main()

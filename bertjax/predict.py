@@ -15,7 +15,9 @@ directory, a Hugging Face directory or a sentence-transformers directory
 input's ``_id``/``id`` when it has one), then ``label`` + ``probabilities``, ``value``
 (regression), ``tokens`` + ``tags`` (word-level), ``embedding``, or ``masks`` (per mask: the
 ``top_k`` tokens with ``token_id`` and ``score``). Input is read and output written ``--window``
-rows at a time (bounded memory).
+rows at a time (bounded memory). ``--matmul_dtype``: the dense products' dtype; "auto" takes
+bfloat16 for embeddings on a CPU with bfloat16 instructions and float32 otherwise, and logs its
+choice (bertjax/inference/precision.py).
 
 With ``--runner=...`` (and any other Beam pipeline options) the same predictions run as a Beam
 pipeline (bertjax/inference/beam.py): one output shard per ``--shard_bytes`` of input, equal
@@ -29,7 +31,7 @@ import logging
 
 from bertjax import cli, paths
 from bertjax.data.text import records
-from bertjax.inference import beam, outputs, predictors, sorted_apply
+from bertjax.inference import beam, outputs, precision, predictors, sorted_apply
 from bertjax.inference.outputs import predict_file
 
 __all__ = ["define_flags", "main", "predict_file"]
@@ -50,6 +52,7 @@ def define_flags():
         ("window", sorted_apply.WINDOW, "rows predicted and written at a time"),
         ("runner", "", "a Beam runner (DirectRunner, DataflowRunner, ...): run on Beam"),
         ("shard_bytes", beam.SHARD_BYTES, "Beam: input bytes of an output shard"),
+        ("matmul_dtype", "auto", f"dense products, one of {precision.CHOICES} (precision.py)"),
     )
 
 
@@ -73,7 +76,7 @@ def _run(flags, rest: list[str]) -> None:
         print(f"wrote {count} rows to the shards of {flags.output}")
         return
     labels = [s for s in flags.labels.split(",") if s] or None
-    predictor = predictors.load(flags.model, flags.task, labels, flags.top_k)
+    predictor = predictors.load(flags.model, flags.task, labels, flags.top_k, flags.matmul_dtype)
     for column in ("text_column", "text_pair_column", "tokens_column"):
         if flags[column].present:
             setattr(predictor, column, flags[column].value)
@@ -92,5 +95,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from bertjax.training import runtime
+
+    runtime.default_to_cpu_without_accelerator()  # no TPU runtime start-up where libtpu is
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # rows and rows/s as it goes
     main()

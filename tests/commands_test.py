@@ -65,6 +65,16 @@ def _cases(root, workdir):
             + [f"--output={root}/o.jsonl"],
             f"{root}/latin1.tsv line 3: invalid UTF-8",
         ),
+        "predict-bad-matmul-dtype": (  # before the model is read
+            predict.main,
+            [*predict_to, f"--model={workdir}", "--matmul_dtype=fp8"],
+            "--matmul_dtype='fp8': one of ('auto', 'float32', 'bfloat16')",
+        ),
+        "embed-bad-matmul-dtype": (
+            embed.main,
+            ["embed", f"--model={workdir}", "--export=x", "--matmul_dtype=half"],
+            "--matmul_dtype='half': one of ('auto', 'float32', 'bfloat16')",
+        ),
         "embed-not-beir": (
             embed.main,
             ["embed", f"--model={workdir}", f"--beir_dir={root}/not_beir"],

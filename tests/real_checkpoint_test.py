@@ -110,7 +110,7 @@ def test_embed_equals_sentence_transformers_and_pytrec_eval_on_real_text(
 
     queries, corpus, qrels = _pydoc_beir(tmp_path / "pydoc")
     assert len(queries) > 40 and len(corpus) > 80
-    embedder = embed.load(MODEL)
+    embedder = embed.load(MODEL, matmul_dtype="float32")  # bfloat16: the test below
     assert embedder.max_seq_length == 256 and embedder.pooling == ("mean",)
     ours = embed.evaluate_beir(embedder, str(tmp_path / "pydoc"), batch_size=32)
 
@@ -143,6 +143,19 @@ def test_embed_equals_sentence_transformers_and_pytrec_eval_on_real_text(
     for name, value in expected.items():
         assert abs(ours[name] - value) <= 1e-3, (name, ours[name], value)
     assert ours["ndcg@10"] > 0.3  # a real model finds the topics (0.13 with the padded ids)
+
+
+def test_bfloat16_products_keep_every_vector_within_cosine_0999_of_float32():
+    """The products "auto" takes on a CPU with bfloat16 instructions (forced here, so the check
+    runs on any CPU): vectors move (the bfloat16 path ran) but keep their direction."""
+    texts = [*AWKWARD, 'Can\'t locate object method "%s" via package "%s"', "Out of memory!"]
+    vectors = [
+        embed.load(MODEL, matmul_dtype=dtype).encode(texts, tokens_per_batch=512)
+        for dtype in ("float32", "bfloat16")
+    ]
+    cosine = np.sum(vectors[0] * vectors[1], axis=1)  # normalized vectors
+    assert cosine.min() >= 0.999, cosine
+    assert np.abs(vectors[0] - vectors[1]).max() > 1e-4
 
 
 def test_fine_tunes_from_the_checkpoint_and_exports_to_transformers(tmp_path):

@@ -191,7 +191,7 @@ def test_embedding_checkpoint_loads_with_its_pooling(tmp_path, small_spm):
     checkpoints = Checkpointer(str(tmp_path / "checkpoints"), keep=1, async_save=False)
     checkpoints.save(state, {**meta, **tokenizer_meta(tokenizer)}, force=True)
     checkpoints.close()
-    embedder = embed.load(str(tmp_path))
+    embedder = embed.load(str(tmp_path), matmul_dtype="float32")
     assert embedder.pooling == ("cls", "mean") and embedder.normalize is False
     texts = ["Return the list of names.", "a coroutine can be suspended"]
     rows = encode_pairs(tokenizer, texts, ["", ""], 16)

@@ -1,5 +1,6 @@
 """bertjax.training.runtime: the restart with glibc malloc on transparent huge pages."""
 
+import os
 import subprocess
 import sys
 
@@ -126,3 +127,18 @@ def test_cpu_platform_default_only_without_accelerator_and_user_setting(monkeypa
     environ = {}
     runtime.default_to_cpu_without_accelerator(environ)
     assert environ == {}
+
+
+def test_cpu_platform_default_reaches_jax_when_it_is_already_imported(monkeypatch):
+    """`python -m bertjax.predict` imports jax before its __main__ block runs, and jax reads
+    JAX_PLATFORMS when imported: its config is set as well as the variable."""
+    import jax
+
+    monkeypatch.setattr(runtime.sys, "platform", "linux")
+    monkeypatch.setattr(runtime, "accelerator_present", lambda: False)
+    monkeypatch.setenv("JAX_PLATFORMS", "")  # restored after the test, whatever it was
+    monkeypatch.delenv("JAX_PLATFORMS")
+    updates = []
+    monkeypatch.setattr(jax.config, "update", lambda name, value: updates.append((name, value)))
+    runtime.default_to_cpu_without_accelerator()
+    assert os.environ["JAX_PLATFORMS"] == "cpu" and updates == [("jax_platforms", "cpu")]

@@ -106,7 +106,7 @@ def _modernbert(root):
 def test_sentence_transformers_round_trip(family, tmp_path):
     source = (_bert if family == "bert" else _modernbert)(str(tmp_path / "source"))
     want = SentenceTransformer(source, device="cpu").encode(TEXTS, convert_to_numpy=True)
-    embedder = embed.load(source)
+    embedder = embed.load(source, matmul_dtype="float32")  # fidelity: float32 products
     assert embedder.pooling == (("mean",) if family == "bert" else ("cls",))
     assert embedder.normalize == (family == "bert")
     got = embedder.encode(TEXTS, batch_size=4)  # packed rows
@@ -136,6 +136,7 @@ def _check_beir(embedder, tmp_path):
     output = tmp_path / "metrics.json"
     command = [sys.executable, "-m", "bertjax.embed", f"--model={tmp_path / 'exported'}"]
     command += [f"--beir_dir={root}", f"--output={output}", "--batch_size=4"]
+    command += ["--matmul_dtype=float32"]
     env = dict(os.environ, XLA_FLAGS=xla_flags(1))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

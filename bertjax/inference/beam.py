@@ -44,7 +44,7 @@ def manifest_path(output: str) -> str:
 
 def settings_of(flags) -> dict:
     """What a worker needs to load the predictor and read its window (plain values)."""
-    names = ("model", "input", "task", "labels", "top_k", "window", "shard_bytes")
+    names = ("model", "input", "task", "labels", "top_k", "window", "shard_bytes", "matmul_dtype")
     columns = ("text_column", "text_pair_column", "tokens_column")
     return {
         **{name: flags[name].value for name in names},
@@ -56,10 +56,17 @@ def load_predictor(settings: dict):
     from bertjax.inference import predictors
 
     labels = [s for s in settings["labels"].split(",") if s] or None
-    predictor = predictors.load(settings["model"], settings["task"], labels, settings["top_k"])
+    predictor = predictors.load(
+        settings["model"], settings["task"], labels, settings["top_k"], _products(settings)
+    )
     for column, value in settings["columns"].items():
         setattr(predictor, column, value)
     return predictor
+
+
+def _products(settings: dict) -> str:
+    """The products' dtype asked for ("auto" when the settings do not say)."""
+    return settings.get("matmul_dtype", "auto")
 
 
 def made_of(settings: dict) -> dict:
@@ -70,6 +77,7 @@ def made_of(settings: dict) -> dict:
         "model": paths.resolve(settings["model"]),
         "model_fingerprint": loading.fingerprint(settings["model"]),
         **{key: settings[key] for key in keys},
+        "matmul_dtype": _products(settings),
         "input": paths.resolve(settings["input"]),
         "input_bytes": paths.Path(settings["input"]).stat().length,
     }

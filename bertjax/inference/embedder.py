@@ -25,13 +25,18 @@ from bertjax.data.text import records
 from bertjax.data.text.beir import BeirSet, read_beir
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.evaluation import retrieval
-from bertjax.inference import batching, loading, sorted_apply
+from bertjax.inference import batching, loading, precision, sorted_apply
 from bertjax.inference.loading import TrainedModel
 from bertjax.interop import sentence_transformers as st_files
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.embedder import PACKABLE_POOLING, BertForEmbedding, l2_normalize, pool_packed
 from bertjax.modeling.encoder import BertModel
 from bertjax.tasks.tasks import pair_ids
+
+PACKED_ROW = 128  # the shortest packed row (tokens), and row lengths double from it
+# tokens a packed call (perldiag on a 2-core Xeon, interleaved: 1024 gave 1.25x the texts/s of
+# 4096 in bfloat16 products, 1.4x in float32; 512 ~1024; benchmarks/results.md 2026-12-05)
+PACKED_TOKENS_PER_BATCH = 1024
 
 
 @dataclasses.dataclass
@@ -48,9 +53,16 @@ class Embedder:
     # several texts a row (segment ids; measured ~1.5x the buckets' texts/s on CPU,
     # benchmarks/predict_throughput.py) where the pooling allows; else length buckets
     packed: bool = True
+    # dense products: "auto" (bfloat16 on a CPU with bfloat16 instructions, else float32),
+    # "float32" or "bfloat16" (bertjax/inference/precision.py)
+    matmul_dtype: str = "auto"
 
     def __post_init__(self):
-        self.cfg = self.cfg.replace(dtype="float32")
+        products = precision.matmul_dtype(self.matmul_dtype, "embed")
+        self.cfg = self.cfg.replace(dtype="float32", matmul_dtype=products)
+        # on the device once: numpy leaves would be copied in at every call, and each call
+        # dispatched ahead would hold its own copy (~90 MB for all-MiniLM) until it ran
+        self.params = jax.device_put(self.params)
         limit = self.cfg.max_position_embeddings - self.cfg.position_offset
         self.max_seq_length = min(int(self.max_seq_length), limit)
         model = BertForEmbedding(self.cfg, self.pooling, self.normalize)
@@ -73,10 +85,11 @@ class Embedder:
         self,
         texts: list[str],
         batch_size: int | None = None,
-        tokens_per_batch: int = sorted_apply.TOKENS_PER_BATCH,
+        tokens_per_batch: int | None = None,
     ) -> np.ndarray:
         """[N, E] float32 vectors of ``texts`` in order: length-sorted batches of about
-        ``tokens_per_batch`` tokens (at most ``batch_size`` texts), or packed rows."""
+        ``tokens_per_batch`` tokens (at most ``batch_size`` texts), or packed rows (None: each
+        path's default)."""
         return np.concatenate(
             [np.zeros((0, self.dimension), np.float32)]
             + list(self.encode_stream(texts, batch_size, tokens_per_batch))
@@ -86,14 +99,14 @@ class Embedder:
         self,
         texts: Iterable[str],
         batch_size: int | None = None,
-        tokens_per_batch: int = sorted_apply.TOKENS_PER_BATCH,
+        tokens_per_batch: int | None = None,
         window: int = sorted_apply.WINDOW,
     ) -> Iterator[np.ndarray]:
         """`encode` of any number of texts, one [n, E] array per ``window`` texts read."""
         for chunk in sorted_apply.windows(texts, window):
             ids, _ = pair_ids(self.tokenizer, chunk, None, self.max_seq_length)
             if self.packed and set(self.pooling) <= set(PACKABLE_POOLING):
-                yield self._encode_packed(ids, tokens_per_batch)
+                yield self._encode_packed(ids, tokens_per_batch or PACKED_TOKENS_PER_BATCH)
                 continue
             apply = lambda i, t, m: self._apply(self.params, i, m)  # noqa: E731
             types = [np.zeros(len(x), np.int32) for x in ids]
@@ -103,20 +116,21 @@ class Embedder:
                 types,
                 self.cfg.pad_token_id,
                 self.max_seq_length,
-                tokens_per_batch,
+                tokens_per_batch or sorted_apply.TOKENS_PER_BATCH,
                 batch_size,
             )
             yield np.stack(vectors).astype(np.float32)
 
     def _encode_packed(self, ids, tokens_per_batch: int) -> np.ndarray:
-        """Packed rows of the longest text's bucket length (one compiled shape per window)."""
+        """Packed rows of 128, 256, ... tokens up to the longest text's bucket length (one
+        compiled shape per row length: batching.packed_batches)."""
         lengths = [len(x) for x in ids]
-        length = batching.bucket_of(max(max(lengths), 128), self.max_seq_length)
-        rows = max(1, tokens_per_batch // length)
-        segments = max(1, length // 8)
+        top = batching.bucket_of(max(max(lengths), PACKED_ROW), self.max_seq_length)
+        row_lengths = [n for n in (PACKED_ROW << k for k in range(8)) if n < top] + [top]
         pending = []
-        for batch in batching.packed_batches(lengths, rows, length, segments):
+        for batch in batching.packed_batches(lengths, tokens_per_batch, row_lengths):
             (input_ids, segment_ids) = batching.fill(batch, (ids,), (self.cfg.pad_token_id,))
+            segments = batch.shape[1] // batching.SEGMENT_TOKENS
             pending.append(
                 (batch, self._apply_packed(self.params, input_ids, segment_ids, segments))
             )
@@ -143,23 +157,33 @@ class Embedder:
         )
 
 
-def from_model(model: TrainedModel, max_seq_length: int | None = None) -> Embedder:
+def from_model(
+    model: TrainedModel, max_seq_length: int | None = None, matmul_dtype: str = "auto"
+) -> Embedder:
     """The embedder of a loaded model (`bertjax.inference.loading`): its encoder without the
     pooler or heads, the pooling and normalization it trained (a sentence-transformers
-    directory's modules; mean pooling, normalized, for a model not trained to embed)."""
+    directory's modules; mean pooling, normalized, for a model not trained to embed), its
+    products in ``matmul_dtype`` (`Embedder.matmul_dtype`)."""
     if model.form == "workdir" and model.task != "embed":
         logging.warning("%s was not trained as an embedding model: mean pooling", model.path)
     bert = {k: v for k, v in model.params["bert"].items() if k != "pooler"}
     length = max_seq_length or model.max_seq_length
     return Embedder(
-        model.cfg, {"bert": bert}, model.tokenizer, model.pooling, model.normalize, length
+        model.cfg,
+        {"bert": bert},
+        model.tokenizer,
+        model.pooling,
+        model.normalize,
+        length,
+        matmul_dtype=matmul_dtype,
     )
 
 
-def load(path: str, max_seq_length: int | None = None) -> Embedder:
+def load(path: str, max_seq_length: int | None = None, matmul_dtype: str = "auto") -> Embedder:
     """The embedder under ``path``: a sentence-transformers directory, a bertjax workdir or a
-    Hugging Face model directory (`bertjax.inference.loading.load`)."""
-    return from_model(loading.load(path), max_seq_length)
+    Hugging Face model directory (`bertjax.inference.loading.load`), its products in
+    ``matmul_dtype`` (`Embedder.matmul_dtype`)."""
+    return from_model(loading.load(path), max_seq_length, matmul_dtype)
 
 
 def evaluate_beir(

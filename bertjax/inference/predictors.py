@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.data.tokenizer import Tokenizer
-from bertjax.inference import embedder, loading, sorted_apply
+from bertjax.inference import embedder, loading, precision, sorted_apply
 from bertjax.inference.labels import label_names
 from bertjax.inference.loading import TASKS, TrainedModel
 from bertjax.modeling.bert_config import BertConfig
@@ -38,8 +38,22 @@ class Predictor(abc.ABC):
 
     task = ""
 
-    def __init__(self, cfg: BertConfig, params: dict, tokenizer: Tokenizer, length: int):
-        self.cfg, self.params, self.tokenizer = cfg.replace(dtype="float32"), params, tokenizer
+    def __init__(
+        self,
+        cfg: BertConfig,
+        params: dict,
+        tokenizer: Tokenizer,
+        length: int,
+        matmul_dtype: str | None = "auto",
+    ):
+        """``matmul_dtype``: the products' dtype ("auto": bertjax/inference/precision.py; None:
+        ``cfg``'s, already chosen)."""
+        products = cfg.matmul_dtype
+        if matmul_dtype is not None:
+            products = precision.matmul_dtype(matmul_dtype, self.task)
+        self.cfg = cfg.replace(dtype="float32", matmul_dtype=products)
+        self.params = jax.device_put(params)  # once, not copied in at every call
+        self.tokenizer = tokenizer
         self.length = min(int(length), cfg.max_position_embeddings - cfg.position_offset)
         self.text_column, self.text_pair_column, self.tokens_column = "text", "", "tokens"
 
@@ -74,8 +88,8 @@ class Classifier(Predictor):
 
     task = "classify"
 
-    def __init__(self, cfg, params, tokenizer, length, labels: list[str]):
-        super().__init__(cfg, params, tokenizer, length)
+    def __init__(self, cfg, params, tokenizer, length, labels: list[str], matmul_dtype="auto"):
+        super().__init__(cfg, params, tokenizer, length, matmul_dtype)
         self.labels = labels
         model = BertForSequenceClassification(self.cfg, num_labels=max(1, len(labels)))
 
@@ -116,8 +130,8 @@ class Tagger(Predictor):
 
     task = "tag"
 
-    def __init__(self, cfg, params, tokenizer, length, labels: list[str]):
-        super().__init__(cfg, params, tokenizer, length)
+    def __init__(self, cfg, params, tokenizer, length, labels: list[str], matmul_dtype="auto"):
+        super().__init__(cfg, params, tokenizer, length, matmul_dtype)
         self.labels = labels
         model = BertForTokenClassification(self.cfg, num_labels=len(labels))
         self._apply = jax.jit(
@@ -161,7 +175,8 @@ class Embeddings(Predictor):
     task = "embed"
 
     def __init__(self, model: embedder.Embedder):
-        super().__init__(model.cfg, model.params, model.tokenizer, model.max_seq_length)
+        length = model.max_seq_length  # its products' dtype: the embedder's own choice
+        super().__init__(model.cfg, model.params, model.tokenizer, length, matmul_dtype=None)
         self.embedder = model
 
     def predict(self, records):
@@ -175,8 +190,8 @@ class FillMask(Predictor):
 
     task = "fill_mask"
 
-    def __init__(self, cfg, params, tokenizer, length, top_k: int = 5):
-        super().__init__(cfg, params, tokenizer, length)
+    def __init__(self, cfg, params, tokenizer, length, top_k: int = 5, matmul_dtype="auto"):
+        super().__init__(cfg, params, tokenizer, length, matmul_dtype)
         self.top_k = top_k
         model = BertForPreTraining(self.cfg, next_sentence="nsp_head" in params)
         mask_id = tokenizer.mask_id
@@ -231,15 +246,20 @@ class FillMask(Predictor):
 
 
 def make(
-    model: TrainedModel, task: str = "", labels: list[str] | None = None, top_k: int = 5
+    model: TrainedModel,
+    task: str = "",
+    labels: list[str] | None = None,
+    top_k: int = 5,
+    matmul_dtype: str = "auto",
 ) -> Predictor:
     """The predictor of ``model`` (`bertjax.inference.loading`) for ``task``, by default the one
-    it was trained for; ``labels`` names the classes when the model's own names are gone."""
+    it was trained for; ``labels`` names the classes when the model's own names are gone;
+    ``matmul_dtype``: its products' dtype ("auto": bertjax/inference/precision.py)."""
     if task and task not in TASKS:
         raise ValueError(f"--task={task!r}: one of {TASKS}")
     task = task or model.task
     if task == "embed":
-        predictor = Embeddings(embedder.from_model(model))
+        predictor = Embeddings(embedder.from_model(model, matmul_dtype=matmul_dtype))
     elif task in ("classify", "tag"):
         if model.task != task:  # its head, if any, is another task's
             raise ValueError(
@@ -248,20 +268,29 @@ def make(
             )
         labels = labels or label_names(model, task)
         cls = Classifier if task == "classify" else Tagger
-        predictor = cls(model.cfg, model.params, model.tokenizer, model.max_seq_length, labels)
+        length = model.max_seq_length
+        predictor = cls(model.cfg, model.params, model.tokenizer, length, labels, matmul_dtype)
     elif "mlm_head" not in model.params:
         raise ValueError("--task=fill_mask needs a model with its MLM head (a pretraining save)")
     else:
         length = model.max_seq_length
-        predictor = FillMask(model.cfg, model.params, model.tokenizer, length, top_k)
+        predictor = FillMask(model.cfg, model.params, model.tokenizer, length, top_k, matmul_dtype)
     for column, value in model.columns.items():
         setattr(predictor, column, value)
     return predictor
 
 
-def load(path: str, task: str = "", labels: list[str] | None = None, top_k: int = 5) -> Predictor:
+def load(
+    path: str,
+    task: str = "",
+    labels: list[str] | None = None,
+    top_k: int = 5,
+    matmul_dtype: str = "auto",
+) -> Predictor:
     """`make` of the model under ``path`` (a workdir, ``best/``, HF or sentence-transformers
     directory: `bertjax.inference.loading.load`)."""
     if task and task not in TASKS:
         raise ValueError(f"--task={task!r}: one of {TASKS}")
-    return make(loading.load(path), task, labels, top_k)
+    if matmul_dtype not in precision.CHOICES:  # before the model is read
+        raise ValueError(f"--matmul_dtype={matmul_dtype!r}: one of {precision.CHOICES}")
+    return make(loading.load(path), task, labels, top_k, matmul_dtype)

@@ -68,10 +68,14 @@ def accelerator_present() -> bool:
 
 def default_to_cpu_without_accelerator(environ=os.environ) -> None:
     """``JAX_PLATFORMS=cpu`` where the user left it unset and a Linux host has no accelerator
-    device file (see the module docstring). Call before jax is imported."""
+    device file (see the module docstring). Call before JAX starts a backend: jax reads the
+    variable when it is imported, so where it already is (a ``python -m bertjax.X`` module
+    imports it before its ``__main__`` block runs) its config is set too."""
     if "JAX_PLATFORMS" not in environ and sys.platform.startswith("linux"):
         if not accelerator_present():
             environ["JAX_PLATFORMS"] = "cpu"
+            if environ is os.environ and "jax" in sys.modules:
+                sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
 def hugepage_malloc_supported() -> bool:
