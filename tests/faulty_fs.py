@@ -5,7 +5,8 @@ Every request counts, from 1, in the order this process sends them: a `cat_file`
 of fsspec's `cat_ranges` on a synchronous filesystem), an `info`, an `ls`, an `open`. `PLAN`
 decides which fail, raising `OSError("503 Service Unavailable")` as a wrapped HTTP error does:
 ``fail_at`` (request numbers), ``every`` (every N-th request), ``start``/``stop`` (an outage:
-every request from ``start`` until ``stop``, 0: no end), each only on paths containing ``match``.
+every request from ``start`` until ``stop``, 0: no end; or while the file ``while_exists``
+exists), each only on paths containing ``match``.
 A spawned process (a data worker) reads its plan from $BERTJAX_FAULTS (JSON of those keys) when
 it imports this module; `make_pipeline` is the pipeline factory such a worker is given, so that
 it imports this module, and so knows the protocol, before it opens the store.
@@ -29,9 +30,12 @@ ENV = "BERTJAX_FAULTS"
 class Plan:
     """Which requests fail (see the module docstring); counts requests and failures."""
 
-    def __init__(self, fail_at=(), every: int = 0, start: int = 0, stop: int = 0, match: str = ""):
+    def __init__(
+        self, fail_at=(), every=0, start=0, stop=0, match: str = "", while_exists: str = ""
+    ):
         self.fail_at, self.every = {int(n) for n in fail_at}, int(every)
         self.start, self.stop, self.match = int(start), int(stop), str(match)
+        self.while_exists = str(while_exists)  # an outage: every request fails while it exists
         self.requests = self.failures = 0
         self._lock = threading.Lock()
 
@@ -44,6 +48,7 @@ class Plan:
                 n in self.fail_at
                 or (self.every and n % self.every == 0)
                 or (self.start and n >= self.start and (not self.stop or n < self.stop))
+                or (self.while_exists and os.path.exists(self.while_exists))
             )
             self.failures += bool(fails)
         if fails:
