@@ -102,6 +102,7 @@ class _Supervisor:
     def __init__(self, workdir, store: str, logs):
         self.workdir, self.store, self.logs = str(workdir), store, logs
         self.launches: list[Launch] = []
+        self.waited: dict[str, float] = {}  # seconds from a fault to process 0's exit
 
     def start(self, name: str, faults=({}, {}), kill_during_save=(None, None)) -> list:
         port = free_port()
@@ -224,7 +225,9 @@ def faulted(tmp_path_factory, store) -> _Supervisor:
         procs = job.start(name, faults=transient)
         job.wait_for_step(procs)
         procs[1].send_signal(signum)
+        sent = time.monotonic()
         procs[0].wait(timeout=HEARTBEAT_S + 120)  # the supervisor sees one end, kills the rest
+        job.waited[name] = time.monotonic() - sent
         procs[1].kill()
         job.finish(name, procs)
 
@@ -273,6 +276,8 @@ def test_each_line_says_what_happened(faulted):
         log = launches[name].logs[0]
         assert len(_errors(log)) == 1, log[-3000:]
         assert _errors(log)[0].startswith("error: process 1 of 2 (") and "left the run" in log
+        assert "Rerun the same command on every host" in _errors(log)[0]
+        assert faulted.waited[name] < HEARTBEAT_S + 20, faulted.waited  # bounded, not JAX's 68 s
         assert "Check failure stack trace" not in log and "Traceback" not in log
     truncated = launches["truncated"].logs[0]
     assert "could not be read" in truncated and ".unreadable" in truncated, truncated[-3000:]

@@ -8,8 +8,8 @@ a best checkpoint, embeddings with in-batch negatives from the whole mesh, disti
 pretrained teacher, a run that diverges, and the same pretraining again, during which process 1
 alone gets SIGTERM. One process with 8 devices runs the same list beside it (less the last two).
 Then train.py
-itself, as 2 processes: the stopped run resumed and process 1 killed with SIGKILL; resumed again
-to its end, bitwise the uninterrupted run; and started with a flag missing on one process.
+itself, as 2 processes started with a flag missing on one process. Kills, stalls and reruns of
+train.py processes, resumed bitwise: the fault tier (tests/faults_test.py).
 """
 
 import dataclasses
@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import multiprocess_worker as mp
 import numpy as np
@@ -244,27 +243,6 @@ def _saved_step(log: str) -> int:
     return int(lines[0].split("saved step ")[1].split(",")[0])
 
 
-@pytest.fixture(scope="module")
-def killed(runs, tmp_path_factory):
-    """train.py resumes the stopped run as 2 processes; process 1 gets SIGKILL once the first
-    resumed step is logged. (process 0's exit status, seconds from the kill to its exit, its
-    log)."""
-    resumed_from = _saved_step(runs.logs[0])
-    heartbeat = [f"--heartbeat_timeout_seconds={HEARTBEAT_S}"]
-    stopped, logs = runs.stopped, runs.base / "killed"
-    procs = mp.start_train_py(RECIPE, runs.pretraining, stopped, logs, heartbeat)
-    try:
-        mp.wait(lambda: max(mp.steps_logged(stopped)) > resumed_from, procs, "the resumed run")
-        procs[1].send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        code = procs[0].wait(timeout=HEARTBEAT_S + 60)
-        elapsed = time.time() - killed_at
-    finally:
-        for p in procs:
-            p.kill()
-    return code, elapsed, (runs.base / "killed0.log").read_text()
-
-
 def test_sigterm_to_one_process_stops_both_at_one_step(runs):
     """SIGTERM to process 1 only (process 0 is stepping on): both save the same step, which is
     the run's last checkpoint, and exit 0 (the pair's exit codes are checked in `runs`)."""
@@ -284,44 +262,6 @@ def test_a_non_finite_loss_stops_both_processes_at_one_step(runs):
     assert errors[0] == errors[1] and errors[0][0] == "FloatingPointError", errors
     assert "non-finite loss or gradient at or before step" in errors[0][1]
     assert all("error" not in r["stopped"] for r in results)
-
-
-def test_a_killed_process_stops_the_other_in_bounded_time_naming_it(killed):
-    """SIGKILL of process 1: process 0 exits (status 75: restart, it resumes) within the
-    heartbeat timeout, with one line naming the lost process and what to do, instead of JAX's
-    abort and stack dump."""
-    code, elapsed, log = killed
-    assert code == 75, log[-3000:]
-    assert elapsed < HEARTBEAT_S + 20, elapsed
-    errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, log[-3000:]
-    assert errors[0].startswith("error: process 1 of 2 (") and "left the run" in errors[0]
-    assert "Rerun the same command on every host" in errors[0]
-    assert "Check failure stack trace" not in log and "Traceback" not in log
-
-
-def test_the_rerun_after_sigterm_and_sigkill_is_bitwise_the_uninterrupted_run(runs, killed):
-    """train.py resumes the twice-interrupted run to its end: the final params equal the
-    uninterrupted pair's bit for bit, and so does every number logged after the resumes."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    base, stopped = runs.base, runs.stopped
-    procs = mp.start_train_py(RECIPE, runs.pretraining, stopped, base / "rerun")
-    codes = [p.wait(timeout=300) for p in procs]
-    assert codes == [0, 0], (base / "rerun0.log").read_text()[-3000:]
-
-    def params(workdir):
-        checkpointer = ocp.PyTreeCheckpointer()
-        path = f"{workdir}/checkpoints/{STEPS}/state"
-        meta = checkpointer.metadata(path).item_metadata.tree
-        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
-        return checkpointer.restore(path, restore_args=as_numpy)["params"]
-
-    ours, theirs = params(stopped), params(base / "pair-pretrain")
-    assert len(jax.tree.leaves(ours)) > 20
-    jax.tree.map(np.testing.assert_array_equal, ours, theirs)
-    assert mp.by_step(stopped) == mp.by_step(base / "pair-pretrain")
 
 
 def test_processes_started_with_different_configs_stop_naming_the_keys(runs):
