@@ -44,6 +44,27 @@ BAD_INPUT = 2  # the exit status of every command stopped by bad input
 RETRY = 75  # EX_TEMPFAIL: storage unreachable past its budget, or a lost process; restart
 STOPPED = 128 + 15  # stopped by SIGTERM after saving (or because another process was signalled)
 INPUT_ERRORS = (ValueError, OSError)
+# How the runtime's status codes open an error's text: a collective or a device call that failed
+# (jaxlib raises a Gloo collective's failure as a ValueError, most others as JaxRuntimeError).
+RUNTIME_STATUSES = (
+    "UNKNOWN:", "INTERNAL:", "UNAVAILABLE:", "ABORTED:", "CANCELLED:", "DEADLINE_EXCEEDED:",
+    "FAILED_PRECONDITION:", "RESOURCE_EXHAUSTED:",
+)  # fmt: skip
+
+
+def runtime_failure(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) is the runtime's: a failed collective or
+    device call, never bad input; under --multihost possibly a sign of a lost process."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
+            return True
+        if isinstance(error, (ValueError, RuntimeError)):
+            if str(error).startswith(RUNTIME_STATUSES):
+                return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def stopped_by(signum: int | None) -> int:
@@ -89,7 +110,7 @@ def input_errors(verbose: bool) -> Iterator[None]:
             raise
         unavailable(error)
     except INPUT_ERRORS as error:
-        if verbose:
+        if verbose or runtime_failure(error):  # the runtime's failure: its traceback
             raise
         fail(f"{str(error) or type(error).__name__} (--verbosity=1 prints the traceback)")
 

@@ -122,6 +122,24 @@ def test_verbosity_1_gives_the_traceback_instead(files):
         predict.main([*argv, f"--model={root}/nowhere"])
 
 
+def test_a_failed_collective_is_the_runtime_s_not_bad_input():
+    """jaxlib raises a Gloo collective's failure (a peer that vanished) as a ValueError: it is
+    not bad input (status 1 with its traceback, and under --multihost a sign of a lost process
+    that processes.on_error waits for the watchdog to name); a ValueError of ours stays input."""
+    from bertjax.training import processes
+
+    gloo = ValueError("UNKNOWN: Gloo AllGather failed: [pair.cc:538] Read error: Connection "
+                      "reset by peer")  # fmt: skip
+    wrapped = RuntimeError("the step failed")
+    wrapped.__cause__ = gloo
+    assert cli.runtime_failure(gloo) and cli.runtime_failure(wrapped)
+    assert not cli.runtime_failure(ValueError("corpus.txt line 3: invalid UTF-8"))
+    assert processes.exit_status(gloo) == cli.BUG
+    assert processes.exit_status(ValueError("UNKNOWN token [X]")) == cli.BAD_INPUT
+    with pytest.raises(ValueError, match="Gloo"), cli.input_errors(verbose=False):
+        raise gloo
+
+
 @pytest.mark.parametrize(
     "command,line",
     [

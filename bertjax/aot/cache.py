@@ -48,14 +48,19 @@ class Compiled:
 
 
 # The packages that hold each platform's compiler, by name: libtpu (``libtpu``, ``libtpu-nightly``)
-# and the CUDA plugins (``jax-cuda12-plugin`` and ``-pjrt``, ``jax-cuda13-*``, ...).
-COMPILER_PACKAGES = {"tpu": r"libtpu(-nightly)?", "gpu": r"jax-cuda\d+-(plugin|pjrt)"}
+# the CUDA plugins (``jax-cuda12-plugin`` and ``-pjrt``, ``jax-cuda13-*``, ...) and, for the host
+# CPU, jaxlib.
+COMPILER_PACKAGES = {
+    "tpu": r"libtpu(-nightly)?",
+    "gpu": r"jax-cuda\d+-(plugin|pjrt)",
+    "cpu": r"jaxlib",
+}
 
 
 def compiler_version(platform: str) -> str:
     """The versions of whatever installed packages provide ``platform``'s compiler, and JAX's:
     part of the cache key, so a new compiler never reads an old compiler's programs."""
-    pattern = re.compile(COMPILER_PACKAGES[platform], re.IGNORECASE)
+    pattern = re.compile(COMPILER_PACKAGES.get(platform, "jaxlib"), re.IGNORECASE)
     found = {
         dist.metadata["Name"].lower(): dist.version
         for dist in importlib.metadata.distributions()

@@ -55,9 +55,14 @@ class Prefetch:
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Cancels the reads not started and waits up to ``timeout_s`` for those running (at most
         one a thread); a read that hangs in storage past that is left behind (its thread ends
-        when the read returns, or with the process)."""
+        when the read returns, or with the process). When none is left running, the executor's
+        threads or worker processes have ended when this returns."""
         with self._lock:
             running = [future for future, _ in self._futures.values()]
             self._futures.clear()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        concurrent.futures.wait(running, timeout=timeout_s)
+        for future in running:
+            future.cancel()  # those not started
+        _, hung = concurrent.futures.wait(running, timeout=timeout_s)
+        # Nothing left running: join the threads or worker processes (a second shutdown call
+        # would not wait, so there is one).
+        self.executor.shutdown(wait=not hung, cancel_futures=True)

@@ -66,7 +66,7 @@ def exit_status(error: BaseException) -> int:
 
     if isinstance(error, Retryable):
         return cli.RETRY
-    if isinstance(error, cli.INPUT_ERRORS):
+    if isinstance(error, cli.INPUT_ERRORS) and not cli.runtime_failure(error):
         return cli.BAD_INPUT
     return cli.BUG
 
@@ -281,14 +281,14 @@ def check_same(what: str, settings: dict) -> None:
 def on_error(error: BaseException) -> None:
     """Called with the exception that ends this process's run: the others are told this one
     fails (they stop with one line and its status instead of waiting for a heartbeat timeout).
-    A JAX error (a collective that failed) may come from another process that is gone: then
+    A runtime error (a collective that failed) may come from another process that is gone: then
     this one waits, up to a heartbeat timeout, for the watchdog to name it (it exits this
     process), unless every other process reports an error of its own first."""
     global _group
     if _group is None:
         return
     _group.publish(error)
-    if isinstance(error, jax.errors.JaxRuntimeError):
+    if cli.runtime_failure(error):
         _group.settle(_group.heartbeat_timeout + 5 * WATCH_INTERVAL_S)
     group, _group = _group, None
     group.fail(error)
