@@ -116,6 +116,13 @@ _TRANSIENT_TEXT = re.compile(
     r"timed out|connection (reset|refused|aborted)|temporarily unavailable",
     re.IGNORECASE,
 )
+# TensorStore's (orbax's checkpoint arrays) and gRPC's status texts for storage that may answer
+# again: unreachable, out of time, or GCS's "internal error. Please try again" (a 500 that
+# TensorStore's own retries leave out)
+_TRANSIENT_STATUS_TEXT = re.compile(
+    r"\b(UNAVAILABLE|DEADLINE_EXCEEDED):|\bINTERNAL:.*(please try again|internal server error)",
+    re.IGNORECASE | re.DOTALL,
+)
 _NEVER = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
           FileExistsError)  # fmt: skip
 
@@ -175,7 +182,8 @@ def _status(error: BaseException) -> int | None:
 def is_transient(error: BaseException) -> bool:
     """Whether ``error`` may go away if the request is sent again: a connection error or timeout,
     HTTP 408, 429 or 5xx (also an OSError that says so in its message, with no errno), as gcsfs,
-    s3fs, aiohttp, requests and botocore raise them. Not found, permission denied, a bad request
+    s3fs, aiohttp, requests and botocore raise them; TensorStore's UNAVAILABLE and
+    DEADLINE_EXCEEDED (a ValueError). Not found, permission denied, a bad request
     and everything else: not transient."""
     if isinstance(error, StorageUnavailable) or isinstance(error, _NEVER):
         return False
@@ -191,7 +199,21 @@ def is_transient(error: BaseException) -> bool:
         if error.errno is not None:
             return error.errno in TRANSIENT_ERRNOS
         return bool(_TRANSIENT_TEXT.search(str(error)))
+    if isinstance(error, (ValueError, RuntimeError)):  # TensorStore raises its statuses so
+        return bool(_TRANSIENT_STATUS_TEXT.search(str(error)))
     return False
+
+
+def transient_cause(error: BaseException) -> BaseException | None:
+    """The first transient error (`is_transient`) in ``error``'s chain of causes, if any: what a
+    wrapping layer (orbax, a "does not fit" message) raised it from."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if is_transient(error):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class Counts:
@@ -337,6 +359,11 @@ def stop() -> None:
     that fails from now on is not tried again (`StorageUnavailable`), so that no read keeps a
     stopping process for the rest of its budget."""
     STOPPING.set()
+
+
+def resume() -> None:
+    """Storage requests are retried again (a new run in a process whose earlier run stopped)."""
+    STOPPING.clear()
 
 
 def _sleep(seconds: float) -> None:

@@ -155,3 +155,21 @@ def test_embed_throughput_prints_the_commands_the_peer_and_bertjax():
     for cells in ours:
         assert float(cells[0].split()[0]) > 0 and float(cells[2]) > 0  # warm, cold texts/s
         assert float(cells[3]) >= 0.999  # min cosine with sentence-transformers float32
+
+
+def test_fault_soak_plans_are_seeded_and_cover_every_fault(capsys):
+    """The soak's dry run prints each seed's faults (no process started): the same for the same
+    seed, every kind drawn over a long plan, a stall only ever of process 1 (a stalled process
+    0, which hosts the coordination service, ends the others through JAX's abort)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import fault_soak
+
+    fault_soak.main(["--dry_run", "--seeds=0,1", "--launches=40"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["seed 0", "seed 1"]
+    assert fault_soak.plan(0, 40) == fault_soak.plan(0, 40) != fault_soak.plan(1, 40)
+    drawn = fault_soak.plan(0, 40) + fault_soak.plan(1, 40)
+    assert {kind for kind, _, _ in drawn} == set(fault_soak.KINDS)
+    assert {victim for kind, victim, _ in drawn if kind == "sigstop"} == {1}
+    assert fault_soak.RESTART([75, -9]) and fault_soak.RESTART([143, 143])
+    assert not fault_soak.RESTART([2, -9]) and not fault_soak.RESTART([0, 0])

@@ -1,5 +1,6 @@
 """Checkpointer saves on host (CPU) devices: whole shards, no per-shape ``jit(slice)`` programs,
-the array metadata store kept, and an orbax without the private attributes left alone."""
+the array metadata store kept, and an orbax without the private attributes left alone; what a
+fault leaves (an unreadable step, a full disk, storage that does not answer) is never lost."""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from orbax.checkpoint import type_handlers
 
+from bertjax.retry import StorageUnavailable
 from bertjax.training import checkpoint
 
 
@@ -142,6 +144,43 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_previous_one_resto
     ckpt.close()
 
 
+@pytest.mark.parametrize("stage", ["meta", "state"])
+def test_a_checkpoint_storage_does_not_serve_is_not_set_aside(tmp_path, monkeypatch, stage):
+    """TensorStore's UNAVAILABLE (a ValueError, after its own retries) while restoring the newest
+    step, as orbax raises it or wrapped in our "does not fit" message: `StorageUnavailable`
+    (exit 75, rerun) naming the step, and every step stays where it was (not known to be bad)."""
+    abstract = _abstract(_saved_steps(tmp_path))
+    unavailable = ValueError(
+        f'UNAVAILABLE: Error reading "{tmp_path}/3/state/d/0": connection reset [source '
+        "locations='tensorstore/kvstore/gcs_http/gcs_key_value_store.cc:612']"
+    )
+
+    def fail(*args, **kwargs):
+        if stage == "meta":
+            raise unavailable
+        raise ValueError("checkpoint does not fit this model") from unavailable
+
+    name = "read_meta" if stage == "meta" else "restore"
+    monkeypatch.setattr(checkpoint.Checkpointer, name, fail)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), keep=5)
+    with pytest.raises(StorageUnavailable, match=f"{tmp_path}/3 .checkpoint restore. .*UNAVAIL"):
+        ckpt.restore_newest(abstract, check=lambda meta: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
+    ckpt.close()
+
+
+def test_a_save_storage_does_not_serve_is_storage_unavailable(tmp_path):
+    """A save that fails because storage does not answer: `StorageUnavailable`, not bad input."""
+    ckpt = checkpoint.Checkpointer(str(tmp_path), keep=5)
+    with pytest.raises(StorageUnavailable, match="/7 .checkpoint save. .*DEADLINE_EXCEEDED"):
+        with ckpt._writing(7):
+            raise ValueError("DEADLINE_EXCEEDED: writing gs://b/c/7/state/d/0 timed out")
+    with pytest.raises(ValueError, match="INVALID_ARGUMENT"):  # a bad request stays itself
+        with ckpt._writing(7):
+            raise ValueError("INVALID_ARGUMENT: bad shape")
+    ckpt.close()
+
+
 def test_a_checkpoint_that_does_not_suit_the_run_is_not_skipped(tmp_path):
     """A meta check that fails (another model shape) is raised at once: older checkpoints of
     the same run would not suit either, and nothing is set aside."""
@@ -160,6 +199,7 @@ import os, sys
 import jax, jax.numpy as jnp
 sys.path.insert(0, sys.argv[2])
 import checkpoint_test as t
+from bertjax.retry import StorageUnavailable
 from bertjax.training import checkpoint
 directory = sys.argv[1]
 ckpt = checkpoint.Checkpointer(directory, keep=5, async_save=True)

@@ -364,6 +364,12 @@ def test_the_errors_of_the_real_backends_are_told_apart():
         ConnectionResetError(),
         OSError(errno.ETIMEDOUT, "timed out"),
         OSError("503 Service Unavailable"),
+        ValueError('UNAVAILABLE: Error reading "gs://b/c/3/state/d/0"'),  # TensorStore's
+        ValueError("DEADLINE_EXCEEDED: Error writing gs://b/c/3"),
+        ValueError(
+            "INTERNAL: Error reading [...]: We encountered an internal error. Please try "
+            "again. [source locations='tensorstore/kvstore/gcs_grpc/gcs_grpc.cc:503']"
+        ),
     ]
     permanent = [
         HttpError({"code": 404, "message": "No such object"}),
@@ -376,6 +382,9 @@ def test_the_errors_of_the_real_backends_are_told_apart():
         FileNotFoundError("gs://b/o"),
         OSError("Forbidden: b/shard-503.bin"),  # gcsfs's 403; a number in a name is no status
         ValueError("Bad Request: b/o"),
+        ValueError('NOT_FOUND: Error opening "zarr" driver'),  # TensorStore's
+        ValueError("INTERNAL: checksum mismatch"),
+        ValueError("the field UNAVAILABLE is not a status"),
         retry.StorageUnavailable("gs://b/o", TimeoutError(), 600.0, 20),  # given up already
     ]
     assert [retry.is_transient(e) for e in transient] == [True] * len(transient)

@@ -207,3 +207,36 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     with pytest.raises(FloatingPointError, match="last good checkpoint \\(2\\)"):
         trainer.train_and_evaluate(bad, workdir)
     assert _steps(workdir) == [2]
+
+
+def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(tmp_path):
+    """A library caller's run stopped by SIGTERM saves, then makes storage requests still
+    waiting out a backoff give up (`retry.stop`: closing its reads does not wait for them); the
+    next run in the same process retries again."""
+    import signal
+    import threading
+    import time
+
+    from bertjax import retry, trainer
+
+    workdir = str(tmp_path)
+    metrics = os.path.join(workdir, "metrics.jsonl")
+
+    def stop_after_the_first_log():
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(metrics) and os.path.getsize(metrics)):  # a step was logged
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_after_the_first_log, daemon=True).start()
+    summary = trainer.train_and_evaluate(
+        _in_process_config(num_train_steps=400, log_every=1, checkpoint_every=0), workdir
+    )
+    assert summary["stopped_by_signal"] and summary["step"] < 400
+    assert retry.STOPPING.is_set()
+    assert _steps(workdir) == [summary["step"]]
+    again = trainer.train_and_evaluate(
+        _in_process_config(num_train_steps=summary["step"] + 1, log_every=1), workdir
+    )
+    assert not retry.STOPPING.is_set() and again["step"] == summary["step"] + 1

@@ -14,13 +14,17 @@ What a fault leaves behind is never resumed from:
   aside (``STEP.unreadable``, kept: nothing is deleted) and says so;
 - a save that cannot be written (a full disk): one line naming the step, the directory and the
   checkpoint that is intact (`CheckpointWriteError`, an OSError: exit status 2, since restarting
-  does not free space); the previous checkpoints are untouched.
+  does not free space); the previous checkpoints are untouched;
+- storage that does not answer a save or a restore (TensorStore's UNAVAILABLE after its own ~15
+  minutes of retries, a 503 through fsspec): `StorageUnavailable` (exit status 75: rerun), and a
+  step that could not be reached is not set aside — it is not known to be bad.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +34,7 @@ import orbax.checkpoint as ocp
 from bertjax import paths
 from bertjax.interop.checkpoints import ITEMS
 from bertjax.modeling.bert_config import BertConfig
+from bertjax.retry import StorageUnavailable, transient_cause
 
 
 def _state_tree(state) -> dict:
@@ -122,8 +127,14 @@ class Checkpointer:
         """Turns a write that failed for lack of room into one `CheckpointWriteError` line."""
         try:
             yield
+        except StorageUnavailable:
+            raise
         except Exception as error:
             text = str(error)
+            if (cause := transient_cause(error)) is not None:  # storage did not answer
+                raise StorageUnavailable(
+                    f"{self.directory}/{step} (checkpoint save)", cause, 0.0, 1
+                ) from error
             if not any(sign in text for sign in _NO_ROOM):
                 raise
             kept = [s for s in self.all_steps() if s != step]
@@ -214,11 +225,14 @@ class Checkpointer:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         failed: list[tuple[int, BaseException]] = []
         for step in steps:  # each process makes the same calls: every decision is agreed on
-            meta = _attempt(lambda step=step: self.read_meta(step), step, failed)
+            where = f"{self.directory}/{step} (checkpoint restore)"
+            meta = _attempt(lambda step=step: self.read_meta(step), step, failed, where)
             if meta is None:  # a truncated or lost meta file
                 continue
             check(meta)
-            restored = _attempt(lambda step=step: self.restore(abstract_state, step), step, failed)
+            restored = _attempt(
+                lambda step=step: self.restore(abstract_state, step), step, failed, where
+            )
             if restored is not None:
                 state, meta = restored
                 break
@@ -254,17 +268,27 @@ class Checkpointer:
         self._manager.close()
 
 
-def _attempt(read: Callable, step: int, failed: list):
-    """``read()``, or None (the error added to ``failed``) when it failed on any process."""
+def _attempt(read: Callable, step: int, failed: list, where: str):
+    """``read()``, or None (the error added to ``failed``) when it failed on any process;
+    `StorageUnavailable` on every process when storage did not answer one of them (the step is
+    not known to be bad: nothing is set aside)."""
+    start = time.monotonic()
     try:
         out, error = read(), None
     except Exception as caught:
         out, error = None, caught
+    cause = None if error is None else transient_cause(error)
+    outcome = "ok" if error is None else ("unreachable" if cause is not None else "failed")
     if jax.process_count() > 1:
         from bertjax.training import processes
 
-        if not all(processes.exchange("checkpoint-read", error is None)) and error is None:
+        outcomes = processes.exchange("checkpoint-read", outcome)
+        if cause is None and "unreachable" in outcomes:
+            cause = OSError("storage did not answer another process's read (see its log)")
+        elif error is None and "failed" in outcomes:
             out, error = None, RuntimeError("another process could not read its part")
+    if cause is not None:
+        raise StorageUnavailable(where, cause, time.monotonic() - start, 1) from error
     if error is not None:
         failed.append((step, error))
     return out

@@ -24,19 +24,19 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import objectives, paths
+from bertjax import objectives, paths, retry
 from bertjax.aot import chips
 from bertjax.data.plans.batch_plan import BatchPlan
-from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.modeling import attention_kernels
-from bertjax.objectives.warm_start import warm_start, with_source_tokenizer
-from bertjax.retry import Retryable, StorageUnavailable
+from bertjax.objectives.warm_start import with_source_tokenizer
+from bertjax.retry import StorageUnavailable
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import phases as phases_lib
 from bertjax.training import processes, sharding
 from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
-from bertjax.training.checkpoint import Checkpointer, check_compatible
+from bertjax.training.checkpoint import Checkpointer
+from bertjax.training.resume import EarlierCheckpoint, checkpoint_meta, restore_or_init
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
 from bertjax.training.stopping import Interrupted, StopRequests
 
@@ -82,70 +82,6 @@ def evaluate(steps, state, data, mesh, config) -> dict:
     return result
 
 
-def _meta(config, model_cfg, data) -> dict:
-    return {
-        "config": config.to_dict(),
-        "model_config": model_cfg.to_dict(),
-        "data_fingerprint": data.fingerprint,
-        **tokenizer_meta(data.tokenizer),
-    }
-
-
-class EarlierCheckpoint(Retryable):
-    """The newest readable checkpoint is older than the one the run planned from (a newer one
-    was unreadable and was set aside): the run is planned again from it."""
-
-    def __init__(self, step: int):
-        super().__init__(
-            f"a newer checkpoint could not be read and was set aside (see the warning above); "
-            f"the newest that reads is step {step}: rerun the same command (it resumes there)"
-        )
-        self.step = step
-
-
-def restore_or_init(
-    config, objective, data, model_cfg, mesh, ckpt: Checkpointer, phase=None, planned=None
-):
-    """The train state: the latest checkpoint in ``ckpt`` if there is one (made whole by the
-    objective: a teacher reloaded), else a fresh state prepared by the objective (the MLM bias,
-    a pretrained encoder, a distillation teacher). A later ``phase`` (bertjax/training/
-    phases.py) starts from the previous phase's last checkpoint; with reset_time its schedule
-    counts restart at the phase's first step. ``planned``: the step the run was planned from
-    (phases, JAX's sync point): resuming from another raises `EarlierCheckpoint`."""
-    abstract, shardings, init_fn = step_lib.abstract_train_state(config, model_cfg, mesh)
-
-    def fresh():
-        options = step_lib.compiler_options(config)
-        init = jax.jit(init_fn, out_shardings=shardings, compiler_options=options)
-        return init(jax.random.key(config.seed))
-
-    if ckpt.latest_step() is not None:
-        fingerprint = data.tokenizer.fingerprint()
-        state, meta = ckpt.restore_newest(
-            abstract, lambda meta: check_compatible(meta, model_cfg, fingerprint, ckpt.directory)
-        )
-        if planned is not None and int(state.step) != planned:
-            raise EarlierCheckpoint(int(state.step))  # a newer one was unreadable: replan
-        state = objective.resume_state(state, data, fresh)
-        data.check_resume(meta.get("config", {}), int(state.step))
-        logging.warning("resumed from step %d in %s", int(state.step), ckpt.directory)
-        if phase is not None and phase.index and phase.reset_time and state.step == phase.start:
-            logging.info(
-                "phase %r starts at step %d: its schedule restarts", phase.name, phase.start
-            )
-            state = state.replace(opt_state=phases_lib.restart_schedule(state.opt_state))
-        return state
-    if phase is not None and phase.index:
-        raise ValueError(
-            f"phase {phase.name!r} starts from the previous phase's last checkpoint, but "
-            f"{ckpt.directory} has none"
-        )
-    state = objective.prepare_state(fresh(), data)
-    if config.get("init_from") and not objective.loads_init_from:  # pretraining from a model
-        state = warm_start(state, config.init_from, model_cfg, bool(config.get("init_tiling")))
-    return state
-
-
 class _LogWindow:
     """Tokens and model FLOPs of the steps since the last log line, for tokens/s and MFU."""
 
@@ -157,6 +93,7 @@ class _LogWindow:
     def restart(self) -> None:
         self.tokens = self.flops = 0.0
         self.start = time.perf_counter()
+        self.storage = retry.COUNTS.snapshot()
 
     def add(self, host_batch: dict, batch_size: int) -> None:
         """Estimates of the global batch from this host's rows (its count x the processes); the
@@ -167,17 +104,24 @@ class _LogWindow:
         )
 
     def scalars(self, steps: int) -> dict:
-        """perf/* of the window's ``steps`` steps; starts a new window."""
+        """perf/* of the window's ``steps`` steps, and storage/*: the requests of the processes
+        (the data workers' not counted) that failed in the window and were retried, and those
+        that then succeeded; starts a new window."""
         elapsed = time.perf_counter() - self.start
-        tokens, flops = (
-            x / jax.process_count() for x in processes.sum_numbers([self.tokens, self.flops])
+        now = retry.COUNTS.snapshot()
+        failed, recovered = (now[k] - self.storage[k] for k in ("failed", "recovered"))
+        tokens, flops, failed, recovered = processes.sum_numbers(
+            [self.tokens, self.flops, failed, recovered]
         )
+        tokens, flops = tokens / jax.process_count(), flops / jax.process_count()
         out = {
             "perf/tokens_per_second": tokens / elapsed,
             "perf/steps_per_second": steps / elapsed,
             "perf/mfu": metrics_lib.mfu(
                 flops / steps, elapsed / steps, self.num_devices, self.peak
             ),
+            "storage/failed_requests": int(failed),
+            "storage/recovered_requests": int(recovered),
         }
         self.restart()
         return out
@@ -218,7 +162,7 @@ class _Run:
             planned,
         )  # fmt: skip
         self.steps = step_lib.jit_steps(self.state, self.mesh, step_lib.compiler_options(config))
-        self.meta = _meta(config, self.model_cfg, self.data)
+        self.meta = checkpoint_meta(config, self.model_cfg, self.data)
         self.best = None
         if self.data.dev_metric:
             self.best = BestCheckpoint(workdir, self.data.dev_metric)
@@ -227,6 +171,7 @@ class _Run:
         self.window = _LogWindow(config, self.model_cfg, self.objective, peak)
         self.history, self.unchecked, self.summary = [], [], {}
         self.progress = None
+        self.abandon_reads = False  # stopping: reads ahead that wait to retry give up
 
     def _check_batch_sizes(self) -> None:
         """Every batch size of the run divides over the hosts, the mesh's batch shards and the
@@ -270,6 +215,7 @@ class _Run:
             self._save_unsaved(f"stopped by {signal_stop}")
             stopped = signal_stop.signum
         except StorageUnavailable:  # the batch never came: the state is the last step's
+            self.abandon_reads = True
             if jax.process_count() == 1:  # several: the others wait in the step (processes.py)
                 self._save_unsaved("storage unreachable")
             raise
@@ -397,6 +343,8 @@ class _Run:
         if self.progress is not None:
             self.progress.close()
         self.ckpt.close()
+        if self.abandon_reads or self.stop.received is not None:  # saved: no read is needed
+            retry.stop()  # one waiting out a backoff gives up now, not after the budget
         if self.best is not None:
             self.best.close()
         self.writer.close()
@@ -421,6 +369,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     workdir = _prepare_workdir(workdir)
     phases = phases_lib.plan_phases(config)
     stop = StopRequests()
+    retry.resume()  # an earlier run in this process may have stopped
     try:
         while True:
             try:
