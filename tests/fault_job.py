@@ -41,20 +41,17 @@ def settings(phase_steps: int, checkpoint_every: int = 2) -> list[str]:
     ]
 
 
-def build_store(root, spm: str) -> str:
-    """A sharded store of 240 built-in documents under ``root`` (a pathlib directory) on local
-    disk, tokenized with ``spm`` (small shards: many objects); its URL."""
+def write_store(corpus: str, spm: str, url: str) -> str:
+    """A sharded store of ``corpus`` at ``url`` (small shards: many objects), written by the
+    units python -m bertjax.data.prepare runs on Beam (shard_writer, here without an engine),
+    tokenized with ``spm``; its URL."""
     from bertjax import trainer
     from bertjax.data.store import beam_prepare, shard_writer
-    from bertjax.data.text import corpus
 
-    docs = [doc for _, (_, doc) in zip(range(240), corpus.iter_documents("builtin"))]
-    (root / "corpus.txt").write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
     config = trainer.default_run_config()
-    config.data.corpus, config.data.tokenizer_model = str(root / "corpus.txt"), spm
+    config.data.corpus, config.data.tokenizer_model = corpus, spm
     config.data.heldout_fraction = 0.1
     config.data.shard_bytes, config.data.block_tokens = 16 << 10, 256
-    url = str(root / "store")
     items = shard_writer.work_items(config.data)
     spec = beam_prepare.make_spec(config, url, items)
     tokenizer = shard_writer.local_tokenizer(spec)
@@ -62,6 +59,15 @@ def build_store(root, spm: str) -> str:
         [shard_writer.prepare_item(spec, i, tokenizer) for i in items], spec
     )
     return url
+
+
+def build_store(root, spm: str) -> str:
+    """`write_store` of 240 built-in documents under ``root`` (a pathlib directory)."""
+    from bertjax.data.text import corpus
+
+    docs = [doc for _, (_, doc) in zip(range(240), corpus.iter_documents("builtin"))]
+    (root / "corpus.txt").write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    return write_store(str(root / "corpus.txt"), spm, str(root / "store"))
 
 
 @dataclasses.dataclass

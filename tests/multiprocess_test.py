@@ -79,24 +79,11 @@ def corpus_files(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def store(gcs_bucket, small_spm, corpus_files):
-    """A sharded store of the corpus files on gs://, written by the units python -m
-    bertjax.data.prepare runs on Beam (shard_writer, here without an engine), with the
-    session's 400-piece tokenizer."""
-    from bertjax import trainer
-    from bertjax.data.store import beam_prepare, shard_writer
+    """A sharded store of the corpus files on gs:// (tests/fault_job.py), with the session's
+    400-piece tokenizer."""
+    from fault_job import write_store
 
-    config = trainer.default_run_config()
-    config.data.corpus, config.data.tokenizer_model = corpus_files, small_spm
-    config.data.heldout_fraction = 0.1
-    config.data.shard_bytes, config.data.block_tokens = 16 << 10, 256
-    url = f"{gcs_bucket}/mp_store"
-    items = shard_writer.work_items(config.data)
-    spec = beam_prepare.make_spec(config, url, items)
-    tokenizer = shard_writer.local_tokenizer(spec)
-    shard_writer.write_manifest(
-        [shard_writer.prepare_item(spec, i, tokenizer) for i in items], spec
-    )
-    return url
+    return write_store(corpus_files, small_spm, f"{gcs_bucket}/mp_store")
 
 
 @dataclasses.dataclass
