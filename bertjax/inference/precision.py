@@ -7,7 +7,9 @@ or AMX-BF16, read from /proc/cpuinfo): ~3x the float32 product rate there, vecto
 0.9999 of float32 (benchmarks/results.md, tests/real_checkpoint_test.py). It keeps float32 on a
 CPU without them, on GPUs and TPUs (their own float32 precision applies), and for labels, tags
 and fill-mask scores, whose outputs were not checked in bfloat16. ``--matmul_dtype=float32`` or
-``bfloat16`` forces either for any task.
+``bfloat16`` forces either for any task. The activations stay float32 even then: in bfloat16
+XLA:CPU rounds after every elementwise op and no call got faster (benchmarks/results.md,
+2026-12-05 late); `stored_for` keeps the kernels in the products' dtype.
 """
 
 from __future__ import annotations
