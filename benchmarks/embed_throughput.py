@@ -258,6 +258,7 @@ def main():
     from bertjax.training import runtime
 
     runtime.default_to_cpu_without_accelerator()  # as the commands do: no TPU runtime start-up
+    runtime.cpu_device_per_core()  # as the commands do: calls side by side
     texts, source = read_texts(args)
     model = model_dir(args.model)
     from bertjax.data.tokenizer import Tokenizer

@@ -98,5 +98,6 @@ if __name__ == "__main__":
     from bertjax.training import runtime
 
     runtime.default_to_cpu_without_accelerator()  # no TPU runtime start-up where libtpu is
+    runtime.cpu_device_per_core()  # calls side by side (bertjax/inference/embedder.py)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # rows and rows/s as it goes
     main()

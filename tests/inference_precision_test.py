@@ -86,3 +86,23 @@ def test_auto_keeps_float32_off_the_cpu(monkeypatch, tmp_path):
 def test_an_unknown_dtype_names_the_flag():
     with pytest.raises(ValueError, match=r"--matmul_dtype='fp16': one of \('auto'"):
         precision.matmul_dtype("fp16")
+
+
+def test_kernels_are_stored_in_the_products_dtype():
+    """Dense kernels (leaves named *kernel) take the products' dtype; biases, norms and
+    embedding tables keep theirs; float32 products leave the tree as it is."""
+    import numpy as np
+
+    params = {
+        "embeddings": {"word_embeddings": np.ones((8, 4), np.float32)},
+        "layer": {
+            "attention": {"query_kernel": np.ones((4, 2, 2), np.float32)},
+            "mlp": {"kernel": np.ones((4, 8), np.float32), "bias": np.ones(8, np.float32)},
+        },
+    }
+    stored = precision.stored_for(params, "bfloat16")
+    assert stored["layer"]["attention"]["query_kernel"].dtype == np.dtype("bfloat16")
+    assert stored["layer"]["mlp"]["kernel"].dtype == np.dtype("bfloat16")
+    assert stored["layer"]["mlp"]["bias"].dtype == np.float32
+    assert stored["embeddings"]["word_embeddings"].dtype == np.float32
+    assert precision.stored_for(params, None) is params

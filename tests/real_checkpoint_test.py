@@ -145,17 +145,27 @@ def test_embed_equals_sentence_transformers_and_pytrec_eval_on_real_text(
     assert ours["ndcg@10"] > 0.3  # a real model finds the topics (0.13 with the padded ids)
 
 
-def test_bfloat16_products_keep_every_vector_within_cosine_0999_of_float32():
-    """The products "auto" takes on a CPU with bfloat16 instructions (forced here, so the check
-    runs on any CPU): vectors move (the bfloat16 path ran) but keep their direction."""
+def test_bfloat16_products_keep_every_vector_within_cosine_0999_of_float32(monkeypatch):
+    """The path "auto" takes on a CPU with bfloat16 instructions (forced here, so the check runs
+    on any CPU): bfloat16 products from kernels stored in bfloat16, calls spread over two CPU
+    devices from the first (what `python -m bertjax.embed` gets on 2 cores). Vectors move (the
+    bfloat16 path ran) but keep their direction."""
+    from bertjax.inference import embedder as embedder_module
+
     texts = [*AWKWARD, 'Can\'t locate object method "%s" via package "%s"', "Out of memory!"]
-    vectors = [
-        embed.load(MODEL, matmul_dtype=dtype).encode(texts, tokens_per_batch=512)
-        for dtype in ("float32", "bfloat16")
-    ]
-    cosine = np.sum(vectors[0] * vectors[1], axis=1)  # normalized vectors
+    reference = embed.load(MODEL, matmul_dtype="float32").encode(texts, tokens_per_batch=512)
+    monkeypatch.setattr(embedder_module, "SPREAD_AFTER", 0)
+    monkeypatch.setattr(embedder_module.runtime, "usable_cores", lambda: 2)
+    fast = embed.load(MODEL, matmul_dtype="bfloat16")
+    vectors = fast.encode(texts, tokens_per_batch=128)  # several calls: both devices take some
+    kernel = fast._weights[1]["bert"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]
+    assert kernel.dtype == np.dtype("bfloat16")
+    tables = [w["bert"]["embeddings"]["word_embeddings"] for w in fast._weights]
+    assert len({table.device for table in tables}) == 2
+    assert sum(fast._calls.values()) >= 2
+    cosine = np.sum(reference * vectors, axis=1)  # normalized vectors
     assert cosine.min() >= 0.999, cosine
-    assert np.abs(vectors[0] - vectors[1]).max() > 1e-4
+    assert np.abs(reference - vectors).max() > 1e-4
 
 
 def test_fine_tunes_from_the_checkpoint_and_exports_to_transformers(tmp_path):

@@ -142,3 +142,18 @@ def test_cpu_platform_default_reaches_jax_when_it_is_already_imported(monkeypatc
     monkeypatch.setattr(jax.config, "update", lambda name, value: updates.append((name, value)))
     runtime.default_to_cpu_without_accelerator()
     assert os.environ["JAX_PLATFORMS"] == "cpu" and updates == [("jax_platforms", "cpu")]
+
+
+def test_one_cpu_device_per_core_unless_the_user_chose_a_count(monkeypatch):
+    """The inference commands' device count: the usable cores up to ``most``; none set where
+    XLA_FLAGS already forces a count (this test process's does: jax_num_cpu_devices stays -1)."""
+    import jax
+
+    set_to = []
+    monkeypatch.setattr(jax.config, "update", lambda name, value: set_to.append((name, value)))
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 12)
+    runtime.cpu_device_per_core({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert set_to == []
+    runtime.cpu_device_per_core({}, most=8)
+    runtime.cpu_device_per_core({}, most=16)
+    assert set_to == [("jax_num_cpu_devices", 8), ("jax_num_cpu_devices", 12)]

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import logging
@@ -31,12 +32,17 @@ from bertjax.interop import sentence_transformers as st_files
 from bertjax.modeling.bert_config import BertConfig
 from bertjax.modeling.embedder import PACKABLE_POOLING, BertForEmbedding, l2_normalize, pool_packed
 from bertjax.modeling.encoder import BertModel
+from bertjax.ops import platform
 from bertjax.tasks.tasks import pair_ids
+from bertjax.training import runtime
 
 PACKED_ROW = 128  # the shortest packed row (tokens), and row lengths double from it
-# tokens a packed call (perldiag on a 2-core Xeon, interleaved: 1024 gave 1.25x the texts/s of
-# 4096 in bfloat16 products, 1.4x in float32; 512 ~1024; benchmarks/results.md 2026-12-05)
-PACKED_TOKENS_PER_BATCH = 1024
+# tokens a packed call (perldiag on a 2-core Xeon, interleaved, calls on 2 CPU devices: 512
+# gave 1.1x the texts/s of 1024 and 1.3x of 2048; 256 ~512; benchmarks/results.md 2026-12-05)
+PACKED_TOKENS_PER_BATCH = 512
+# calls of one shape on the first device before that shape's calls go round every CPU device
+# (each device compiles its own, ~0.8 s for all-MiniLM; a call saves ~30% once spread)
+SPREAD_AFTER = 64
 
 
 @dataclasses.dataclass
@@ -63,6 +69,11 @@ class Embedder:
         # on the device once: numpy leaves would be copied in at every call, and each call
         # dispatched ahead would hold its own copy (~90 MB for all-MiniLM) until it ran
         self.params = jax.device_put(self.params)
+        # what the calls read, on each device they may run on: the kernels in the products'
+        # dtype (`export` writes `params`)
+        stored = precision.stored_for(self.params, products)
+        self._weights = [jax.device_put(stored, device) for device in call_devices()]
+        self._calls = collections.Counter()  # packed calls made, by shape
         limit = self.cfg.max_position_embeddings - self.cfg.position_offset
         self.max_seq_length = min(int(self.max_seq_length), limit)
         model = BertForEmbedding(self.cfg, self.pooling, self.normalize)
@@ -108,7 +119,7 @@ class Embedder:
             if self.packed and set(self.pooling) <= set(PACKABLE_POOLING):
                 yield self._encode_packed(ids, tokens_per_batch or PACKED_TOKENS_PER_BATCH)
                 continue
-            apply = lambda i, t, m: self._apply(self.params, i, m)  # noqa: E731
+            apply = lambda i, t, m: self._apply(self._weights[0], i, m)  # noqa: E731
             types = [np.zeros(len(x), np.int32) for x in ids]
             vectors = sorted_apply.apply_sorted(
                 apply,
@@ -131,9 +142,10 @@ class Embedder:
         for batch in batching.packed_batches(lengths, tokens_per_batch, row_lengths):
             (input_ids, segment_ids) = batching.fill(batch, (ids,), (self.cfg.pad_token_id,))
             segments = batch.shape[1] // batching.SEGMENT_TOKENS
-            pending.append(
-                (batch, self._apply_packed(self.params, input_ids, segment_ids, segments))
-            )
+            self._calls[batch.shape] += 1
+            count = self._calls[batch.shape]
+            weights = self._weights[count % len(self._weights) if count > SPREAD_AFTER else 0]
+            pending.append((batch, self._apply_packed(weights, input_ids, segment_ids, segments)))
         out = np.zeros((len(ids), self.dimension), np.float32)
         for batch, vectors in pending:
             vectors = np.asarray(vectors)
@@ -155,6 +167,14 @@ class Embedder:
             lowercase=self.tokenizer.lowercase,
             max_seq_length=self.max_seq_length,
         )
+
+
+def call_devices() -> list:
+    """The devices embedding calls go round: every CPU device up to one per usable core
+    (`bertjax.training.runtime.cpu_device_per_core` makes them), else the default device."""
+    if not platform.on_cpu():
+        return jax.local_devices()[:1]
+    return jax.local_devices()[: runtime.usable_cores()]
 
 
 def from_model(

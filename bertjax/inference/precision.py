@@ -7,12 +7,17 @@ or AMX-BF16, read from /proc/cpuinfo): ~3x the float32 product rate there, vecto
 0.9999 of float32 (benchmarks/results.md, tests/real_checkpoint_test.py). It keeps float32 on a
 CPU without them, on GPUs and TPUs (their own float32 precision applies), and for labels, tags
 and fill-mask scores, whose outputs were not checked in bfloat16. ``--matmul_dtype=float32`` or
-``bfloat16`` forces either for any task.
+``bfloat16`` forces either for any task. The activations stay float32 even then: in bfloat16
+XLA:CPU rounds after every elementwise op and no call got faster (benchmarks/results.md,
+2026-12-05 late); `stored_for` keeps the kernels in the products' dtype.
 """
 
 from __future__ import annotations
 
 import logging
+
+import jax
+import jax.numpy as jnp
 
 from bertjax.ops import platform
 
@@ -63,3 +68,20 @@ def matmul_dtype(requested: str = "auto", task: str = "embed") -> str | None:
             "float32" if chosen == "bfloat16" else "bfloat16",
         )
     return "bfloat16" if chosen == "bfloat16" else None
+
+
+def stored_for(params: dict, products: str | None) -> dict:
+    """``params`` with every dense kernel (a leaf named ``*kernel``) stored in the ``products``
+    dtype the model reads them in: bfloat16 halves their bytes and saves a float32 -> bfloat16
+    convert of each kernel at every call (perldiag, all-MiniLM, one process: ~5% of a call,
+    benchmarks/results.md 2026-12-05 late). Biases, norms and embedding tables are unchanged
+    (they enter float32 arithmetic)."""
+    if products is None:
+        return params
+
+    def stored(path, leaf):
+        name = getattr(path[-1], "key", "")
+        kernel = str(name).endswith("kernel") and getattr(leaf, "ndim", 0) >= 2
+        return leaf.astype(jnp.dtype(products)) if kernel else leaf
+
+    return jax.tree_util.tree_map_with_path(stored, params)

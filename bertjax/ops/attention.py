@@ -57,10 +57,12 @@ def attention(
 
 def cpu_chains(batch: int) -> int:
     """How many independent row groups `attention` splits a batch into on the CPU:
-    the largest divisor of ``batch`` up to the cores this process may run on (at most 8;
-    measured on 2 cores only)."""
+    the largest divisor of ``batch`` up to the cores each CPU device has (the cores this process
+    may run on over its CPU devices: where calls run side by side on several devices, one chain
+    each was faster, benchmarks/results.md 2026-12-05 late; at most 8; measured on 2 cores)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = min(usable or 1, 8, batch)
+    devices = len(jax.local_devices(backend="cpu"))
+    cores = min(max((usable or 1) // devices, 1), 8, batch)
     return max(d for d in range(1, cores + 1) if batch % d == 0)
 
 

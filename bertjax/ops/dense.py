@@ -42,10 +42,15 @@ def project(x: Array, *kernels: Array, operand_dtype=None) -> tuple:
 
 
 def _dot(a: Array, b: Array, contract: tuple, out_dtype, operand) -> Array:
-    """A 2-operand product over ((a's axes), (b's axes)), read in ``operand`` dtype if given."""
+    """A 2-operand product over ((a's axes), (b's axes)), read in ``operand`` dtype if given.
+    On the CPU it accumulates in float32 (or wider) and rounds to ``out_dtype`` after: XLA:CPU
+    runs a product with a bfloat16 result as a float32 product of upcast operands, ~6x slower
+    than bfloat16 operands into a float32 result (benchmarks/results.md, 2026-12-05 late)."""
     if operand is not None:
         a, b = a.astype(operand), b.astype(operand)
-    return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=out_dtype)
+    accumulate = jnp.promote_types(out_dtype, jnp.float32) if platform.on_cpu() else out_dtype
+    y = jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=accumulate)
+    return y.astype(out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

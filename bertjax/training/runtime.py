@@ -78,6 +78,27 @@ def default_to_cpu_without_accelerator(environ=os.environ) -> None:
                 sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS reports one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def cpu_device_per_core(environ=os.environ, most: int = 8) -> None:
+    """One JAX CPU device per usable core (up to ``most``) where the user chose no count (neither
+    ``jax_num_cpu_devices`` nor XLA_FLAGS' --xla_force_host_platform_device_count): XLA:CPU runs
+    calls on different devices side by side, so inference spreads its calls over them (one
+    device keeps 2 cores only ~1.1x as busy as 1; benchmarks/results.md 2026-12-05 late). Call
+    before JAX starts a backend (the inference commands do)."""
+    if "xla_force_host_platform_device_count" in environ.get("XLA_FLAGS", ""):
+        return
+    import jax
+
+    if jax.config.jax_num_cpu_devices < 0:
+        jax.config.update("jax_num_cpu_devices", min(usable_cores(), most))
+
+
 def hugepage_malloc_supported() -> bool:
     """Linux with glibc >= 2.35 (the first with glibc.malloc.hugetlb) and THP not disabled."""
     if not sys.platform.startswith("linux"):
