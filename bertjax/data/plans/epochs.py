@@ -44,21 +44,34 @@ class SplitEpochs:
             return self.pieces.epoch(length, epoch)
         return self._epochs.get((length, epoch), lambda: self._windows(length, epoch))
 
+    def _fewest_rows(self, length: int) -> int:
+        """token_windows: the positions of the epoch with the fewest. An epoch's cut starts at a
+        random shift below the window width, so its row count is one of two (the order's length
+        follows from it: the short last piece's rows repeat), and a step count taken from epoch 0
+        alone ran the next epoch past its end."""
+        width, tokens = length - 2, len(self.store.tokens)
+        counts = {tokens // width, max(0, tokens - width + 1) // width} if tokens > width else {0}
+        return min(len(self._order(n, length, 0)) for n in counts)
+
     def _windows(self, length: int, epoch: int):
         c = self.c
         plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}")
         plan = samples.make_plan(self.store, c.sample_plan, length, c.short_seq_prob, plan_rng)
-        rows_per_piece = max(1, int(c.piece_tokens) // (length - 2))
-        pieces = -(-len(plan) // rows_per_piece)
+        return plan, self._order(len(plan), length, epoch), None
+
+    def _order(self, rows: int, length: int, epoch: int):
+        """The order of an epoch of ``rows`` token windows."""
+        rows_per_piece = max(1, int(self.c.piece_tokens) // (length - 2))
+        pieces = -(-rows // rows_per_piece)
         if pieces <= WINDOW:  # one window: the whole epoch in one shuffle, by index
             purpose = f"{self.purpose}/order/{length}"
             key = int(keys.row_keys(self.seed, epoch, purpose, np.zeros(1, np.int64))[0])
-            return plan, IndexShuffle(len(plan), key), None
+            return IndexShuffle(rows, key)
         lanes = lane_count(self.batch_size, self.lane_rows, pieces)
         lane_rows = self.lane_rows if lanes > 1 else 1
         kept = 2 * min(lanes, -(-self.host_rows // lane_rows) + 1) + 2
-        order = TokenWindowOrder(
-            len(plan),
+        return TokenWindowOrder(
+            rows,
             rows_per_piece,
             piece_plans.piece_key(self.seed, self.purpose, epoch, length),
             piece_plans.window_key(self.seed, self.purpose, epoch, length),
@@ -66,7 +79,6 @@ class SplitEpochs:
             lane_rows,
             kept,
         )
-        return plan, order, None
 
     def num_units(self, length: int, epoch: int) -> int:
         if self.pieces is not None:
@@ -77,7 +89,7 @@ class SplitEpochs:
         return self._sizes.get(length, lambda: self._steps_per_epoch(length))
 
     def _steps_per_epoch(self, length: int) -> int:
-        units = self.num_units(length, 0)
+        units = self.num_units(length, 0) if self.pieces is not None else self._fewest_rows(length)
         if units < self.batch_size:
             raise ValueError(
                 f"store {self.store.directory!r} ({self.store.split}) gives {units} rows of "
