@@ -34,6 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the comparisons run on the CPU: no TPU is sought
 
 KINDS = ("sigterm", "sigkill", "sigstop", "kill_during_save", "truncated", "outage",
          "short_outage")  # fmt: skip
