@@ -47,10 +47,12 @@ class SplitEpochs:
     def _fewest_rows(self, length: int) -> int:
         """token_windows: the positions of the epoch with the fewest. An epoch's cut starts at a
         random shift below the window width, so its row count is one of two (the order's length
-        follows from it: the short last piece's rows repeat), and a step count taken from epoch 0
-        alone ran the next epoch past its end."""
+        follows from it: the short last piece's rows repeat); a step count taken from epoch 0
+        alone made a later, shorter epoch wrap around and repeat some of its rows."""
         width, tokens = length - 2, len(self.store.tokens)
-        counts = {tokens // width, max(0, tokens - width + 1) // width} if tokens > width else {0}
+        counts = {tokens // width}
+        if tokens > width:  # shifted by up to width - 1 tokens (samples.TokenWindows)
+            counts.add((tokens - width + 1) // width)
         return min(len(self._order(n, length, 0)) for n in counts)
 
     def _windows(self, length: int, epoch: int):
