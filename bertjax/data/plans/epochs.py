@@ -44,22 +44,23 @@ class SplitEpochs:
             return self.pieces.epoch(length, epoch)
         return self._epochs.get((length, epoch), lambda: self._windows(length, epoch))
 
-    def _fewest_rows(self, length: int) -> int:
-        """token_windows: the positions of the epoch with the fewest. An epoch's cut starts at a
-        random shift below the window width, so its row count is one of two (the order's length
-        follows from it: the short last piece's rows repeat); a step count taken from epoch 0
-        alone made a later, shorter epoch wrap around and repeat some of its rows."""
+    def _cut_rows(self, length: int) -> int:
+        """token_windows: the rows every epoch's order serves, the fewest any epoch's cut gives.
+        A cut starts at a random shift below the window width, so it holds one of two row counts;
+        an order over the cut's own count made epochs of two lengths (a piece apart: the short
+        last piece's rows repeat), and a step count taken from epoch 0 alone made a later, shorter
+        epoch wrap around and repeat some of its rows. A longer cut's last row goes unread, as
+        its tail tokens do."""
         width, tokens = length - 2, len(self.store.tokens)
-        counts = {tokens // width}
         if tokens > width:  # shifted by up to width - 1 tokens (samples.TokenWindows)
-            counts.add((tokens - width + 1) // width)
-        return min(len(self._order(n, length, 0)) for n in counts)
+            return (tokens - width + 1) // width
+        return tokens // width
 
     def _windows(self, length: int, epoch: int):
         c = self.c
         plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}")
         plan = samples.make_plan(self.store, c.sample_plan, length, c.short_seq_prob, plan_rng)
-        return plan, self._order(len(plan), length, epoch), None
+        return plan, self._order(self._cut_rows(length), length, epoch), None
 
     def _order(self, rows: int, length: int, epoch: int):
         """The order of an epoch of ``rows`` token windows."""
@@ -91,7 +92,7 @@ class SplitEpochs:
         return self._sizes.get(length, lambda: self._steps_per_epoch(length))
 
     def _steps_per_epoch(self, length: int) -> int:
-        units = self.num_units(length, 0) if self.pieces is not None else self._fewest_rows(length)
+        units = self.num_units(length, 0)
         if units < self.batch_size:
             raise ValueError(
                 f"store {self.store.directory!r} ({self.store.split}) gives {units} rows of "
