@@ -139,6 +139,8 @@ def test_each_line_says_what_happened(faulted):
     outage = launches["outage"].logs
     assert errors(outage[0])[-1].startswith("error: storage unreachable: faulty://"), outage[0]
     assert "StorageUnavailable" in errors(outage[1])[-1], outage[1][-3000:]
+    own = errors(outage[0])[-1].removeprefix("error: ")  # the other process prints it whole
+    assert own in errors(outage[1])[-1], (own, errors(outage[1])[-1])
 
 
 def test_no_fault_costs_more_than_the_steps_since_the_last_checkpoint(faulted):

@@ -73,6 +73,7 @@ def exit_status(error: BaseException) -> int:
 
 _FAILED = "bertjax/failed/"  # key-value directory: a process's error, published before it exits
 _RERUN = "the same command on every host: the run resumes from its last complete checkpoint"
+PUBLISHED_CHARS = 2000  # of a failing process's error, in the line each of the others prints
 
 
 class _Group:
@@ -141,7 +142,9 @@ class _Group:
 
     def publish(self, error: BaseException) -> None:
         """Tells the others this process fails with ``error``, and the status it ends with."""
-        first = (str(error).strip().splitlines() or [""])[0][:300]
+        first = (str(error).strip().splitlines() or [""])[0]
+        if len(first) > PUBLISHED_CHARS:  # the others print it in their one line: whole, or marked
+            first = first[:PUBLISHED_CHARS] + " [...]"
         self.failing.set()
         record = {"error": f"{type(error).__name__}: {first}", "status": exit_status(error)}
         try:
