@@ -703,13 +703,28 @@ def test_sparse_last_layer_gives_the_full_models_logits_and_gradients(overrides,
         np.testing.assert_allclose(g, w, atol=1e-5 * scale, rtol=0, err_msg=str(path))
 
 
+def test_the_sparse_last_layer_pads_its_rows_to_what_xla_gpu_tiles():
+    """Row counts XLA:GPU refused (77, 21, 2480: encoder.py's comment) run as counts it compiled
+    (80, 32, 2496); a count already a multiple is kept, and the padded rows repeat the first."""
+    from bertjax.modeling.encoder import pad_rows, padded_row_count
+
+    assert [padded_row_count(r) for r in (21, 77, 80, 256, 257, 320, 2480)] == [
+        32, 80, 80, 256, 320, 320, 2496
+    ]  # fmt: skip
+    rows = jnp.arange(2 * 77).reshape(2, 77)
+    padded = pad_rows(rows)
+    assert padded.shape == (2, 80)
+    np.testing.assert_array_equal(padded[:, :77], rows)
+    np.testing.assert_array_equal(padded[:, 77:], jnp.repeat(rows[:, :1], 3, axis=1))
+
+
 def test_sparse_last_layer_saves_the_flops_the_count_says():
     """The compiled forward of the sparse model does fewer FLOPs than the full one, by what
     metrics.train_flops_per_sequence subtracts for it (its fwd + bwd count / 3, products only):
     XLA's count also has the skipped rows' LayerNorms, GELUs and softmax, so up to 20% more.
-    The layer runs its rows rounded up to `encoder.ROW_MULTIPLE` (the model's FLOPs, which MFU
-    is of, count the real ones)."""
-    from bertjax.modeling.encoder import ROW_MULTIPLE
+    The layer runs its rows rounded up by `encoder.padded_row_count` (the model's FLOPs, which
+    MFU is of, count the real ones)."""
+    from bertjax.modeling.encoder import padded_row_count
     from bertjax.training import metrics
 
     cfg = _cfg()
@@ -730,7 +745,7 @@ def test_sparse_last_layer_saves_the_flops_the_count_says():
     assert rows == masked + 1
     assert Pretraining(sparse_last_layer=False).last_layer_rows(cfg, masked) is None
     assert objective.last_layer_rows(cfg.replace(scan_layers=True), masked) is None
-    run = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+    run = padded_row_count(rows)
     counted = (
         batch
         * (

@@ -125,18 +125,29 @@ def layer_kinds(cfg: BertConfig) -> list[dict]:
     ]
 
 
-# The sparse last layer's row count is rounded up to a multiple of this (the extra rows repeat
-# row 0 and are dropped after the layer): XLA:GPU (jax-cuda12-plugin 0.10.2) finds no tile sizes
-# for the query projection of gathered rows [B, R, D] flattened to [B R, D] unless 16 divides R
-# (jax#34010): BERT-base at 32 rows x 77 positions a GPU (bf16[2464,768]) and ALBERT-base at 512
-# x 21 (24 refused too, bf16[12288,768]) compile at 80 and 32.
+# The sparse last layer's row count R is rounded up (the extra rows repeat row 0 and are dropped
+# after the layer): XLA:GPU (jax-cuda12-plugin 0.10.2) finds no tile sizes for the products of
+# gathered rows [B, R, D] flattened to [B R, D] (jax#34010) unless 16 divides R, and, at larger
+# R, 64: BERT-base at 32 rows x 77 positions a GPU (bf16[2464,768]) and ALBERT-base at 512 x 21
+# (24 refused too) compile at 80 and 32; ModernBERT-base's 8192-token phase at 72 rows x 2480
+# (the attention's output projection of the transposed context, bf16[178560,768]) compiles at
+# 2496, not at 2480. A multiple of 64 for every R would run BERT-base's seq512 last layer at 128
+# rows a sequence instead of 80; above LARGE_ROWS it adds at most a quarter, at 2480 0.6%.
 ROW_MULTIPLE = 16
+LARGE_ROW_MULTIPLE = 64
+LARGE_ROWS = 256
 
 
-def pad_rows(rows_BR: Array, multiple: int = ROW_MULTIPLE) -> Array:
-    """``rows`` with its count rounded up to a multiple of ``multiple`` by repeats of its first
-    row (a real position: every padded row is an ordinary query, then dropped)."""
-    extra = -rows_BR.shape[1] % multiple
+def padded_row_count(rows: int) -> int:
+    """The rows the sparse last layer runs for ``rows`` requested ones (see ROW_MULTIPLE)."""
+    multiple = ROW_MULTIPLE if rows <= LARGE_ROWS else LARGE_ROW_MULTIPLE
+    return -(-rows // multiple) * multiple
+
+
+def pad_rows(rows_BR: Array) -> Array:
+    """``rows`` with its count rounded up by `padded_row_count`, by repeats of its first row (a
+    real position: every padded row is an ordinary query, then dropped)."""
+    extra = padded_row_count(rows_BR.shape[1]) - rows_BR.shape[1]
     if not extra:
         return rows_BR
     return jnp.concatenate([rows_BR, jnp.repeat(rows_BR[:, :1], extra, axis=1)], axis=1)
