@@ -99,6 +99,7 @@ def _cases(draw):
 @example(("packed", 1, 16, 48, 3, 15, 5))
 @example(("doc_sentences", 1, 30, 48, 4, 20, 2))
 @example(("token_windows", 1, 45, 96, 0, 4, 1))  # epoch 0's cut had a row more than epoch 1's
+@example(("token_windows", 3, 19, 96, 0, 4, 1))  # ... a piece more: its epoch dropped too many
 def test_every_position_of_three_epochs_maps_on_every_host(case):
     """Epochs 0-2 of a plan: each host maps its rows of every step (its own SplitEpochs, as a
     host's pipeline holds), the hosts' rows are disjoint, together the global batch, and equal
