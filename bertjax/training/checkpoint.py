@@ -124,7 +124,9 @@ class Checkpointer:
 
     @contextlib.contextmanager
     def _writing(self, step: int | None):
-        """Turns a write that failed for lack of room into one `CheckpointWriteError` line."""
+        """Turns a write that failed for lack of room into one `CheckpointWriteError` line, and
+        one storage did not answer (after TensorStore's own retries) into `StorageUnavailable`."""
+        start = time.monotonic()
         try:
             yield
         except StorageUnavailable:
@@ -132,9 +134,8 @@ class Checkpointer:
         except Exception as error:
             text = str(error)
             if (cause := transient_cause(error)) is not None:  # storage did not answer
-                raise StorageUnavailable(
-                    f"{self.directory}/{step} (checkpoint save)", cause, 0.0, 1
-                ) from error
+                where = f"{self.directory}/{step} (checkpoint save)"
+                raise StorageUnavailable(where, cause, time.monotonic() - start, 1) from error
             if not any(sign in text for sign in _NO_ROOM):
                 raise
             kept = [s for s in self.all_steps() if s != step]
