@@ -1,0 +1,254 @@
+"""Trackers and profiles of a real run: train.py with ``config.trackers=tensorboard,jsonl,wandb``
+and ``config.profile`` on a shrunken BERT-tiny, W&B's own client in its offline mode.
+
+W&B writes its run folder (WORKDIR/wandb/offline-run-*-ID/run-ID.wandb, a LevelDB-style log of
+protobuf records, read here with wandb's own `Record` message); a counting HTTP server on the
+loopback stands as W&B's server and as the proxy for everything else, and hears nothing. A
+second start of the same workdir continues the same W&B run id. The profile's XSpace file is
+read with `jax.profiler.ProfileData`, and its Chrome-trace JSON with the standard library.
+"""
+
+import collections
+import contextlib
+import glob
+import gzip
+import http.server
+import io
+import json
+import os
+import struct
+import threading
+
+import ml_collections
+import pytest
+from helpers import ROOT
+
+from bertjax.training import profiling, run_record, trackers
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+PROFILED = (2, 3)  # config.profile: first_step=2, steps=2
+
+
+def tiny_config(tokenizer: str, workdir_name: str = ""):
+    """configs/bert_tiny.py (train.py's default) shrunk as tests/helpers.py's SHRINK does,
+    tracked by all three trackers and profiled at steps 2-3."""
+    from bertjax import trainer
+
+    config = trainer.load_config_file(os.path.join(ROOT, "configs", "bert_tiny.py"))
+    config.batch_size, config.num_train_steps = 8, STEPS
+    config.data.max_seq_length, config.data.max_predictions = 32, 5
+    config.data.tokenizer_model, config.data.prefetch = tokenizer, 1
+    config.model.hidden_size, config.model.num_attention_heads = 32, 2
+    config.model.intermediate_size = 64
+    config.optim.warmup_steps = 1
+    config.log_every, config.eval_every, config.eval_batches = 1, STEPS, 1
+    config.checkpoint_every = 2
+    config.progress_bar, config.fast_compile, config.peak_flops_per_device = False, True, 1e12
+    config.trackers = "tensorboard,jsonl,wandb"
+    config.wandb.project, config.wandb.tags = "bertjax-tests", "test,offline"
+    config.profile.first_step = PROFILED[0]
+    config.profile.steps = PROFILED[1] - PROFILED[0] + 1
+    return config
+
+
+class _Counter(http.server.BaseHTTPRequestHandler):
+    """Counts every request (a proxy's CONNECT too) and answers 503."""
+
+    requests: list = []
+
+    def _count(self):
+        self.requests.append(f"{self.command} {self.path}")
+        self.send_response(503)
+        self.end_headers()
+
+    do_GET = do_POST = do_PUT = do_CONNECT = do_HEAD = _count
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def counting_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Counter.requests
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory, counting_server, small_spm):
+    """The run (in this process, on one device), then a second start of the same workdir
+    (trained already: it evaluates); W&B offline, its server and every proxy the loopback
+    counter, no credentials."""
+    from helpers import first_device_only
+
+    from bertjax import trainer
+
+    server, requests = counting_server
+    workdir = str(tmp_path_factory.mktemp("tracked"))
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_DIR", "NO_PROXY"):
+            patch.delenv(key, raising=False)
+        patch.setenv("WANDB_MODE", "offline")
+        patch.setenv("WANDB_BASE_URL", server)
+        for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            patch.setenv(key, server)
+        outputs = []
+        with first_device_only():
+            for _ in range(2):
+                capture = io.StringIO()
+                with contextlib.redirect_stdout(capture):
+                    summary = trainer.train_and_evaluate(tiny_config(small_spm), workdir)
+                outputs.append((summary, capture.getvalue()))
+    return workdir, outputs, list(requests)
+
+
+def _wandb_records(path: str) -> list:
+    """The protobuf records of a .wandb file: a 7-byte header (":W&B", magic, version), then
+    LevelDB log blocks of 32 KiB, each chunk a 7-byte header (crc32, length, type: 1 whole,
+    2 first, 3 middle, 4 last) and its bytes."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    records, position, pending = [], 7, b""
+    while position + 7 <= len(data):
+        left = 32768 - position % 32768
+        if left < 7:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def _items(items) -> dict:
+    return {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in items}
+
+
+def test_wandb_offline_run_holds_config_metrics_and_final_eval_and_nothing_left(tracked):
+    workdir, outputs, requests = tracked
+    run_id = run_record.read_record(workdir).run_id
+    folders = sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*")))
+    # one folder per start, both under the bertjax run's id: the second continues the run
+    assert len(folders) == 2 and all(f.endswith(f"-{run_id}") for f in folders)
+    first = _wandb_records(os.path.join(folders[0], f"run-{run_id}.wandb"))
+    kinds = collections.defaultdict(list)
+    for record in first:
+        kinds[record.WhichOneof("record_type")].append(record)
+    (run,) = kinds["run"]
+    assert (run.run.run_id, run.run.project) == (run_id, "bertjax-tests")
+    assert run.run.display_name == os.path.basename(workdir)
+    assert list(run.run.tags) == ["test", "offline"]
+    config = _items(run.run.config.update)
+    assert config["trackers"] == "tensorboard,jsonl,wandb"
+    assert config["num_train_steps"] == STEPS and config["profile"]["first_step"] == PROFILED[0]
+    history = [_items(record.history.item) for record in kinds["history"]]
+    assert [h["_step"] for h in history if "train/loss" in h] == list(range(1, STEPS + 1))
+    jsonl = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    logged = {h["_step"]: h["train/loss"] for h in history if "train/loss" in h}
+    assert logged == {r["step"]: r["train/loss"] for r in jsonl if "train/loss" in r}
+    summary = {}
+    for record in kinds["summary"]:
+        summary.update(_items(record.summary.update))
+    final = outputs[0][0]
+    assert summary["eval/mlm_accuracy"] == final["eval/mlm_accuracy"]
+    assert summary["step"] == STEPS and summary["stopped_by_signal"] is False
+    assert kinds["exit"][0].exit.exit_code == 0
+    # the restart: the same run, its evaluation of the trained state in its summary
+    second = _wandb_records(os.path.join(folders[1], f"run-{run_id}.wandb"))
+    (rerun,) = [r for r in second if r.WhichOneof("record_type") == "run"]
+    assert rerun.run.run_id == run_id
+    resumed = {}
+    for record in second:
+        if record.WhichOneof("record_type") == "summary":
+            resumed.update(_items(record.summary.update))
+    assert resumed["eval/mlm_accuracy"] == final["eval/mlm_accuracy"]
+    starts = run_record.read_record(workdir).starts
+    assert [s["step"] for s in starts] == [0, STEPS]
+    assert starts[0]["platform"] == "cpu" and starts[0]["devices"] == 1
+    # W&B's server address and the proxies were the loopback counter: nothing was sent
+    assert requests == []
+
+
+def test_tensorboard_events_hold_the_config_and_the_scalars(tracked):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    workdir = tracked[0]
+    events = event_accumulator.EventAccumulator(workdir, size_guidance={"tensors": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, STEPS + 1))
+    texts = events.Tensors("config/text_summary")  # one a start
+    assert len(texts) == 2
+    for text in texts:
+        assert '"trackers": "tensorboard,jsonl,wandb"' in text.tensor_proto.string_val[0].decode()
+
+
+def test_the_profile_holds_exactly_the_chosen_steps_and_names_their_ops(tracked):
+    from jax.profiler import ProfileData
+
+    workdir, outputs, _ = tracked
+    first, last = PROFILED
+    (run,) = glob.glob(os.path.join(workdir, "plugins", "profile", "*"))
+    assert os.path.basename(run) == f"steps-{first}-{last}"
+    assert f"profile of steps {first}-{last}: {run}" in outputs[0][1]
+    assert "profile of steps" not in outputs[1][1]  # the restart passed the window
+    (xplane,) = glob.glob(os.path.join(run, "*.xplane.pb"))
+    ops = collections.defaultdict(set)  # one execution of a program (its run_id) -> HLO ops
+    modules = {}
+    for plane in ProfileData.from_file(xplane).planes:
+        for line in plane.lines:
+            for event in line.events:
+                stats = dict(event.stats)
+                if "hlo_module" in stats:
+                    ops[stats["run_id"]].add(stats["hlo_op"])
+                    modules[stats["run_id"]] = stats["hlo_module"]
+    # the two chosen steps of the train step and nothing else: no earlier step still running,
+    # no eval, the step compiled before
+    assert sorted(modules.values()) == ["jit_train_step"] * (last - first + 1)
+    executions = list(ops.values())
+    assert executions[0] == executions[1] and len(executions[0]) > 50
+    (trace,) = glob.glob(os.path.join(run, "*.trace.json.gz"))
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    named = {e["args"]["hlo_op"] for e in events if e.get("args", {}).get("hlo_module")}
+    assert named == executions[0]
+
+
+def test_bad_tracker_and_profile_settings_are_named():
+    from bertjax.trainer import default_run_config
+    from bertjax.training.run_config import validate_run_config
+
+    config = default_run_config()
+    assert trackers.chosen(config) == ("tensorboard", "jsonl")
+    config.trackers = "tensorbord,jsonl"
+    with pytest.raises(ValueError, match=r"config.trackers='tensorbord,jsonl': name each of"):
+        validate_run_config(config)
+    config.trackers = "jsonl,jsonl"
+    with pytest.raises(ValueError, match="at most once"):
+        trackers.chosen(config)
+    config.trackers = "jsonl"
+    config.profile.steps = -1
+    with pytest.raises(ValueError, match=r"config.profile.steps=-1: must be 0 or more"):
+        validate_run_config(config)
+
+
+def test_the_trace_window_skips_compilation_and_what_a_restart_passed():
+    profile = ml_collections.ConfigDict({"first_step": 0, "steps": 3, "all_processes": False})
+    window = profiling.trace_window
+    assert window(profile, 0) == (2, 4)  # step 1 compiles
+    assert window(profile, 100) == (102, 104)  # a restart compiles again
+    profile.first_step = 10
+    assert window(profile, 0) == (10, 12)
+    assert window(profile, 10) == (12, 14)  # resumed inside it: as many steps, after compiling
+    assert window(profile, 12) is None  # resumed past it: traced before
+    profile.steps = 0
+    assert window(profile, 0) is None
