@@ -62,6 +62,7 @@ class TrainedModel:
     pooling: tuple[str, ...] = ("mean",)
     normalize: bool = True
     columns: dict = dataclasses.field(default_factory=dict)  # the run's text columns
+    step: int = 0  # a workdir's checkpoint step (0: another form)
 
     @property
     def limit(self) -> int:
@@ -143,7 +144,7 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
             language=data.get("language", "en"),
             lowercase=data.get("lowercase", True),
         )
-        cfg, params = reader.model_config(), reader.params()
+        cfg, params, step = reader.model_config(), reader.params(), int(reader.step)
     finally:
         reader.close()
     if cfg.scan_layers:
@@ -152,10 +153,7 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
         cfg = cfg.replace(scan_layers=False)
         params = unstack_layers(cfg, params)
     loss, task_config = run.get("loss", {}), run.get("task", {})
-    pooling = loss.get("pooling") or "mean"
-    if isinstance(pooling, str):
-        pooling = tuple(p.strip() for p in pooling.split(","))
-    normalize = loss.get("normalize")
+    pooling, normalize = _embedding_settings(run, loss)
     columns = {
         "text_column": task_config.get("text_column", "text"),
         "text_pair_column": task_config.get("text_pair_column", ""),
@@ -171,9 +169,31 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
         data.get("max_seq_length", 512),
         run=run,
         pooling=check_pooling(pooling),
-        normalize=True if normalize is None else bool(normalize),
+        normalize=normalize,
         columns=columns,
+        step=step,
     )
+
+
+def _embedding_settings(run: dict, loss: dict) -> tuple[tuple[str, ...], bool]:
+    """The pooling modes and normalization a run trained with, resolved as the Embedding
+    objective resolves them: "auto" pooling and an unset normalize are a sentence-transformers
+    init_from's, else mean pooling, normalized."""
+    pooling, normalize = loss.get("pooling") or "auto", loss.get("normalize")
+    if isinstance(pooling, str) and pooling != "auto":
+        pooling = tuple(p.strip() for p in pooling.split(","))
+    if pooling == "auto" or normalize is None:
+        init = run.get("init_from") or ""
+        modules = None
+        if init and st_files.is_sentence_transformers_dir(init):
+            modules = st_files.read_modules(init)
+        elif init and loss.get("objective") == "embedding" and not paths.exists(init):
+            logging.warning("%s (the run's init_from) is gone: mean pooling, normalized", init)
+        if pooling == "auto":
+            pooling = modules.pooling if modules else ("mean",)
+        if normalize is None:
+            normalize = modules.normalize if modules else True
+    return tuple(pooling), bool(normalize)
 
 
 def fingerprint(path: str, key: str = "--model") -> str:

@@ -1,11 +1,12 @@
-"""WORKDIR/run.json: the run's id and where each start of it ran, written by process 0.
+"""WORKDIR/run.json: the run's id, its config and where each start of it ran (process 0).
 
 The id is made once, when a workdir first trains, and kept: a restarted or resumed run (and each
 phase) keeps it, so W&B continues the same run under it (`bertjax.training.wandb_tracker`), and
-the model card names it (`bertjax.interop.model_card`). Each start adds the step it began at and
-the hardware (platform, device kind and count, processes), which the card reports:
+the model card names it (`bertjax.interop.model_card`). Each start writes its whole run config
+(a multi-phase run's phases too, which no checkpoint holds) and adds the step it began at and the
+hardware (platform, device kind and count, processes), which the card reports:
 
-    {"run_id": "3f9c0a1b2c4d",
+    {"run_id": "3f9c0a1b2c4d", "config": {...},
      "starts": [{"step": 0, "phase": "run", "time": "2026-12-06T08:00:00Z", "platform": "tpu",
                  "device_kind": "TPU v5 lite", "devices": 16, "processes": 4}]}
 """
@@ -42,7 +43,8 @@ class RunRecord:
         self.write()
 
     def write(self) -> None:
-        paths.write_text(self.path, json.dumps(self.values, indent=1) + "\n")
+        text = json.dumps(self.values, indent=1, default=str)
+        paths.write_text(self.path, text + "\n")
 
 
 def hardware() -> dict:
@@ -75,10 +77,13 @@ def read_record(workdir: str) -> RunRecord | None:
     return RunRecord(path, values)
 
 
-def open_record(workdir: str) -> RunRecord:
-    """The workdir's run record; a workdir without one gets a new run id, written at once."""
+def open_record(workdir: str, config: dict | None = None) -> RunRecord:
+    """The workdir's run record, holding ``config`` (the whole run config of this start: a
+    checkpoint keeps only its phase's); a workdir without one gets a new run id."""
     record = read_record(workdir)
     if record is None:
         record = RunRecord(paths.join(workdir, RUN_FILE), {"run_id": secrets.token_hex(6)})
-        record.write()
+    if config is not None:
+        record.values["config"] = config
+    record.write()
     return record

@@ -226,8 +226,8 @@ class Trackers(Tracker):
             return cls([])
         names = chosen(config)
         paths.makedirs(workdir)
-        record = run_record.open_record(workdir)
         values = config.to_dict()
+        record = run_record.open_record(workdir, values)
         members: list[Tracker] = []
         try:
             if "tensorboard" in names:

@@ -1,11 +1,15 @@
-"""Trackers and profiles of a real run: train.py with ``config.trackers=tensorboard,jsonl,wandb``
-and ``config.profile`` on a shrunken BERT-tiny, W&B's own client in its offline mode.
+"""What a real run leaves for others: its trackers, its profile and its Hub-ready export. One
+shrunken BERT-tiny run (configs/bert_tiny.py, in this process) with
+``config.trackers=tensorboard,jsonl,wandb`` (W&B's own client in its offline mode) and
+``config.profile``, restarted once; then `python -m bertjax.export` of it, reloaded in
+transformers and compared with bertjax's outputs, its model card read back by huggingface_hub.
 
 W&B writes its run folder (WORKDIR/wandb/offline-run-*-ID/run-ID.wandb, a LevelDB-style log of
 protobuf records, read here with wandb's own `Record` message); a counting HTTP server on the
 loopback stands as W&B's server and as the proxy for everything else, and hears nothing. A
 second start of the same workdir continues the same W&B run id. The profile's XSpace file is
-read with `jax.profiler.ProfileData`, and its Chrome-trace JSON with the standard library.
+read with `jax.profiler.ProfileData`, and its Chrome-trace JSON with the standard library. The
+fine-tuned models' exports are tests/export_test.py's.
 """
 
 import collections
@@ -21,7 +25,7 @@ import threading
 
 import ml_collections
 import pytest
-from helpers import ROOT
+from helpers import ROOT, shrink
 
 from bertjax.training import profiling, run_record, trackers
 
@@ -31,21 +35,15 @@ STEPS = 4
 PROFILED = (2, 3)  # config.profile: first_step=2, steps=2
 
 
-def tiny_config(tokenizer: str, workdir_name: str = ""):
-    """configs/bert_tiny.py (train.py's default) shrunk as tests/helpers.py's SHRINK does,
-    tracked by all three trackers and profiled at steps 2-3."""
+def tiny_config(tokenizer: str):
+    """configs/bert_tiny.py (train.py's default) shrunk (tests/helpers.py), tracked by all three
+    trackers and profiled at steps 2-3."""
     from bertjax import trainer
 
     config = trainer.load_config_file(os.path.join(ROOT, "configs", "bert_tiny.py"))
-    config.batch_size, config.num_train_steps = 8, STEPS
-    config.data.max_seq_length, config.data.max_predictions = 32, 5
-    config.data.tokenizer_model, config.data.prefetch = tokenizer, 1
-    config.model.hidden_size, config.model.num_attention_heads = 32, 2
-    config.model.intermediate_size = 64
-    config.optim.warmup_steps = 1
-    config.log_every, config.eval_every, config.eval_batches = 1, STEPS, 1
+    shrink(config, STEPS)
+    config.data.tokenizer_model = tokenizer
     config.checkpoint_every = 2
-    config.progress_bar, config.fast_compile, config.peak_flops_per_device = False, True, 1e12
     config.trackers = "tensorboard,jsonl,wandb"
     config.wandb.project, config.wandb.tags = "bertjax-tests", "test,offline"
     config.profile.first_step = PROFILED[0]
@@ -252,3 +250,86 @@ def test_the_trace_window_skips_compilation_and_what_a_restart_passed():
     assert window(profile, 12) is None  # resumed past it: traced before
     profile.steps = 0
     assert window(profile, 0) is None
+
+
+# ---- the export of the run (python -m bertjax.export) ----
+
+TEXTS = [
+    "Return the number of items in a container.",
+    "The with statement wraps a block in the methods of a context manager.",
+]
+
+
+@pytest.fixture(scope="module")
+def exported(tracked, tmp_path_factory):
+    from bertjax.export import main
+
+    folder = str(tmp_path_factory.mktemp("exported") / "bert-tiny-stdlib")
+    main(["export", f"--model={tracked[0]}", f"--output={folder}"])
+    return folder
+
+
+def test_the_export_reloads_in_transformers_within_1e4(tracked, exported):
+    import jax
+    import numpy as np
+    import torch
+    import transformers
+
+    from bertjax.inference import loading
+    from bertjax.modeling.heads import BertForPreTraining
+
+    model = loading.load(tracked[0])
+    assert sorted(os.listdir(exported)) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    inputs = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    for row, ids, mask in zip(
+        inputs["input_ids"], model.tokenizer.encode(TEXTS), inputs["attention_mask"]
+    ):
+        framed = [model.tokenizer.cls_id, *ids.tolist(), model.tokenizer.sep_id]
+        assert row[mask.bool()].tolist() == framed  # bertjax's ids, framed as its rows are
+    hf = transformers.AutoModelForPreTraining.from_pretrained(exported).eval()
+    assert type(hf).__name__ == "BertForPreTraining"
+    with torch.no_grad():
+        theirs = hf(**inputs)
+    arrays = {k: v.numpy() for k, v in inputs.items()}
+    ours = jax.jit(BertForPreTraining(model.cfg).apply)({"params": model.params}, **arrays)
+    real = arrays["attention_mask"].astype(bool)
+    mlm = np.abs(np.asarray(ours["mlm_logits"]) - theirs.prediction_logits.numpy())[real]
+    nsp = np.abs(np.asarray(ours["nsp_logits"]) - theirs.seq_relationship_logits.numpy())
+    assert mlm.max() < 1e-4 and nsp.max() < 1e-4, (mlm.max(), nsp.max())
+
+
+def test_the_card_carries_the_run_s_facts(tracked, exported):
+    from huggingface_hub import ModelCard, metadata_load
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    workdir = tracked[0]
+    meta = metadata_load(os.path.join(exported, "README.md"))
+    assert meta["library_name"] == "transformers" and meta["license"] == "apache-2.0"
+    assert meta["pipeline_tag"] == "fill-mask" and "bertjax" in meta["tags"]
+    facts = meta["bertjax"]
+    assert facts["run_id"] == run_record.read_record(workdir).run_id  # W&B's run id too
+    assert facts["objective"] == "pretraining" and facts["steps"] == STEPS
+    assert facts["rows"] == STEPS * 8 and facts["tokens"] == STEPS * 8 * 32
+    assert facts["hardware"] == ["1 x cpu (1 process)"]  # two starts on the same hardware
+    assert "built-in corpus" in facts["training_data"][0]["description"]
+    name, results = model_index_to_eval_results(meta["model-index"])
+    assert name == "bert-tiny-stdlib"
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    (evaluation,) = [r for r in rows if "eval/mlm_accuracy" in r]
+    assert evaluation["step"] == STEPS
+    assert {r.metric_type: r.metric_value for r in results} == {
+        k[5:]: v for k, v in evaluation.items() if k.startswith("eval/")
+    }
+    assert {(r.task_type, r.dataset_split) for r in results} == {("fill-mask", "held-out")}
+    card = ModelCard.load(os.path.join(exported, "README.md"))
+    assert card.data.model_name == "bert-tiny-stdlib"
+    assert f"| Tokens | {STEPS * 8 * 32:,} (rows x row length" in card.text
+    assert "AutoModelForMaskedLM" in card.text
