@@ -22,6 +22,7 @@ import json
 import os
 import struct
 import threading
+import time
 
 import ml_collections
 import pytest
@@ -128,6 +129,18 @@ def _wandb_records(path: str) -> list:
     return records
 
 
+def _finished_records(path: str, timeout: float = 60.0) -> list:
+    """The records of a .wandb file once it holds the run's exit record (W&B's service process
+    writes the file; its last records may land a moment after ``run.finish()`` returns)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _wandb_records(path) if os.path.exists(path) else []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} holds no exit record"
+        time.sleep(0.2)
+
+
 def _items(items) -> dict:
     return {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in items}
 
@@ -138,7 +151,7 @@ def test_wandb_offline_run_holds_config_metrics_and_final_eval_and_nothing_left(
     folders = sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*")))
     # one folder per start, both under the bertjax run's id: the second continues the run
     assert len(folders) == 2 and all(f.endswith(f"-{run_id}") for f in folders)
-    first = _wandb_records(os.path.join(folders[0], f"run-{run_id}.wandb"))
+    first = _finished_records(os.path.join(folders[0], f"run-{run_id}.wandb"))
     kinds = collections.defaultdict(list)
     for record in first:
         kinds[record.WhichOneof("record_type")].append(record)
@@ -162,7 +175,7 @@ def test_wandb_offline_run_holds_config_metrics_and_final_eval_and_nothing_left(
     assert summary["step"] == STEPS and summary["stopped_by_signal"] is False
     assert kinds["exit"][0].exit.exit_code == 0
     # the restart: the same run, its evaluation of the trained state in its summary
-    second = _wandb_records(os.path.join(folders[1], f"run-{run_id}.wandb"))
+    second = _finished_records(os.path.join(folders[1], f"run-{run_id}.wandb"))
     (rerun,) = [r for r in second if r.WhichOneof("record_type") == "run"]
     assert rerun.run.run_id == run_id
     resumed = {}
@@ -333,3 +346,72 @@ def test_the_card_carries_the_run_s_facts(tracked, exported):
     assert card.data.model_name == "bert-tiny-stdlib"
     assert f"| Tokens | {STEPS * 8 * 32:,} (rows x row length" in card.text
     assert "AutoModelForMaskedLM" in card.text
+
+
+# ---- the push (python -m bertjax.export --push_to), last: the local Hub takes uploads ----
+
+REPO_ID = "bertjax-test/bert-tiny-stdlib"
+
+
+@pytest.fixture(scope="module")
+def writable_hub(hub, tmp_path_factory):
+    """The local Hub (tests/hub_server.py) with its upload endpoints (tests/hub_upload.py), our
+    token, and huggingface_hub uploading through Git LFS (Xet is not served here)."""
+    from hub_server import TOKEN, use_endpoint
+    from hub_upload import add_upload_routes
+
+    add_upload_routes(hub)
+    home = tmp_path_factory.mktemp("hf_home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_DISABLE_XET", "1")
+        with use_endpoint(hub.url, home, token=TOKEN):
+            yield hub
+
+
+def test_push_uploads_the_folder_with_huggingface_hub_s_own_upload(
+    tracked, writable_hub, tmp_path, capsys
+):
+    import transformers
+    from huggingface_hub import HfApi, ModelCard, snapshot_download
+
+    from bertjax.export import main, push
+
+    hub, folder = writable_hub, str(tmp_path / "push")
+    hub.reset()
+    main(["export", f"--model={tracked[0]}", f"--output={folder}", f"--push_to={REPO_ID}"])
+    info = HfApi().model_info(REPO_ID)
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said == f"pushed to {REPO_ID}: {hub.url}/{REPO_ID}/commit/{info.sha}"
+    # one repository, one preupload, one commit (the card's metadata checked before it); the
+    # weights through Git LFS
+    counts = {k: hub.count(k) for k in ("create-repo", "preupload", "commit")}
+    assert counts == {"create-repo": 1, "preupload": 1, "commit": 1}
+    assert hub.count("validate-yaml", status=200) >= 1 and hub.count(status=400) == 0
+    assert hub.count("lfs-batch") == 1 and hub.count("lfs-upload") == 1  # model.safetensors
+    local = snapshot_download(REPO_ID, revision=info.sha, cache_dir=str(tmp_path / "cache"))
+    for name in os.listdir(folder):
+        with (
+            open(os.path.join(folder, name), "rb") as a,
+            open(os.path.join(local, name), "rb") as b,
+        ):
+            assert a.read() == b.read(), name
+    assert transformers.AutoModelForPreTraining.from_pretrained(local).num_parameters() > 0
+    card = ModelCard.load(os.path.join(local, "README.md"))
+    assert card.data.model_name == REPO_ID and f'from_pretrained("{REPO_ID}")' in card.text
+    # pushing the same folder again: every file is unchanged, so no commit is made
+    assert push(folder, REPO_ID).endswith(info.sha)
+    assert hub.count("commit") == 1 and HfApi().model_info(REPO_ID).sha == info.sha
+
+
+def test_a_push_the_hub_refuses_is_one_line(tracked, writable_hub, tmp_path, capsys):
+    from hub_server import use_endpoint
+
+    from bertjax.export import main
+
+    with use_endpoint(writable_hub.url, tmp_path / "anonymous", token=None):  # no token
+        with pytest.raises(SystemExit) as stop:
+            main(["export", f"--model={tracked[0]}", f"--output={tmp_path}/o", "--push_to=a/b"])
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: --push_to='a/b': the Hub answered 401")
+    assert "HF_TOKEN" in line

@@ -132,16 +132,16 @@ def body(facts: RunFacts, *, name: str, task: str, architecture: str, parameters
         lines += [f"| {k} | {v:.4g} |" for k, v in sorted(facts.evaluation.items())]
     else:
         lines.append("The run recorded no evaluation.")
-    lines += ["", "## Use", "", "```python", *_usage(task), "```", ""]
+    lines += ["", "## Use", "", "```python", *_usage(task, name), "```", ""]
     return "\n".join(lines)
 
 
-def _usage(task: str) -> list[str]:
+def _usage(task: str, name: str) -> list[str]:
     if task == "embed":
         return [
             "from sentence_transformers import SentenceTransformer",
             "",
-            'model = SentenceTransformer("MODEL")',
+            f'model = SentenceTransformer("{name}")',
             'vectors = model.encode(["a sentence", "another one"])',
         ]
     auto = {
@@ -152,8 +152,8 @@ def _usage(task: str) -> list[str]:
     return [
         f"from transformers import AutoTokenizer, {auto}",
         "",
-        'tokenizer = AutoTokenizer.from_pretrained("MODEL")',
-        f'model = {auto}.from_pretrained("MODEL")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+        f'model = {auto}.from_pretrained("{name}")',
         'outputs = model(**tokenizer(["a sentence"], return_tensors="pt"))',
     ]
 
