@@ -170,6 +170,39 @@ def test_the_embedding_model_loads_in_sentence_transformers_within_1e4(workdirs,
     assert meta["pipeline_tag"] == "sentence-similarity"
 
 
+def test_a_cased_wordpiece_run_exports_its_vocabulary_as_it_tokenizes(tmp_path):
+    """A workdir with a cased vocab.txt (tests/inference_fixtures.py): the exported tokenizer
+    keeps the case (ids equal bertjax's), beside its vocab.txt; the MLM logits agree."""
+    import torch
+    from inference_fixtures import CASED_WORDS, write_cased_workdir
+
+    from bertjax.modeling.heads import BertForPreTraining
+
+    workdir = write_cased_workdir(str(tmp_path))
+    main(["export", f"--model={workdir}", f"--output={tmp_path}/out"])
+    assert "vocab.txt" in os.listdir(tmp_path / "out")
+    model = loading.load(workdir)
+    texts = [" ".join(CASED_WORDS), "The apple is in Paris", "café cafe"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    inputs = tokenizer(texts, padding=True, return_tensors="pt")
+    for row, ids, mask in zip(
+        inputs["input_ids"], model.tokenizer.encode(texts), inputs["attention_mask"]
+    ):
+        assert row[mask.bool()].tolist() == [
+            model.tokenizer.cls_id,
+            *ids.tolist(),
+            model.tokenizer.sep_id,
+        ]
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        theirs = hf(**inputs).logits.numpy()
+    arrays = {k: v.numpy() for k, v in inputs.items()}
+    module = BertForPreTraining(model.cfg, next_sentence=False)
+    ours = np.asarray(jax.jit(module.apply)({"params": model.params}, **arrays)["mlm_logits"])
+    real = arrays["attention_mask"].astype(bool)
+    assert np.abs(ours - theirs)[real].max() < TOL
+
+
 def test_a_hub_dataset_is_named_with_its_revision_in_the_card(tmp_path):
     """A run on hf://datasets/... names the dataset (YAML ``datasets``), its revision (the
     bertjax block and the model-index dataset) and links it in the text."""

@@ -57,7 +57,7 @@ def metadata(facts: RunFacts, *, name: str, task: str, library: str, family: str
         "run_id": facts.run_id or None,
         "objective": facts.objective,
         "steps": facts.step,
-        "rows": facts.rows,
+        "rows": facts.rows,  # None (unknown) is left out below
         "tokens": facts.tokens,
         "max_seq_length": facts.max_seq_length,
         "batch_size": facts.batch_size,
@@ -66,6 +66,7 @@ def metadata(facts: RunFacts, *, name: str, task: str, library: str, family: str
     }
     if facts.init_from:
         training["init_from"] = facts.init_from
+    training = {k: v for k, v in training.items() if v is not None}
     datasets = sorted({d.hub_id for d in facts.datasets if d.hub_id})
     return hub.ModelCardData(
         model_name=name,
@@ -102,10 +103,13 @@ def body(facts: RunFacts, *, name: str, task: str, architecture: str, parameters
         "|---|---|",
         f"| Objective | {facts.objective} |",
         f"| Steps | {_number(facts.step)} |",
-        f"| Rows | {_number(facts.rows)} (batch size {facts.batch_size}) |",
-        f"| Tokens | {_number(facts.tokens)} (rows x row length, rows up to "
-        f"{facts.max_seq_length} tokens) |",
     ]
+    if facts.rows is not None:
+        lines += [
+            f"| Rows | {_number(facts.rows)} (batch size {facts.batch_size}) |",
+            f"| Tokens | {_number(facts.tokens)} (rows x row length, rows up to "
+            f"{facts.max_seq_length} tokens) |",
+        ]
     for dataset in facts.datasets:
         where = dataset.description
         if dataset.hub_id:

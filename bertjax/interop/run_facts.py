@@ -45,8 +45,8 @@ class RunFacts:
 
     objective: str
     step: int
-    rows: int
-    tokens: int
+    rows: int | None  # None: not known (a run config without the batch keys)
+    tokens: int | None
     max_seq_length: int
     batch_size: int
     datasets: list[Dataset]
@@ -190,7 +190,10 @@ def gather(model, workdir: str) -> RunFacts:
     run = model.run
     record = run_record.read_record(workdir)
     whole = record.values.get("config") if record is not None else None  # with its phases
-    rows, tokens = trained_rows_and_tokens(whole or run, model.step)
+    try:
+        rows, tokens = trained_rows_and_tokens(whole or run, model.step)
+    except (KeyError, AttributeError, TypeError):  # a config without the batch keys: unknown
+        rows = tokens = None
     run_id, machines = hardware(record)
     metrics, at = evaluation(workdir, model.path, model.step)
     datasets = training_datasets(run)
