@@ -75,6 +75,7 @@ class StepProfile:
             self.window = None
         self.workdir, self.say = workdir, say
         self.local: str | None = None  # the trace's local directory while it runs
+        self.done = 0  # the last step traced so far
 
     def before(self, done: int, state) -> None:
         """Before the step after ``done`` steps: starts the trace when it is the first chosen,
@@ -86,8 +87,10 @@ class StepProfile:
 
     def after(self, done: int, state) -> None:
         """After step ``done`` was dispatched: stops the trace when it was the last chosen."""
-        if self.local is not None and done == self.window[1]:
-            self._stop(state)
+        if self.local is not None:
+            self.done = done
+            if done == self.window[1]:
+                self._stop(state)
 
     def close(self, state) -> None:
         """Stops a trace still running (the run ended inside its window)."""
@@ -100,7 +103,8 @@ class StepProfile:
         finally:
             jax.profiler.stop_trace()
         local, self.local = self.local, None
-        first, last = self.window
+        first = self.window[0]
+        last = max(self.done, first)  # the run may end inside the window
         self.window = None
         try:
             where = self._publish(local, f"steps-{first}-{last}")
