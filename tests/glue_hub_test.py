@@ -166,3 +166,18 @@ def test_the_command_offline_with_nothing_cached_is_one_line(hub, tmp_path):
     assert line.startswith("error: GLUE from hf://datasets/nyu-mll/glue@bcdcba79d07bc864c1c254ccf")
     assert "pass --glue_dir=DIR (the GLUE download script's folders) or --glue_source=tfds" in line
     assert not os.path.exists(tmp_path / "out" / "runs")
+
+
+def test_an_unknown_task_is_one_line_before_any_request(hub):
+    from bertjax.evaluation.glue import default_glue_config, validate_glue_config
+
+    hub.reset()
+    with pytest.raises(ValueError, match=r"config.task.source='glue:rtee': GLUE tasks are \["):
+        glue_hub.glue_examples("rtee", "train")
+    glue = default_glue_config()
+    glue.tasks = ("rte", "rtee")
+    with pytest.raises(
+        ValueError, match=r"config.glue.tasks=\('rte', 'rtee'\): unknown \['rtee'\]"
+    ):
+        validate_glue_config(glue)
+    assert hub.count() == 0
