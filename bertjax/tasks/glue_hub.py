@@ -20,7 +20,6 @@ names are checked against the Hub's (`LABEL_NAMES`): another layout stops with o
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import json
 import os
@@ -103,6 +102,8 @@ def download(names, repo: str = REPO, revision: str = REVISION) -> tuple[str, st
             "private: set HF_TOKEN)"
         ) from None
     except (LocalEntryNotFoundError, OSError) as error:  # nothing cached, Hub not reached
+        if getattr(error, "errno", None) is not None:  # the local disk's (the cache's) error
+            raise
         cause = retry.transient_cause(error)
         status = getattr(getattr(cause, "response", None), "status_code", None)
         if isinstance(cause, HfHubHTTPError) and status and status != 404:  # 429, 5xx
@@ -122,8 +123,7 @@ def download(names, repo: str = REPO, revision: str = REVISION) -> tuple[str, st
 def split_files(folder: str, name: str, hub_split: str, where: str) -> list[str]:
     """The parquet files of one split of ``name`` in a downloaded snapshot, in order."""
     pattern = f"{name}/{hub_split}-*.parquet"
-    files = sorted(glob.glob(os.path.join(folder, name, f"{hub_split}-*.parquet")))
-    files = [f for f in files if fnmatch.fnmatch(os.path.relpath(f, folder), pattern)]
+    files = sorted(glob.glob(os.path.join(folder, *pattern.split("/"))))
     if not files:
         raise FileNotFoundError(
             f"{where} has no {pattern}: not the parquet layout of nyu-mll/glue (set "
