@@ -1,9 +1,12 @@
 """Fine-tune BERT-tiny on a sequence task: by default the built-in, offline `stdlib_families`
 (CPython docstring sentences labelled by their module's library family: text / files / network /
-concurrency; dev = 20% of documents). GLUE: --config.task.source=tfds:glue/sst2 (prepared
-ArrayRecord data, nothing is downloaded); files: --config.task.source=files
---config.task.train_file=train.tsv --config.task.dev_file=dev.tsv (text, [text_pair], label
-columns); STS-B style regression: --config.loss.num_labels=1 --config.task.metric=pearson.
+concurrency; dev = 20% of documents). GLUE: --config.task.source=glue:sst2
+--config.loss.num_labels=2 (nyu-mll/glue's parquet from the Hub at a pinned commit, downloaded
+once into the Hugging Face cache; --config.task.glue_dir=DIR for the download script's folders)
+or tfds:glue/sst2 (prepared ArrayRecord data, nothing is downloaded); files:
+--config.task.source=files --config.task.train_file=train.tsv --config.task.dev_file=dev.tsv
+(text, [text_pair], label columns); STS-B style regression: --config.loss.num_labels=1
+--config.task.metric=pearson.
 
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny
          python train.py --config=configs/finetune_glue.py --workdir=workdir/ft_glue \

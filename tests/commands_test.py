@@ -83,7 +83,23 @@ def _cases(root, workdir):
         "embed-nothing-to-do": (
             embed.main,
             ["embed", f"--model={workdir}"],
-            "give --beir_dir (metrics), --corpus (vectors) or --export (a directory)",
+            "give --beir_dir (metrics), --corpus (vectors), --mteb (mteb's results) or --export",
+        ),
+        "embed-mteb-unknown-task": (  # before the model is read
+            embed.main,
+            ["embed", f"--model={workdir}", "--mteb=SciFactt", f"--output={root}/o-mteb"],
+            "--mteb='SciFactt': neither a directory nor an mteb task (KeyError: 'SciFactt' not "
+            "found. Did you mean: 'SciFact'?)",
+        ),
+        "embed-mteb-not-a-task-directory": (
+            embed.main,
+            ["embed", f"--model={workdir}", f"--mteb={root}/not_beir", f"--output={root}/o-mteb"],
+            f"--mteb='{root}/not_beir': a local task is a BEIR directory",
+        ),
+        "embed-mteb-without-output": (
+            embed.main,
+            ["embed", f"--model={workdir}", "--mteb=SciFact"],
+            "--mteb needs --output=DIR (mteb's results folder)",
         ),
         "export-missing-model": (
             export.main,

@@ -237,6 +237,7 @@ HEAVIEST_FIRST = (
     "compile_test",
     "optim_modern_test",
     "embedding_test",
+    "mteb_test",
     "optim_test",
     "finetune_test",
     "run_config_test",

@@ -518,17 +518,18 @@ ROUTES = [
 
 
 @contextlib.contextmanager
-def use_endpoint(url: str, hf_home, token: str | None = None):
+def use_endpoint(url: str, hf_home, token: str | None = None, offline: bool = False):
     """Inside, this process and its children talk to the Hub at ``url``, with their own cache and
     token file in ``hf_home`` and ``HF_TOKEN`` = ``token`` (unset: none; a user's token never
-    reaches the test); everything is put back on exit."""
+    reaches the test), or with ``offline`` make no request at all (``HF_HUB_OFFLINE=1``: the
+    cache answers); everything is put back on exit."""
     env = {
         "HF_ENDPOINT": url,
         "HF_HOME": os.fspath(hf_home),
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "HF_HUB_DISABLE_IMPLICIT_TOKEN": None,
-        "HF_HUB_OFFLINE": None,
+        "HF_HUB_OFFLINE": "1" if offline else None,
         "HF_HUB_CACHE": None,
         "HF_TOKEN": token,
         "HF_TOKEN_PATH": None,
@@ -568,8 +569,10 @@ def _reread_endpoint():
         )
     )
     hf_api.api.endpoint = constants.ENDPOINT  # behind huggingface_hub.dataset_info & co.
-    if "datasets" in sys.modules:  # datasets reads its own copy once, at import
-        sys.modules["datasets"].config.HF_ENDPOINT = constants.ENDPOINT
+    if "datasets" in sys.modules:  # datasets reads its own copies once, at import
+        config = sys.modules["datasets"].config
+        config.HF_ENDPOINT = constants.ENDPOINT
+        config.HF_HUB_OFFLINE = config.HF_DATASETS_OFFLINE = constants.HF_HUB_OFFLINE
 
 
 def main(argv):

@@ -112,7 +112,10 @@ def _corpus_dataset(entry: str) -> Dataset:
 def _task_dataset(task: dict) -> Dataset:
     source = task.get("source", "")
     glue = re.match(r"^(?:glue:|tfds:glue/)(?P<name>\w+)", source)
-    if glue:
+    if glue and source.startswith("glue:") and not task.get("glue_dir"):  # the Hub's parquet
+        repo, revision = task.get("glue_repo") or GLUE, task.get("glue_revision", "")
+        return Dataset(f"GLUE {glue['name']}", repo, glue["name"], revision)
+    if glue:  # the download script's folder or TFDS: the same tasks, no Hub revision
         return Dataset(f"GLUE {glue['name']}", GLUE, glue["name"])
     match = _HUB.match(source)
     if match:
