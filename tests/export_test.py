@@ -215,6 +215,9 @@ def test_a_hub_dataset_is_named_with_its_revision_in_the_card(tmp_path):
     assert (dataset.hub_id, dataset.revision) == ("HuggingFaceFW/fineweb-edu", sha)
     glue = run_facts.training_datasets({"task": {"source": "tfds:glue/sst2"}})
     assert glue == [run_facts.Dataset("GLUE sst2", "nyu-mll/glue", "sst2")]
+    task = {"source": "glue:sst2", "glue_repo": "nyu-mll/glue", "glue_revision": sha}
+    hub_glue = run_facts.training_datasets({"task": task})  # GLUE from the Hub, pinned
+    assert hub_glue == [run_facts.Dataset("GLUE sst2", "nyu-mll/glue", "sst2", sha)]
     facts = run_facts.RunFacts(
         "pretraining", 10, 80, 2560, 32, 8, [dataset], ["8 x TPU v5 lite (2 processes)"], "abc",
         "", {"mlm_accuracy": 0.5}, 10, dataset,
