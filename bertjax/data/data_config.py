@@ -54,8 +54,11 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.piece_tokens = 1 << 20
     # a global batch is cut into lanes of this many rows, each reading its own pieces, so that a
     # host plans and reads about its own rows whatever the host count (bertjax/data/plans/
-    # epoch_order.py; 0 = one lane; lanes only where it divides config.batch_size)
-    c.lane_rows = 32
+    # epoch_order.py; 0 = one lane; lanes only where it divides config.batch_size). Before its
+    # first batch a host plans the 4 pieces of each lane its rows fall in (4 for one host of 256
+    # rows; lanes of 32 rows made it 32, a store's first 32 M tokens or more); a host of fewer
+    # rows than a lane plans a lane's pieces as they turn over (cheap: results.md)
+    c.lane_rows = 256
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
     # of it shuffled, targets are positions; needs config.loss.objective="pert") | "causal" (no
