@@ -1,12 +1,14 @@
 """Start-up does not grow with the store (DESIGN.md "Start-up never grows with the corpus"; issue
 71): the requests a host sends from `make_pipeline` to its first batch, counted by a filesystem
 of its own protocol over the local disk (``counting://``, every range of a synchronous
-filesystem a request, as a gcsfuse mount sends them), on the same corpus prepared once and six
-times over (8 and 48 shards: a shard an input file, as the prepare job writes them), for every
+filesystem a request, as a gcsfuse mount sends them), on a store of 8 input files (a shard a
+file, as the prepare job writes them) and the same store six times over (48 shards), for every
 sample plan. One host of a batch of 256, the read settings chosen for a URL store. The store is
 smaller than a host's start-up was: with lanes of 32 rows such a host planned 32 pieces before
 its first batch, all of a store of up to 32, so its requests grew with the store to there."""
 
+import json
+import shutil
 import threading
 
 import fsspec
@@ -16,6 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 from bertjax import trainer
 from bertjax.data import make_pipeline
 from bertjax.data.store import beam_prepare, shard_writer
+from bertjax.data.store import shard_format as fmt
 from bertjax.data.text import corpus
 
 PROTOCOL = "counting"
@@ -78,27 +81,38 @@ fsspec.register_implementation(PROTOCOL, CountingFileSystem, clobber=True)
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, builtin_spm):
-    """({copies: counting:// URL of the store}, its tokenizer) for 1 and 6 copies of 8 files of
-    built-in documents (~7 k tokens a file), prepared as the Beam job's units are (a shard a
-    file)."""
+    """({copies: counting:// URL of the store}, its tokenizer): 8 files of built-in documents
+    (~20-37 k tokens each) prepared as the Beam job's units are (a shard a file), and the same
+    store six times over (its shards copied under new names, listed six times: the store of six
+    copies of the corpus, held-out documents aside, without tokenizing it again)."""
+    root = tmp_path_factory.mktemp("startup")
     docs = [doc for _, (_, doc) in zip(range(320), corpus.iter_documents("builtin"))]
-    texts = ["\n\n".join("\n".join(d) for d in docs[i::FILES]) + "\n" for i in range(FILES)]
-    urls = {}
-    for copies in (1, COPIES):
-        root = tmp_path_factory.mktemp(f"startup_{copies}")
-        for copy in range(copies):
-            for i, text in enumerate(texts):
-                (root / f"c{copy}-part{i}.txt").write_text(text)
-        config = trainer.default_run_config()
-        config.data.corpus, config.data.tokenizer_model = str(root / "*.txt"), builtin_spm
-        config.data.block_tokens = 512
-        items = shard_writer.work_items(config.data)
-        spec = beam_prepare.make_spec(config, str(root / "store"), items)
-        tokenizer = shard_writer.local_tokenizer(spec)
-        records = [shard_writer.prepare_item(spec, item, tokenizer) for item in items]
-        manifest = shard_writer.write_manifest(records, spec)
-        assert len(manifest["splits"]["train"]["shards"]) == FILES * copies
-        urls[copies] = f"{PROTOCOL}://{root / 'store'}"
+    for i in range(FILES):
+        text = "\n\n".join("\n".join(d) for d in docs[i::FILES]) + "\n"
+        (root / f"part{i}.txt").write_text(text)
+    config = trainer.default_run_config()
+    config.data.corpus, config.data.tokenizer_model = str(root / "*.txt"), builtin_spm
+    config.data.block_tokens = 512
+    items = shard_writer.work_items(config.data)
+    spec = beam_prepare.make_spec(config, str(root / "store"), items)
+    tokenizer = shard_writer.local_tokenizer(spec)
+    records = [shard_writer.prepare_item(spec, item, tokenizer) for item in items]
+    manifest = shard_writer.write_manifest(records, spec)
+    assert len(manifest["splits"]["train"]["shards"]) == FILES
+    copied = root / "store6"
+    for split, entry in manifest["splits"].items():
+        (copied / split).mkdir(parents=True)
+        shards = []
+        for copy in range(COPIES):
+            for shard in entry["shards"]:
+                path = f"{split}/c{copy}-{shard['path'].rsplit('/', 1)[1]}"
+                shutil.copyfile(root / "store" / shard["path"], copied / path)
+                shards.append(dict(shard, path=path))
+        totals = {k: v * COPIES for k, v in entry.items() if isinstance(v, int)}
+        manifest["splits"][split] = dict(totals, shards=shards)
+    shutil.copytree(root / "store" / "tokenizer", copied / "tokenizer")
+    (copied / fmt.MANIFEST).write_text(json.dumps(manifest))
+    urls = {1: f"{PROTOCOL}://{root / 'store'}", COPIES: f"{PROTOCOL}://{copied}"}
     return urls, builtin_spm
 
 
