@@ -55,9 +55,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # a global batch is cut into lanes of this many rows, each reading its own pieces, so that a
     # host plans and reads about its own rows whatever the host count (bertjax/data/plans/
     # epoch_order.py; 0 = one lane; lanes only where it divides config.batch_size). Before its
-    # first batch a host plans the 4 pieces of each lane its rows fall in (4 for one host of 256
-    # rows; lanes of 32 rows made it 32, a store's first 32 M tokens or more); a host of fewer
-    # rows than a lane plans a lane's pieces as they turn over (cheap: results.md)
+    # first batch a host plans the 4 pieces of each lane its rows fall in (one host of 256 rows:
+    # 4; in lanes of 32 rows it planned 32, up to 32 M tokens); a host of fewer rows than a lane
+    # plans the lane's pieces as they turn over (results.md, 2026-12-06)
     c.lane_rows = 256
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
