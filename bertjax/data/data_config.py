@@ -50,7 +50,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.sample_plan = "nsp"
     # sentence plans: a plan per piece of about this many tokens of whole documents, so start-up
     # and memory do not grow with the store (bertjax/data/plans/piece_plans.py); token_windows:
-    # rows read in windows of pieces of this many tokens
+    # rows read in windows of pieces of this many tokens (at most a quarter of a shard)
     c.piece_tokens = 1 << 20
     # a global batch is cut into lanes of this many rows, each reading its own pieces, so that a
     # host plans and reads about its own rows whatever the host count (bertjax/data/plans/
