@@ -6,8 +6,8 @@ Host 0 of H hosts, --rows rows each (a global batch of H x rows), T=128, on a sy
 4096 shards of 2^27 tokens (benchmarks/first_batch.py's `SyntheticStore`, computed on the fly),
 the read settings chosen for a URL store but no batches ahead (so the CPU time is the host's own
 work, measured with `time.process_time` over --steps steps after the first): CPU ms per step,
-KiB read per step, pieces planned over those steps; beside it the same with config.data.lane_rows
-= 0 (one lane: the order before lanes).
+KiB read per step, pieces planned over those steps, in lanes of --lane-rows (the default's);
+beside it the same with config.data.lane_rows = 0 (one lane: the order before lanes).
 
   python benchmarks/per_host.py --steps 200              # 1, 4, 16, 64 hosts; nsp, full_sentences
   python benchmarks/per_host.py --plans token_windows --steps 100
@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32, help="rows per host a step")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--plans", default="nsp,full_sentences")
+    parser.add_argument("--lane-rows", type=int,
+                        default=trainer.default_run_config().data.lane_rows)  # fmt: skip
     parser.add_argument("--piece-tokens", type=int, default=1 << 16,
                         help="small pieces, so that windows turn over within --steps")  # fmt: skip
     args = parser.parse_args()
@@ -78,7 +80,8 @@ def main() -> None:
     tok = Tokenizer(spm, num_threads=1)
     print(
         f"host 0 of H, {args.rows} rows a host a step, T=128, {args.steps} steps after the "
-        "first, synthetic store of 4096 shards; shared 2-core CPU (compare within a run)"
+        f"first, synthetic store of 4096 shards, lanes of {args.lane_rows} rows; shared 2-core "
+        "CPU (compare within a run)"
     )
     print(
         "| plan | hosts | global batch | CPU ms a step | KiB read a step | pieces planned | "
@@ -88,7 +91,7 @@ def main() -> None:
     for plan in args.plans.split(","):
         for hosts in (int(h) for h in args.hosts.split(",")):
             common = (tok, spm, work, plan, hosts, args.rows, args.steps)
-            lanes = measure(*common, 32, args.piece_tokens)
+            lanes = measure(*common, args.lane_rows, args.piece_tokens)
             one = measure(*common, 0, args.piece_tokens)
             print(
                 f"| {plan} | {hosts} | {hosts * args.rows} | {lanes[0]:.1f} | {lanes[1]:,.0f} | "
