@@ -28,7 +28,8 @@ def get_config(variant=""):
     config.batch_size = 32
     config.num_train_steps = 500
     config.model.num_hidden_layers = 1  # the student; width, heads, vocab follow the teacher's
-    # () = teacher layers spread first to last (12 -> 6: 0,2,4,7,9,11 as HF's extract_distilbert)
+    # () = teacher layers spread first to last, as HF's extract_distilbert (BERT-tiny's 2 -> 1
+    # takes layer 0; a 12-layer teacher's 6-layer student would take 0,2,4,7,9,11)
     config.loss.student_layers = ()
     config.loss.restrict_ce_to_mask = False  # soft-target KL at every real token (HF's default)
     config.data.vocab_size = 8000  # unused when a bertjax teacher brings its tokenizer
