@@ -104,7 +104,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.read_threads = -1  # threads sending one read's ranges on a synchronous filesystem (gcsfuse)
     c.read_gap_bytes = -1  # bytes read between two needed blocks of a shard rather than a range
     # processes computing prefetched batches instead (0 = threads of this process); each opens
-    # the store itself: more cores for planning and masking (benchmarks/reader_throughput.py)
+    # the store itself: more cores for planning and masking (benchmarks/data/reader_throughput.py)
     c.workers = 0
     c.lock()  # a misspelled key is an error, not a new field
     return c
