@@ -124,3 +124,27 @@ def test_the_test_count_readme_states_is_the_suites(request):
         f"README says {stated} tests; the suite holds {actual}: update README's count and "
         "CI time from the latest CI run (docs/results/tests.md)"
     )
+
+
+def test_every_recipe_is_in_readme_s_table_and_the_recipes_page():
+    recipes = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "configs")) if n.endswith(".py"))
+    with open(os.path.join(ROOT, "docs", "recipes.md"), encoding="utf-8") as f:
+        page = f.read()
+    readme_rows = "".join(line for line in _readme().splitlines() if line.startswith("| `"))
+    page_rows = "".join(line for line in page.splitlines() if line.startswith("| `"))
+    missing = [r for r in recipes if f"`{r}`" not in readme_rows or f"`{r}`" not in page_rows]
+    assert len(recipes) >= 28 and not missing, f"recipes missing from a table: {missing}"
+
+
+def test_contributing_s_layout_names_every_part_of_the_package():
+    with open(os.path.join(ROOT, "CONTRIBUTING.md"), encoding="utf-8") as f:
+        text = f.read()
+    layout = text[text.index("## Layout") : text.index("## Documentation")]
+    package = os.path.join(ROOT, "bertjax")
+    parts = [
+        n + "/"
+        for n in os.listdir(package)
+        if os.path.isfile(os.path.join(package, n, "__init__.py"))
+    ]
+    parts += [n for n in os.listdir(package) if n.endswith(".py") and n != "__init__.py"]
+    assert not [p for p in parts if p not in layout], [p for p in parts if p not in layout]

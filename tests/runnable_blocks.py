@@ -52,6 +52,7 @@ DEFAULT_JOB_SHRINK = (  # the default job (no --config): a few small steps, no p
     "--config.model.num_hidden_layers=2",
     "--config.model.num_attention_heads=2",
     "--config.model.intermediate_size=64",
+    "--config.model.max_position_embeddings=64",  # as the smoke variants (a distilled student)
     "--config.fast_compile=True",
 )
 EVERY_RUN = (  # every train.py and GLUE run
