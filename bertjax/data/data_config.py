@@ -24,8 +24,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.store = ""
     # Several stores with sampling weights, ((URL, weight), ...), and weight changes,
     # ((step, (weight, ...)), ...): bertjax/data/mixture.py (the rule for changes on resume)
-    c.mixture = ()
-    c.mixture_changes = ()
+    c.mixture = ()  # ((URL, weight), ...); () = the one store or corpus above
+    c.mixture_changes = ()  # ((step, (weight, ...)), ...): new weights from that step on
     # store: bound of the in-memory caches of blocks of one host, all together: train and eval
     # splits, a mixture's stores and config.data.workers processes (an equal share a process; -1:
     # chosen from the batch's bytes, bertjax/data/read_settings.py)
@@ -107,7 +107,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.read_threads = -1  # threads sending one read's ranges on a synchronous filesystem (gcsfuse)
     c.read_gap_bytes = -1  # bytes read between two needed blocks of a shard rather than a range
     # processes computing prefetched batches instead (0 = threads of this process); each opens
-    # the store itself: more cores for planning and masking (benchmarks/reader_throughput.py)
+    # the store itself: more cores for planning and masking (benchmarks/data/reader_throughput.py)
     c.workers = 0
     c.lock()  # a misspelled key is an error, not a new field
     return c

@@ -89,7 +89,7 @@ def default_run_config() -> ml_collections.ConfigDict:
     # phases run in this order (names in config.phases, each `bertjax.trainer.phase(...)`);
     # () = one phase of num_train_steps (bertjax/training/phases.py)
     config.phase_order = ()
-    config.phases = ml_collections.ConfigDict()
+    config.phases = ml_collections.ConfigDict()  # name -> `bertjax.trainer.phase(...)` entry
     return config
 
 
