@@ -12,11 +12,12 @@ Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_ti
          python train.py --config=configs/finetune_glue.py --workdir=workdir/ft_glue \
              --config.init_from=workdir/bert_tiny
 Expect:  about 5 minutes on a 2-core CPU; dev accuracy about 0.75-0.78 (majority class 0.315).
-         Measured (benchmarks/finetune_compare.py, 600 steps, this LR, median of 3 seeds):
+         Measured (benchmarks/comparisons/finetune_compare.py, 600 steps, this LR, median of 3
+         seeds):
          0.758 from the default job's encoder, 0.765 from a random init (a bag-of-words task).
          The built-in word-order task (--config.task.source=builtin:stdlib_word_order
          --config.loss.num_labels=2) needs the pretrained encoder: 0.708 vs 0.514 from a random
-         init (majority 0.514; benchmarks/results.md). The best checkpoint and its dev
+         init (majority 0.514; docs/results/comparisons.md). The best checkpoint and its dev
          predictions are in workdir/ft_glue/best/.
 """
 

@@ -126,6 +126,11 @@ def _cases(root, workdir):
             ["prepare", f"--config={TINY}", f"--output={root}/store", "--outptu=x"],
             "--outptu: not a flag of bertjax.data.prepare nor a Beam pipeline option",
         ),
+        "prepare-misspelled-config-key": (  # the check train.py, glue and compile make
+            beam_prepare.main,
+            ["prepare", f"--config={TINY}", f"--output={root}/store", "--config.data.corpuss=x"],
+            "unknown config key 'config.data.corpuss'",
+        ),
     }
 
 

@@ -210,7 +210,7 @@ HEAVIEST_FIRST = (
     "configs_test",
     "multiprocess_test",
     "phases_test",
-    "readme_test",
+    "docs_test",
     "real_checkpoint_test",
     "trainer_test",
     "notebooks_test",

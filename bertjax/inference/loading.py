@@ -153,7 +153,7 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
         cfg = cfg.replace(scan_layers=False)
         params = unstack_layers(cfg, params)
     loss, task_config = run.get("loss", {}), run.get("task", {})
-    pooling, normalize = _embedding_settings(run, loss)
+    pooling, normalize = trained_pooling(run)
     columns = {
         "text_column": task_config.get("text_column", "text"),
         "text_pair_column": task_config.get("text_pair_column", ""),
@@ -168,32 +168,37 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
         _OBJECTIVE_TASKS.get(loss.get("objective", "mlm"), "fill_mask"),
         data.get("max_seq_length", 512),
         run=run,
-        pooling=check_pooling(pooling),
+        pooling=pooling,
         normalize=normalize,
         columns=columns,
         step=step,
     )
 
 
-def _embedding_settings(run: dict, loss: dict) -> tuple[tuple[str, ...], bool]:
-    """The pooling modes and normalization a run trained with, resolved as the Embedding
-    objective resolves them: "auto" pooling and an unset normalize are a sentence-transformers
-    init_from's, else mean pooling, normalized."""
-    pooling, normalize = loss.get("pooling") or "auto", loss.get("normalize")
-    if isinstance(pooling, str) and pooling != "auto":
-        pooling = tuple(p.strip() for p in pooling.split(","))
+def trained_pooling(run: dict) -> tuple[tuple[str, ...], bool]:
+    """(pooling modes, normalize) a run trained with, resolved as the embedding objective resolved
+    them (`Embedding.from_config`): "auto" and an unset normalize are a sentence-transformers
+    ``init_from``'s modules, else mean pooling, normalized."""
+    loss = run.get("loss", {})
+    pooling, normalize = loss.get("pooling") or "mean", loss.get("normalize")
+    init = run.get("init_from") or ""
     if pooling == "auto" or normalize is None:
-        init = run.get("init_from") or ""
         modules = None
         if init and st_files.is_sentence_transformers_dir(init):
             modules = st_files.read_modules(init)
-        elif init and loss.get("objective") == "embedding" and not paths.exists(init):
-            logging.warning("%s (the run's init_from) is gone: mean pooling, normalized", init)
+        elif init and not paths.exists(init):
+            logging.warning(
+                "config.init_from=%r, which the run's pooling or normalization came from, is not "
+                "there: taking mean pooling, normalized",
+                init,
+            )
         if pooling == "auto":
             pooling = modules.pooling if modules else ("mean",)
         if normalize is None:
             normalize = modules.normalize if modules else True
-    return tuple(pooling), bool(normalize)
+    if isinstance(pooling, str):
+        pooling = tuple(p.strip() for p in pooling.split(","))
+    return check_pooling(tuple(pooling)), bool(normalize)
 
 
 def fingerprint(path: str, key: str = "--model") -> str:

@@ -108,7 +108,7 @@ class _Finetuning(Objective):
         weights = np.ones(shape, np.float32)
         weights[::4] = 0.0
         if self.tokens:
-            weights = weights * batch["attention_mask"]
+            weights = (weights * batch["attention_mask"]).astype(np.float32)  # as task data
         if self.num_labels == 1:
             labels = rs.randn(*shape).astype(np.float32)
         else:

@@ -90,7 +90,7 @@ def default_run_config() -> ml_collections.ConfigDict:
     # phases run in this order (names in config.phases, each `bertjax.trainer.phase(...)`);
     # () = one phase of num_train_steps (bertjax/training/phases.py)
     config.phase_order = ()
-    config.phases = ml_collections.ConfigDict()
+    config.phases = ml_collections.ConfigDict()  # name -> `bertjax.trainer.phase(...)` entry
     add_tracking_config(config)  # trackers (TensorBoard, metrics.jsonl, W&B), wandb, profile
     return config
 
