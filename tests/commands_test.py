@@ -14,7 +14,7 @@ import pytest
 from helpers import child_env
 from inference_fixtures import write_cased_workdir
 
-from bertjax import cli, embed, predict
+from bertjax import cli, embed, export, predict
 from bertjax.data.store import beam_prepare
 from bertjax.objectives import diffusion_sampling
 
@@ -100,6 +100,21 @@ def _cases(root, workdir):
             embed.main,
             ["embed", f"--model={workdir}", "--mteb=SciFact"],
             "--mteb needs --output=DIR (mteb's results folder)",
+        ),
+        "export-missing-model": (
+            export.main,
+            ["export", f"--model={root}/nowhere", f"--output={root}/o-export"],
+            f"--model='{root}/nowhere' is not a directory",
+        ),
+        "export-output-taken": (  # the folder holds the inputs: nothing is written over
+            export.main,
+            ["export", f"--model={workdir}", f"--output={root}"],
+            f"--output='{root}' exists and is not an empty folder",
+        ),
+        "export-private-without-push": (
+            export.main,
+            ["export", f"--model={workdir}", f"--output={root}/o-export", "--private"],
+            "--private needs --push_to=OWNER/NAME",
         ),
         "diffusion-missing-workdir": (  # relative to the current directory (root)
             diffusion_sampling.main,

@@ -15,7 +15,7 @@ or host 0 of `--hosts`; the read settings chosen for a URL store; every range pa
 starts (its next `prefetch` batches) are done; the mean of `--seeds` runs (which pieces a host
 reads is drawn by the seed). ``BERTJAX_ROOT=DIR`` measures another checkout.
 
-  python benchmarks/data/startup_growth.py                       # every plan, 1x 6x 36x + 4096 shards
+  python benchmarks/data/startup_growth.py    # every plan, 1x 6x 36x + 4096 shards
   python benchmarks/data/startup_growth.py --plans nsp,token_windows --copies 1,6 --synthetic 0
 """
 

@@ -62,6 +62,7 @@ class TrainedModel:
     pooling: tuple[str, ...] = ("mean",)
     normalize: bool = True
     columns: dict = dataclasses.field(default_factory=dict)  # the run's text columns
+    step: int = 0  # a workdir's checkpoint step (0: another form)
 
     @property
     def limit(self) -> int:
@@ -143,7 +144,7 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
             language=data.get("language", "en"),
             lowercase=data.get("lowercase", True),
         )
-        cfg, params = reader.model_config(), reader.params()
+        cfg, params, step = reader.model_config(), reader.params(), int(reader.step)
     finally:
         reader.close()
     if cfg.scan_layers:
@@ -170,6 +171,7 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
         pooling=pooling,
         normalize=normalize,
         columns=columns,
+        step=step,
     )
 
 

@@ -30,13 +30,14 @@ def _sections():
     from bertjax.data.plans import batch_plan
     from bertjax.evaluation.glue import default_glue_config
     from bertjax.objectives import base, embedding, finetune
-    from bertjax.training import optim, phases, run_config, sharding, step
+    from bertjax.training import optim, phases, profiling, run_config, sharding, step, trackers
 
     run = run_config.default_run_config()
     finetuning = finetune.add_finetune_config(run_config.default_run_config(), "classification", 2)
     pairs = embedding.add_embedding_config(run_config.default_run_config())
     glue = ml_collections.ConfigDict({"glue": default_glue_config()})
-    top = [(run_config.default_run_config, ""), (step.default_step_config, "")]
+    tracking = (trackers.add_tracking_config, "")
+    top = [(run_config.default_run_config, ""), (step.default_step_config, ""), tracking]
     warmup = "batch_warmup"
     return [
         ("Run", "", run, top),
@@ -49,6 +50,8 @@ def _sections():
         ("Embedding pairs", "pairs", pairs, [(embedding.default_pairs_config, "pairs")]),
         ("GLUE", "glue", glue, [(default_glue_config, "glue")]),
         ("Phases", "phases.NAME", _phase_example(phases.phase), [(phases.phase, "phases.NAME")]),
+        ("Weights & Biases", "wandb", run, [tracking]),
+        ("Profile", "profile", run, [(profiling.default_profile_config, "profile")]),
     ]
 
 
