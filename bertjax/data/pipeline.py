@@ -240,7 +240,12 @@ class Pipeline(BatchRows, DataSource):
     def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
         """`num_batches` fixed batches (same every call) of the held-out split at max_seq_length."""
         if self._eval_store is None:
-            raise ValueError("this pipeline has no held-out split")
+            raise ValueError(
+                f"{self.store.directory} has no held-out documents (config.data.heldout_fraction"
+                f"={self.c.heldout_fraction}; a corpus of one document trains on it): set "
+                "config.eval_every=0 to train without held-out evaluation, or give a "
+                "heldout_fraction > 0 and a corpus of two or more documents"
+            )
         if self._eval_split is None:
             self._eval_split = self._epochs(self._eval_store, "eval")
         for i in range(num_batches):

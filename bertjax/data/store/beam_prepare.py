@@ -58,6 +58,7 @@ def make_spec(config, output: str, items: list[dict]) -> dict:
         "shard_bytes": c.shard_bytes,
         "block_tokens": c.block_tokens,
     }
+    spec["forced_heldout"] = shard_writer.forced_document(spec, items)
     given = c.hf_vocab or c.tokenizer_model
     local = paths.local_copy(paths.resolve(given, "config.data.tokenizer_model", must_exist=True),
                              cache) if given else ""  # fmt: skip
