@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from bertjax import retry
-from bertjax.data import data_config, read_settings, workers
+from bertjax.data import corpus_pin, data_config, read_settings, workers
 from bertjax.data.batch_rows import BatchRows, Located
 from bertjax.data.corruption import causal, masking, similarity
 from bertjax.data.plans.batch_plan import BatchPlan
@@ -297,6 +297,12 @@ def make_pipeline(
 
     data_config.validate(config)
     retry.configure(config.get("storage_retry_seconds", retry.BUDGET_S))
+    if corpus_pin.uses_hub(config.data):  # at the commits recorded in the workdir
+        if process_index is None:
+            import jax
+
+            process_index = jax.process_index()
+        config = corpus_pin.pinned_config(config, workdir, process_index)
     c = config.data
     if c.mixture:
         from bertjax.data.mixture import Mixture

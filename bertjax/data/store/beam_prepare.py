@@ -125,9 +125,10 @@ def run(config, output: str, beam_args: list[str] = ()) -> dict:
         raise ImportError(
             "python -m bertjax.data.prepare needs Apache Beam: pip install 'bertjax[beam]'"
         ) from None
-    from bertjax.data import data_config
+    from bertjax.data import corpus_pin, data_config
 
     data_config.validate(config)
+    config = corpus_pin.pinned_config(config, paths.resolve(output))  # OUTPUT/corpus.json
     items = shard_writer.work_items(config.data)
     spec = make_spec(config, output, items)
     try:

@@ -82,18 +82,38 @@ def parse(url: str) -> HubPath:
     return HubPath(_KINDS[kind], f"{parts[0]}/{name}", revision or "main", pattern.strip("/"))
 
 
+def _client() -> dict:
+    """How bertjax names itself to the Hub (User-Agent: bertjax/VERSION; ...)."""
+    import bertjax
+
+    out = {"library_name": "bertjax", "library_version": bertjax.__version__}
+    return {**out, "user_agent": dict(USER_AGENT)} if USER_AGENT else out
+
+
 def _api():
     from huggingface_hub import HfApi
 
-    return HfApi(library_name="bertjax")
+    return HfApi(**_client())
 
 
-def _call(what: str, fn, *args, **kwargs):
-    """``fn`` under the storage retry budget, its bad-input errors as one HubError line."""
+def _call(what: str, fn, *args, start: bool = False, **kwargs):
+    """``fn`` under the storage retry budget, its bad-input errors as one HubError line.
+    ``start``: a request of a run's start (resolving, listing): a Hub that cannot be reached at
+    all stops the run at once (an offline machine), instead of being waited for."""
     from huggingface_hub import constants, errors
 
     try:
-        return retry.call(what, fn, *args, **kwargs)
+        attempt = retry.current().attempt(what)
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001  (not transient: raised again at once)
+                if start and _unreachable(error):
+                    raise
+                attempt.failed(error)
+            else:
+                attempt.succeeded()
+                return result
     except errors.GatedRepoError as e:
         raise HubError(
             f"{what} is a gated dataset: accept its conditions on its Hub page and set HF_TOKEN "
@@ -111,15 +131,19 @@ def _call(what: str, fn, *args, **kwargs):
             f"{what}: HF_HUB_OFFLINE is set, and a Hub corpus is read from the Hub: unset it, or "
             "train from a local copy (config.data.corpus=PATH) or a prepared store"
         ) from None
-    except retry.StorageUnavailable:
-        raise
-    except Exception as e:  # noqa: BLE001  (httpx's connection errors: no network)
-        if type(e).__module__.startswith("httpx") and "Connect" in type(e).__name__:
+    except Exception as e:
+        if start and _unreachable(e):
             raise HubError(
                 f"{what}: cannot reach the Hub at {constants.ENDPOINT} ({_first_line(e)}): this "
                 "machine is offline, or HF_ENDPOINT is wrong"
             ) from None
         raise
+
+
+def _unreachable(error: BaseException) -> bool:
+    """A connection that could not be made at all (no network, no such host or port)."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__}
+    return bool(names & {"httpx2.ConnectError", "httpx.ConnectError"})
 
 
 def _first_line(error) -> str:
@@ -136,7 +160,7 @@ def resolve_revision(path: HubPath) -> str:
     if path.kind == "space":
         info = api.space_info
     where = f"{path.url('', path.revision)}"
-    return _call(where, info, path.repo_id, revision=path.revision).sha
+    return _call(where, info, path.repo_id, revision=path.revision, start=True).sha
 
 
 def pin(url: str, subset: str = "", split: str = "train") -> str:
@@ -211,7 +235,7 @@ def remember(url: str, listed: list) -> None:
 
 def files(url: str) -> list[tuple[str, int]]:
     """(pinned URL, size) of every file ``url`` (pinned or not) names, sorted; listed once a
-    process, through HfFileSystem at the commit."""
+    process, through the Hub's tree API at the commit."""
     path = parse(url)
     if not path.pinned:
         url = pin(url)
@@ -219,30 +243,46 @@ def files(url: str) -> list[tuple[str, int]]:
     with _LOCK:
         if url in _FILES:
             return _FILES[url]
-    from huggingface_hub import HfFileSystem
+    from fsspec.utils import glob_translate
 
-    fs = HfFileSystem()
-    root = f"{path.kind}s/{path.repo_id}@{path.revision}"
-    pattern = f"{root}/{path.pattern}" if path.pattern else root
-    glob = any(c in path.pattern for c in "*?[")
+    pattern = path.pattern
+    glob = any(c in pattern for c in "*?[")
+    prefix = pattern.split("*")[0].split("?")[0].split("[")[0].rpartition("/")[0] if glob else ""
     if glob:
-        found = _call(url, fs.glob, pattern, detail=True)
-    else:
-        found = _call(url, fs.find, pattern, detail=True)
-    listed = sorted(
-        (f"{PREFIX}{name}", int(info["size"]))
-        for name, info in found.items()
-        if info.get("type") != "directory"
-    )
+        matches = re.compile(glob_translate(pattern)).match
+        listed = [(p, n) for p, n in _tree(path, prefix) if matches(p)]
+    else:  # a file, a folder, or the whole repository
+        listed = _tree(path, pattern) or [(p, n) for p, n in _tree(path, "") if p == pattern]
+    listed = sorted((path.url(p), n) for p, n in listed)
     if not listed:
-        there = sorted(_call(url, fs.find, root))[:8]
-        shown = ", ".join(name[len(root) + 1 :] for name in there) or "no files"
+        there = sorted(p for p, _ in _tree(path, ""))[:8]
+        shown = ", ".join(there) or "no files"
         raise HubError(
             f"config.data.corpus={url!r}: no file of {path.repo_id} at {path.revision[:12]} "
-            f"matches {path.pattern!r} (it has: {shown}{', ...' if len(there) == 8 else ''})"
+            f"matches {pattern!r} (it has: {shown}{', ...' if len(there) == 8 else ''})"
         )
     remember(url, listed)
     return _FILES[url]
+
+
+def _tree(path: HubPath, folder: str) -> list[tuple[str, int]]:
+    """(path, size) of every file below ``folder`` of the repository at ``path``'s commit (tree
+    pages of the Hub's API); [] when there is no such folder."""
+    from huggingface_hub import errors
+
+    api, where = _api(), path.url(folder)
+
+    def listing():
+        entries = api.list_repo_tree(
+            path.repo_id, folder or None, recursive=True, revision=path.revision,
+            repo_type=path.kind,
+        )  # fmt: skip
+        return [(e.path, int(e.size)) for e in entries if hasattr(e, "size")]
+
+    try:
+        return _call(where, listing, start=True)
+    except errors.EntryNotFoundError:
+        return []
 
 
 def _where(url: str) -> tuple[HubPath, str]:
@@ -264,7 +304,7 @@ class _RangeReader(io.RawIOBase):
 
         self.url = url
         _, self.resolve = _where(url)
-        self.headers = build_hf_headers(library_name="bertjax", user_agent=dict(USER_AGENT))
+        self.headers = build_hf_headers(**_client())
         self.position = 0
         self.size = size if size is not None else self._size()
 
@@ -328,4 +368,5 @@ def download(url: str, cache: str) -> str:
         repo_type=path.kind,
         revision=path.revision,
         cache_dir=f"{cache}/hub",
+        **_client(),
     )
