@@ -46,7 +46,7 @@ def pinned_config(config, workdir: str | None, process_index: int = 0):
         payload = record  # read by every process that sees it: no request
     elif process_index == 0 or alone:
         payload = _resolve(c)
-    payload = payload if alone else _broadcast(payload)
+    payload = payload if alone else broadcast(payload)
     if record is None and process_index == 0 and record_url:
         paths.write_text(record_url, json.dumps(payload, indent=1))
         logging.warning("corpus %s pinned: %s (recorded in %s)", c.corpus, payload["pinned"],
@@ -86,8 +86,8 @@ def _read(url: str) -> dict | None:
         return None
 
 
-def _broadcast(payload: dict | None) -> dict:
-    """Process 0's ``payload`` on every process of a pod."""
+def broadcast(payload: dict | None) -> dict:
+    """Process 0's ``payload`` (JSON values) on every process of a pod."""
     from jax.experimental import multihost_utils
 
     data = json.dumps(payload).encode() if payload is not None else b""

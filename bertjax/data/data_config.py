@@ -275,6 +275,13 @@ def validate(config) -> None:
                 "gives token_windows rows of max_seq_length: set config.data.sample_plan="
                 "token_windows (no pack_rows, no length_schedule)",
             )
+        if c.mask_token_weighting != "uniform" or c.correction or c.workers:
+            _fail(
+                "stream",
+                c.stream,
+                "masks uniformly in this process: leave mask_token_weighting='uniform', "
+                "correction=False and workers=0",
+            )
     for entry in tuple(c.mixture):
         if len(entry) != 2 or not isinstance(entry[0], str) or not float(entry[1]) > 0:
             _fail("mixture", tuple(c.mixture), "must be pairs (store URL, weight > 0)")

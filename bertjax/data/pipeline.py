@@ -38,6 +38,7 @@ from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store import configured as store_config
 from bertjax.data.store.cache_budget import CacheBudget
 from bertjax.data.store.memmap import Store
+from bertjax.data.text import hub
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.data.tokenizer.configured import load_tokenizer
 
@@ -298,10 +299,11 @@ def make_pipeline(
     data_config.validate(config)
     retry.configure(config.get("storage_retry_seconds", retry.BUDGET_S))
     if corpus_pin.uses_hub(config.data):  # at the commits recorded in the workdir
-        if process_index is None:
-            import jax
+        import jax
 
-            process_index = jax.process_index()
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+        hub.USER_AGENT["bertjax-process"] = f"{process_index}/{process_count}"
         config = corpus_pin.pinned_config(config, workdir, process_index)
     c = config.data
     if c.mixture:
@@ -323,6 +325,10 @@ def make_pipeline(
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
+    if c.stream:  # no store: each process reads its rows' files (bertjax/data/stream/)
+        from bertjax.data.stream.source import StreamPipeline
+
+        return StreamPipeline(config, workdir, process_index, process_count)
     per_host = config.batch_size // process_count
     if c.store:  # a sharded store: nothing is tokenized, each host reads its rows' bytes
         from bertjax.data.store.shard_reader import ShardedStore

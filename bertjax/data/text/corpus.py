@@ -55,34 +55,48 @@ def _record_texts(path: str, corpus_format: str, text_feature: str, name: str):
     """(record number, text) of a JSON Lines or Parquet file's `text_feature` field."""
     if corpus_format == "jsonl":
         for lineno, line in _read_lines(path, name):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{name}:{lineno}: not a JSON object ({e})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_feature), str):
-                fields = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(
-                    f"{name}:{lineno}: no string field {text_feature!r} "
-                    f"(config.data.text_feature); its fields: {fields}"
-                )
-            yield lineno, record[text_feature]
+            if line.strip():
+                yield lineno, jsonl_text(line, f"{name}:{lineno}", text_feature)
         return
     import pyarrow.parquet as pq
 
     with corpus_files.open_file(path) as f:
         table = pq.ParquetFile(f)
-        if text_feature not in table.schema_arrow.names:
-            raise ValueError(
-                f"{name}: no column {text_feature!r} (config.data.text_feature); "
-                f"columns: {table.schema_arrow.names}"
-            )
+        check_column(table, text_feature, name)
         row = 0
         for batch in table.iter_batches(columns=[text_feature]):
             for text in batch.column(0).to_pylist():
                 row += 1
                 yield row, text or ""
+
+
+def jsonl_text(line: str, where: str, text_feature: str) -> str:
+    """The `text_feature` string of a JSON Lines record; bad records name ``where`` they are."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise ValueError(f"{where}: not a JSON object ({e})") from None
+    if not isinstance(record, dict) or not isinstance(record.get(text_feature), str):
+        fields = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(
+            f"{where}: no string field {text_feature!r} (config.data.text_feature); "
+            f"its fields: {fields}"
+        )
+    return record[text_feature]
+
+
+def check_column(table, text_feature: str, name: str) -> None:
+    """Stops a Parquet file (a pyarrow ParquetFile) without the column `text_feature`."""
+    if text_feature not in table.schema_arrow.names:
+        raise ValueError(
+            f"{name}: no column {text_feature!r} (config.data.text_feature); "
+            f"columns: {table.schema_arrow.names}"
+        )
+
+
+def line_document(line: str, stats: CorpusStats) -> Document:
+    """The sentences of a "documents" line."""
+    return [p for s in split_sentences(line) for p in cut_long(s, stats)]
 
 
 def file_documents(
@@ -107,7 +121,7 @@ def file_documents(
                 yield document_id(text), doc
     elif corpus_format == "documents":
         for _, line in _read_lines(path, name):
-            doc = [p for s in split_sentences(line) for p in cut_long(s, stats)]
+            doc = line_document(line, stats)
             if doc:
                 found += 1
                 yield document_id(line), doc

@@ -94,10 +94,11 @@ def _expand_url(part: str) -> list[str]:
     return [fs.unstrip_protocol(m) for m in matched]
 
 
-def open_file(path: str, size: int | None = None):
-    """A binary file object of a corpus file (decompressed by its name's suffix)."""
+def open_file(path: str, size: int | None = None, stop: int | None = None):
+    """A binary file object of a corpus file (decompressed by its name's suffix); ``stop``: the
+    byte the reader needs up to, where reads are ranged requests (the Hub)."""
     if hub.is_hub(path):
-        raw = hub.open_file(path, size)
+        raw = hub.open_file(path, size, stop)
     elif paths.is_url(path):
         import fsspec
 

@@ -32,7 +32,8 @@ from bertjax import retry
 PREFIX = "hf://"
 _KINDS = {"datasets": "dataset", "models": "model", "spaces": "space"}
 _SHA = re.compile(r"[0-9a-f]{40}")
-BLOCK_BYTES = 8 << 20  # bytes a ranged read asks for at least (sequential text reads)
+BLOCK_BYTES = 8 << 20  # bytes a ranged read asks for at most (sequential text reads)
+TAIL_BYTES = 64 << 10  # ... past the end its reader said it needs (the rest of a line)
 
 
 class HubError(ValueError):
@@ -299,10 +300,10 @@ USER_AGENT: dict = {}  # what a process adds to its requests' User-Agent (its in
 class _RangeReader(io.RawIOBase):
     """A file of the Hub read by ranged GETs (each tried again within the retry budget)."""
 
-    def __init__(self, url: str, size: int | None):
+    def __init__(self, url: str, size: int | None, stop: int | None = None):
         from huggingface_hub.utils import build_hf_headers
 
-        self.url = url
+        self.url, self.stop = url, stop
         _, self.resolve = _where(url)
         self.headers = build_hf_headers(**_client())
         self.position = 0
@@ -340,6 +341,9 @@ class _RangeReader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         count = min(len(buffer), self.size - self.position)
+        if self.stop is not None:  # past it, a line's end is near: small reads
+            ahead = self.stop - self.position
+            count = min(count, ahead if ahead > 0 else TAIL_BYTES)
         if count <= 0:
             return 0
         first, last = self.position, self.position + count - 1
@@ -349,9 +353,10 @@ class _RangeReader(io.RawIOBase):
         return count
 
 
-def open_file(url: str, size: int | None = None):
-    """A binary, seekable file object of a pinned (or not) hf:// file URL."""
-    return io.BufferedReader(_RangeReader(url, size), buffer_size=BLOCK_BYTES)
+def open_file(url: str, size: int | None = None, stop: int | None = None):
+    """A binary, seekable file object of a pinned (or not) hf:// file URL; ``stop``: the byte
+    its reader needs up to (reads past it ask for TAIL_BYTES at a time)."""
+    return io.BufferedReader(_RangeReader(url, size, stop), buffer_size=BLOCK_BYTES)
 
 
 def download(url: str, cache: str) -> str:
