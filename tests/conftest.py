@@ -210,6 +210,7 @@ HEAVIEST_FIRST = (
     "configs_test",
     "multiprocess_test",
     "stream_test",
+    "docs_hub_test",
     "phases_test",
     "readme_test",
     "real_checkpoint_test",

@@ -95,7 +95,7 @@ def test_a_small_corpus_always_holds_out_a_document(texts, tmp_path):
         c = _config(small, tmp_path, heldout_fraction=0.02).data
         split = {d: s for s in ("train", "eval") for d, _ in corpus.split_documents(c, s)}
         assert "eval" in split.values() and "train" in split.values(), i
-        forced += corpus.forced_document(c) is not None
+        forced += bool(corpus.forced_document(c))
     assert held[0] and all(h == held[0] for h in held)
     assert forced >= 40
 

@@ -170,10 +170,10 @@ def prepare_store(
     corpus_description: str,
     stats: CorpusStats,
     num_workers: int = 0,
-    forced_heldout: str | None = None,
+    forced_heldout=(),
 ) -> dict:
     """Tokenizes a corpus into a store at `directory` (atomically); returns its meta.
-    ``forced_heldout``: a document held out besides those its hash picks (sentences.py)."""
+    ``forced_heldout``: documents held out besides those their hash picks (sentences.py)."""
     from tqdm.auto import tqdm
 
     directory = directory.rstrip(os.sep)
@@ -226,7 +226,7 @@ def prepare_store(
         "corpus": corpus_description,
         "heldout_fraction": heldout_fraction,
         "document_ids": DOCUMENT_IDS,
-        "forced_heldout": forced_heldout,
+        "forced_heldout": list(forced_heldout),
         "splits": counts,
         "corpus_stats": stats.as_dict(),
         "complete": True,

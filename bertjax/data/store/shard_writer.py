@@ -73,11 +73,11 @@ def item_documents(spec: dict, item: dict, stats: CorpusStats):
         yield doc_id, doc
 
 
-def forced_document(spec: dict, items: list[dict]) -> str | None:
-    """The document the held-out split keeps besides those its hash picks
+def forced_document(spec: dict, items: list[dict]) -> list[str]:
+    """The documents the held-out split keeps besides those their hash picks
     (sentences.forced_heldout), from the first documents of the items, in corpus order."""
     docs = (d for item in items for d, _ in item_documents(spec, item, CorpusStats()))
-    return forced_heldout(docs, spec["heldout_fraction"])
+    return list(forced_heldout(docs, spec["heldout_fraction"]))
 
 
 class _ShardBuilder:
@@ -145,6 +145,8 @@ def finished_record(spec: dict, item: dict) -> dict | None:
         return None
     if record.get("document_ids") != DOCUMENT_IDS:  # split by another naming of documents
         return None
+    if record.get("forced_heldout", []) != spec.get("forced_heldout", []):  # or another rule
+        return None
     for entries in record["shards"].values():
         for entry in entries:
             if not fmt.shard_is_complete(fmt.join(spec["output"], entry["path"]), entry):
@@ -183,6 +185,7 @@ def item_record(spec: dict, item: dict, builders: dict, stats: CorpusStats) -> d
         "item": item,
         "tokenizer": spec["tokenizer_fingerprint"],
         "document_ids": DOCUMENT_IDS,
+        "forced_heldout": spec.get("forced_heldout", []),
         "shards": {split: b.entries for split, b in builders.items()},
         "skipped": {split: b.skipped for split, b in builders.items()},
         "stats": stats.as_dict(),
@@ -219,7 +222,7 @@ def write_manifest(records: list[dict], spec: dict) -> dict:
         corpus=spec["corpus"],
         heldout_fraction=spec["heldout_fraction"],
         document_ids=DOCUMENT_IDS,
-        forced_heldout=spec.get("forced_heldout"),
+        forced_heldout=spec.get("forced_heldout", []),
         items=len(records),
         splits=splits,
         corpus_stats=stats.as_dict(),

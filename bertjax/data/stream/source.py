@@ -47,8 +47,8 @@ def corpus_plan(c, batch_size: int, process_index: int) -> dict:
     if process_index == 0 or alone:
         units = corpus_units(c, batch_size)
         docs = (doc_id for unit in units for doc_id, _ in unit_documents(unit, c))
-        plan = {"units": [u.as_list() for u in units], "forced": forced_heldout(docs,
-                c.heldout_fraction)}  # fmt: skip
+        forced = list(forced_heldout(docs, c.heldout_fraction))
+        plan = {"units": [u.as_list() for u in units], "forced": forced}
     return plan if alone else broadcast(plan)
 
 
@@ -176,7 +176,7 @@ class StreamPipeline(DataSource):
 
     def eval_batches(self, num_batches: int):
         """Fixed held-out batches: each lane's held-out tokens in corpus order, in windows."""
-        if self.c.heldout_fraction <= 0 and self.forced is None:
+        if self.c.heldout_fraction <= 0:
             raise ValueError(
                 f"config.data.heldout_fraction={self.c.heldout_fraction}: the stream keeps no "
                 "held-out documents: set config.eval_every=0, or a heldout_fraction > 0"

@@ -245,9 +245,9 @@ def config_documents(c, stats: CorpusStats | None = None):
     )
 
 
-def forced_document(c) -> str | None:
-    """The document the held-out split of ``config.data``'s corpus keeps besides those its hash
-    picks (sentences.forced_heldout: reads the corpus's first documents, up to the first one
+def forced_document(c) -> tuple[str, ...]:
+    """The documents the held-out split of ``config.data``'s corpus keeps besides those its hash
+    picks (sentences.forced_heldout: reads the corpus's first documents, up to the second one
     held out)."""
     return forced_heldout((doc_id for doc_id, _ in config_documents(c)), c.heldout_fraction)
 
