@@ -5,6 +5,7 @@ of a workdir on a URL) that fails with a transient error (`is_transient`: a conn
 timeout, HTTP 408, 429 or 5xx, as each fsspec backend raises them) is tried again after an
 exponential backoff with full jitter (after its k-th failure a delay drawn uniformly from
 [0, min(`MOST_DELAY_S`, `FIRST_DELAY_S` x 2^(k-1))], so that a pod's hosts do not retry in step),
+(never less than the server asked for: `server_wait`, a 429's ``Retry-After`` or ``RateLimit``)
 until it succeeds or its time budget (`config.storage_retry_seconds`, `BUDGET_S` by default)
 has passed; then `StorageUnavailable` names the object, the last error, how long and how often
 it was tried. Any other error (not found, permission denied, a bad request) is raised at once,
@@ -30,6 +31,9 @@ What each layer under bertjax retries by itself, so that this layer does not mul
   1 s of jitter: ~15 minutes before it gives up. bertjax does not wrap orbax's saves and restores
   (a retried save would write its arrays again; TensorStore's own budget already outlasts this
   one); only the files bertjax reads and writes itself go through this layer.
+- huggingface_hub (hf:// corpora, bertjax/data/text/hub.py): ranged reads and tree pages retry
+  408, 429 and 5xx up to 5 times (1, 2, 4, 8, 8 s apart, or what a 429's RateLimit/Retry-After
+  says, plus 1 s); repo info, paths-info and HEADs are not retried there, only here.
 A request this layer sees fail has therefore already been retried for up to about a minute
 below it. The budget is a time, not a count, for that reason: a count would multiply with the
 layers' counts (6 x N gcsfs requests, 5 x 5 x N botocore attempts) and give a run no known
@@ -101,8 +105,16 @@ TRANSIENT_TYPES = frozenset(
         "http.client.IncompleteRead",
         "gcsfs.retry.ChecksumError",  # bytes corrupted in transit
         "google.auth.exceptions.TransportError",  # the token server did not answer
+        "httpx2.NetworkError",  # huggingface_hub's client: connection errors, timeouts,
+        "httpx2.TimeoutException",  # a connection the server closed mid-answer
+        "httpx2.RemoteProtocolError",
+        "httpx.NetworkError",
+        "httpx.TimeoutException",
+        "httpx.RemoteProtocolError",
     }
 )
+# exception types that say transient things but are settings: never tried again
+NEVER_TYPES = frozenset({"huggingface_hub.errors.OfflineModeIsEnabled"})  # HF_HUB_OFFLINE=1
 # error codes of S3-style services that are throttling or a server's trouble (any status)
 TRANSIENT_CODES = frozenset(
     {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
@@ -187,12 +199,14 @@ def is_transient(error: BaseException) -> bool:
     and everything else: not transient."""
     if isinstance(error, StorageUnavailable) or isinstance(error, _NEVER):
         return False
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__}
+    if names & NEVER_TYPES:
+        return False
     status = _status(error)
     if status is not None:
         return status in TRANSIENT_STATUS
     if isinstance(error, (TimeoutError, ConnectionError)):
         return True
-    names = {f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__}
     if names & TRANSIENT_TYPES:
         return True
     if isinstance(error, OSError):
@@ -202,6 +216,26 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, (ValueError, RuntimeError)):  # TensorStore raises its statuses so
         return bool(_TRANSIENT_STATUS_TEXT.search(str(error)))
     return False
+
+
+_RATE_LIMIT = re.compile(r"\br\s*=\s*0\b.*?\bt\s*=\s*(\d+)")
+
+
+def server_wait(error: BaseException) -> float:
+    """Seconds the server asked a client to wait before its next request: ``Retry-After`` (in
+    seconds), or the reset ``t`` of an IETF ``RateLimit`` header whose remaining ``r`` is 0 (the
+    Hugging Face Hub's 429s); 0 when the error's response says neither."""
+    headers = getattr(getattr(error, "response", None), "headers", None)
+    if not hasattr(headers, "get"):
+        return 0.0
+    waits = [0.0]
+    found = _RATE_LIMIT.search(str(headers.get("ratelimit") or headers.get("RateLimit") or ""))
+    if found:
+        waits.append(float(found.group(1)))
+    after = str(headers.get("retry-after") or headers.get("Retry-After") or "").strip()
+    if after.isdigit():
+        waits.append(float(after))
+    return max(waits)
 
 
 def transient_cause(error: BaseException) -> BaseException | None:
@@ -333,7 +367,8 @@ class Attempt:
             raise StorageUnavailable(target, error, elapsed, self.tries) from error
         policy.counts.failure(target, error, requests, now)
         bound = min(policy.most_delay_s, policy.first_delay_s * 2.0 ** min(self.tries - 1, 60))
-        policy.sleep(min(policy.rng.uniform(0.0, bound), policy.budget_s - elapsed))
+        delay = max(policy.rng.uniform(0.0, bound), server_wait(error))  # at least as asked
+        policy.sleep(min(delay, policy.budget_s - elapsed))
 
     def succeeded(self, requests: int = 1) -> None:
         """After the request succeeded: counted as recovered when it had failed before."""

@@ -209,6 +209,8 @@ def hub(tmp_path_factory):
 HEAVIEST_FIRST = (
     "configs_test",
     "multiprocess_test",
+    "stream_test",
+    "docs_hub_test",
     "phases_test",
     "docs_test",
     "real_checkpoint_test",
@@ -220,6 +222,7 @@ HEAVIEST_FIRST = (
     "electra_test",
     "model_test",
     "data_shards_test",
+    "hub_corpus_test",
     "url_forms_test",
     "predict_test",
     "glue_test",

@@ -19,6 +19,14 @@ def default_data_config() -> ml_collections.ConfigDict:
     # "jsonl" | "parquet" (record = doc, its text_feature field)
     c.corpus_format = "sentences"
     c.text_feature = "text"  # tfds, jsonl, parquet: the string field that holds a document
+    # hf://datasets/OWNER/NAME[@REVISION] without a glob: the files of this subset ("" = the
+    # dataset card's default) and split of the card's configs (docs/hub.md)
+    c.hf_subset = ""
+    c.hf_split = "train"
+    # Read the corpus's files directly as the batches need them (token_windows rows, tokenized on
+    # the fly, each process its own files): no store is prepared; Colab and small runs
+    # (bertjax/data/stream/)
+    c.stream = False
     # A store prepared by `python -m bertjax.data.prepare` (path or gs://, s3:// URL): train from
     # it, reading only this host's rows; "" = tokenize the corpus into the local cache
     c.store = ""
@@ -258,6 +266,25 @@ def validate(config) -> None:
                 )
     if c.mixture and c.store:
         _fail("store", c.store, "set config.data.store or config.data.mixture, not both")
+    if c.stream:
+        if c.store or c.mixture:
+            _fail("stream", c.stream, "reads config.data.corpus: leave store and mixture unset")
+        if c.corpus == "builtin" or c.corpus.startswith("tfds:"):
+            _fail("stream", c.stream, "reads files (paths, URLs, hf://): not builtin or tfds:")
+        if c.sample_plan != "token_windows" or c.pack_rows or c.length_schedule:
+            _fail(
+                "stream",
+                c.stream,
+                "gives token_windows rows of max_seq_length: set config.data.sample_plan="
+                "token_windows (no pack_rows, no length_schedule)",
+            )
+        if c.mask_token_weighting != "uniform" or c.correction or c.workers:
+            _fail(
+                "stream",
+                c.stream,
+                "masks uniformly in this process: leave mask_token_weighting='uniform', "
+                "correction=False and workers=0",
+            )
     for entry in tuple(c.mixture):
         if len(entry) != 2 or not isinstance(entry[0], str) or not float(entry[1]) > 0:
             _fail("mixture", tuple(c.mixture), "must be pairs (store URL, weight > 0)")

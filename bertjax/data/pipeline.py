@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from bertjax import retry
-from bertjax.data import data_config, read_settings, workers
+from bertjax.data import corpus_pin, data_config, read_settings, workers
 from bertjax.data.batch_rows import BatchRows, Located
 from bertjax.data.corruption import causal, masking, similarity
 from bertjax.data.plans.batch_plan import BatchPlan
@@ -38,6 +38,7 @@ from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store import configured as store_config
 from bertjax.data.store.cache_budget import CacheBudget
 from bertjax.data.store.memmap import Store
+from bertjax.data.text import hub
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.data.tokenizer.configured import load_tokenizer
 
@@ -240,7 +241,12 @@ class Pipeline(BatchRows, DataSource):
     def eval_batches(self, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
         """`num_batches` fixed batches (same every call) of the held-out split at max_seq_length."""
         if self._eval_store is None:
-            raise ValueError("this pipeline has no held-out split")
+            raise ValueError(
+                f"{self.store.directory} has no held-out documents (config.data.heldout_fraction"
+                f"={self.c.heldout_fraction}; a corpus of one document trains on it): set "
+                "config.eval_every=0 to train without held-out evaluation, or give a "
+                "heldout_fraction > 0 and a corpus of two or more documents"
+            )
         if self._eval_split is None:
             self._eval_split = self._epochs(self._eval_store, "eval")
         for i in range(num_batches):
@@ -292,6 +298,13 @@ def make_pipeline(
 
     data_config.validate(config)
     retry.configure(config.get("storage_retry_seconds", retry.BUDGET_S))
+    if corpus_pin.uses_hub(config.data):  # at the commits recorded in the workdir
+        import jax
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+        hub.USER_AGENT["bertjax-process"] = f"{process_index}/{process_count}"
+        config = corpus_pin.pinned_config(config, workdir, process_index)
     c = config.data
     if c.mixture:
         from bertjax.data.mixture import Mixture
@@ -312,6 +325,10 @@ def make_pipeline(
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
+    if c.stream:  # no store: each process reads its rows' files (bertjax/data/stream/)
+        from bertjax.data.stream.source import StreamPipeline
+
+        return StreamPipeline(config, workdir, process_index, process_count)
     per_host = config.batch_size // process_count
     if c.store:  # a sharded store: nothing is tokenized, each host reads its rows' bytes
         from bertjax.data.store.shard_format import read_manifest

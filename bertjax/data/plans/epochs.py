@@ -108,6 +108,15 @@ class SplitEpochs:
 
     def _steps_per_epoch(self, length: int) -> int:
         units = self.num_units(length, 0)
+        if units and units < self.batch_size and self.purpose == "eval":
+            return 1  # a small held-out split: its rows repeat to fill a batch
+        if units < self.batch_size and self.purpose == "eval":
+            raise ValueError(
+                f"the held-out split of {self.store.directory!r} ({self.store.num_documents} "
+                f"documents) gives no rows of length {length} for sample_plan="
+                f"{self.c.sample_plan!r}: raise config.data.heldout_fraction, or set "
+                "config.eval_every=0 to train without held-out evaluation"
+            )
         if units < self.batch_size:
             raise ValueError(
                 f"store {self.store.directory!r} ({self.store.split}) gives {units} rows of "

@@ -58,6 +58,7 @@ def make_spec(config, output: str, items: list[dict]) -> dict:
         "shard_bytes": c.shard_bytes,
         "block_tokens": c.block_tokens,
     }
+    spec["forced_heldout"] = shard_writer.forced_document(spec, items)
     given = c.hf_vocab or c.tokenizer_model
     local = paths.local_copy(paths.resolve(given, "config.data.tokenizer_model", must_exist=True),
                              cache) if given else ""  # fmt: skip
@@ -124,9 +125,10 @@ def run(config, output: str, beam_args: list[str] = ()) -> dict:
         raise ImportError(
             "python -m bertjax.data.prepare needs Apache Beam: pip install 'bertjax[beam]'"
         ) from None
-    from bertjax.data import data_config
+    from bertjax.data import corpus_pin, data_config
 
     data_config.validate(config)
+    config = corpus_pin.pinned_config(config, paths.resolve(output))  # OUTPUT/corpus.json
     items = shard_writer.work_items(config.data)
     spec = make_spec(config, output, items)
     try:

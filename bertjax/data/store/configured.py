@@ -1,10 +1,12 @@
 """The run's token store, from its config: the local memmap store built in a cache
 (config.data.cache_dir, else $BERTJAX_CACHE_DIR, else bertjax-cache under the system temp dir) at
 ``stores/<key>``, where the key hashes what the store is made of: the tokenizer's fingerprint,
-the corpus (files with their sizes and modification times; the tfds dataset; CPython's version
-for the built-in corpus) and the held-out fraction. Each host builds or reuses its own copy
-(memmaps need local files; the processes of one host build it once, under a lock); a second run
-on the same corpus and tokenizer, in any workdir, reuses it. Or the sharded store
+the corpus (files with their sizes and versions: a local file's modification time, an object's
+generation, a Hub file's commit; the tfds dataset; CPython's version for the built-in corpus),
+how documents are named and the held-out fraction. Each host builds or reuses its own copy
+(memmaps need local files; the processes of one host build it once, under a lock; files on
+storage or the Hub are read from local copies, each fetched once); a second run on the same
+corpus and tokenizer, in any workdir, reuses it. Or the sharded store
 config.data.store (a URL), whose tokenizer is checked against the run's.
 """
 
@@ -21,7 +23,8 @@ from bertjax import paths
 from bertjax.data.store import shard_format
 from bertjax.data.store.memmap import FORMAT_VERSION, Store, prepare_store, token_shares
 from bertjax.data.text import corpus as corpus_lib
-from bertjax.data.text.sentences import CorpusStats
+from bertjax.data.text import corpus_files
+from bertjax.data.text.sentences import DOCUMENT_IDS, HELDOUT_MIN, CorpusStats
 from bertjax.data.tokenizer.configured import load_tokenizer
 from bertjax.data.tokenizer.tokenizer import Tokenizer
 
@@ -31,15 +34,14 @@ def store_key(c, tokenizer: Tokenizer) -> str:
     if c.corpus == "builtin" or c.corpus.startswith("tfds:"):
         files = []
     else:
-        files = [
-            (path, os.path.getsize(path), os.stat(path).st_mtime_ns)
-            for path in corpus_lib.expand_paths(c.corpus)
-        ]
+        files = corpus_files.sizes(c.corpus)
     parts = {
         "format": FORMAT_VERSION,
         "tokenizer": tokenizer.fingerprint(),
         "language": tokenizer.language,
         "corpus": corpus_lib.config_description(c),
+        "document_ids": DOCUMENT_IDS,  # stores named documents by path before: not reused
+        "heldout_min": HELDOUT_MIN,  # the rule that keeps the held-out split non-empty
         "files": files,
         "tfds_data_dir": c.tfds_data_dir if c.corpus.startswith("tfds:") else "",
     }
@@ -64,6 +66,7 @@ def load_store(config, tokenizer: Tokenizer, split: str) -> tuple[Store, Store]:
                     corpus_description=description,
                     stats=stats,
                     num_workers=c.num_workers,
+                    forced_heldout=corpus_lib.forced_document(c),
                 )
     stores = (
         Store(directory, split, tokenizer, description),

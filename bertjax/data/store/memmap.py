@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from bertjax.data.text.sentences import CorpusStats, is_heldout
+from bertjax.data.text.sentences import DOCUMENT_IDS, CorpusStats, is_heldout
 from bertjax.data.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -144,12 +144,12 @@ class _SplitWriter:
         }
 
 
-def _chunks(documents: Iterable[tuple[str, list[str]]], heldout_fraction: float, progress):
+def _chunks(documents: Iterable[tuple[str, list[str]]], heldout_fraction: float, progress, forced):
     """(split, [docs]) chunks of about CHUNK_CHARS characters, in corpus order per split."""
     pending = {split: [] for split in SPLITS}
     size = collections.Counter()
     for doc_id, doc in documents:
-        split = "eval" if is_heldout(doc_id, heldout_fraction) else "train"
+        split = "eval" if is_heldout(doc_id, heldout_fraction, forced) else "train"
         pending[split].append(doc)
         size[split] += sum(len(s) for s in doc)
         progress.update(1)
@@ -170,8 +170,10 @@ def prepare_store(
     corpus_description: str,
     stats: CorpusStats,
     num_workers: int = 0,
+    forced_heldout=(),
 ) -> dict:
-    """Tokenizes a corpus into a store at `directory` (atomically); returns its meta."""
+    """Tokenizes a corpus into a store at `directory` (atomically); returns its meta.
+    ``forced_heldout``: documents held out besides those their hash picks (sentences.py)."""
     from tqdm.auto import tqdm
 
     directory = directory.rstrip(os.sep)
@@ -180,7 +182,7 @@ def prepare_store(
     dtype = _token_dtype(tokenizer.vocab_size)
     writers = {split: _SplitWriter(os.path.join(tmp, split), dtype) for split in SPLITS}
     progress = tqdm(desc=f"tokenizing into {directory}", unit="doc", disable=None)
-    chunks = _chunks(documents, heldout_fraction, progress)
+    chunks = _chunks(documents, heldout_fraction, progress, forced_heldout)
     try:
         if num_workers > 0:
             ctx = multiprocessing.get_context("spawn")  # fork is unsafe once JAX's threads exist
@@ -223,6 +225,8 @@ def prepare_store(
         "token_dtype": np.dtype(dtype).name,
         "corpus": corpus_description,
         "heldout_fraction": heldout_fraction,
+        "document_ids": DOCUMENT_IDS,
+        "forced_heldout": list(forced_heldout),
         "splits": counts,
         "corpus_stats": stats.as_dict(),
         "complete": True,

@@ -12,7 +12,6 @@ order, marks the store complete.
 
 from __future__ import annotations
 
-import glob
 import itertools
 import json
 
@@ -22,7 +21,8 @@ from bertjax import paths
 from bertjax.data.store import shard_format as fmt
 from bertjax.data.store.memmap import CHUNK_CHARS, SPLITS, encode_chunk
 from bertjax.data.text import corpus as corpus_lib
-from bertjax.data.text.sentences import CorpusStats, is_heldout
+from bertjax.data.text import corpus_files
+from bertjax.data.text.sentences import DOCUMENT_IDS, CorpusStats, forced_heldout, is_heldout
 
 DOCS_PER_BLOCK = 1000  # documents per item of the built-in corpus and tfds datasets
 # What `encode_chunk` counts, summed per item record and per split in the manifest.
@@ -30,19 +30,11 @@ COUNTS = ("empty_sentences_dropped", "empty_documents_dropped", "unk_tokens", "s
 
 
 def expand_urls(spec: str) -> list[str]:
-    """Comma-separated paths, globs or URLs (gs://, s3://, file://) → a sorted file list; local
-    entries as corpus.expand_paths (the same strings, so document ids match the local store)."""
+    """Comma-separated paths, globs or URLs (file://, gs://, s3://, hf://) → the corpus's files
+    (corpus_files.expand), local ones as absolute paths (workers may run elsewhere)."""
     found: list[str] = []
-    for part in [p.strip() for p in spec.split(",") if p.strip()]:
-        if not paths.is_url(part):
-            found.extend(corpus_lib.expand_paths(paths.resolve(part)))
-            continue
-        fs, path = fmt.filesystem(part)
-        matched = sorted(fs.glob(path)) if glob.has_magic(path) else [path]
-        matched = [fs.unstrip_protocol(m) for m in matched if fs.isfile(m)]
-        if not matched:
-            raise FileNotFoundError(f"corpus {part!r} matched no files")
-        found.extend(matched)
+    for part in corpus_files.parts(spec):
+        found.extend(corpus_files.expand(part if paths.is_url(part) else paths.resolve(part)))
     return found
 
 
@@ -79,6 +71,13 @@ def item_documents(spec: dict, item: dict, stats: CorpusStats):
         stats.documents += 1
         stats.sentences += len(doc)
         yield doc_id, doc
+
+
+def forced_document(spec: dict, items: list[dict]) -> list[str]:
+    """The documents the held-out split keeps besides those their hash picks
+    (sentences.forced_heldout), from the first documents of the items, in corpus order."""
+    docs = (d for item in items for d, _ in item_documents(spec, item, CorpusStats()))
+    return list(forced_heldout(docs, spec["heldout_fraction"]))
 
 
 class _ShardBuilder:
@@ -144,6 +143,10 @@ def finished_record(spec: dict, item: dict) -> dict | None:
     record = json.loads(data)
     if record.get("item") != item or record.get("tokenizer") != spec["tokenizer_fingerprint"]:
         return None
+    if record.get("document_ids") != DOCUMENT_IDS:  # split by another naming of documents
+        return None
+    if record.get("forced_heldout", []) != spec.get("forced_heldout", []):  # or another rule
+        return None
     for entries in record["shards"].values():
         for entry in entries:
             if not fmt.shard_is_complete(fmt.join(spec["output"], entry["path"]), entry):
@@ -162,7 +165,8 @@ def prepare_item(spec: dict, item: dict, tokenizer) -> dict:
     pending = {split: [] for split in SPLITS}
     size = dict.fromkeys(SPLITS, 0)
     for doc_id, doc in item_documents(spec, item, stats):
-        split = "eval" if is_heldout(doc_id, spec["heldout_fraction"]) else "train"
+        heldout = is_heldout(doc_id, spec["heldout_fraction"], spec.get("forced_heldout"))
+        split = "eval" if heldout else "train"
         pending[split].append(doc)
         size[split] += sum(len(s) for s in doc)
         if size[split] >= chunk_chars:
@@ -180,6 +184,8 @@ def item_record(spec: dict, item: dict, builders: dict, stats: CorpusStats) -> d
     record = {
         "item": item,
         "tokenizer": spec["tokenizer_fingerprint"],
+        "document_ids": DOCUMENT_IDS,
+        "forced_heldout": spec.get("forced_heldout", []),
         "shards": {split: b.entries for split, b in builders.items()},
         "skipped": {split: b.skipped for split, b in builders.items()},
         "stats": stats.as_dict(),
@@ -215,6 +221,8 @@ def write_manifest(records: list[dict], spec: dict) -> dict:
         block_tokens=spec["block_tokens"],
         corpus=spec["corpus"],
         heldout_fraction=spec["heldout_fraction"],
+        document_ids=DOCUMENT_IDS,
+        forced_heldout=spec.get("forced_heldout", []),
         items=len(records),
         splits=splits,
         corpus_stats=stats.as_dict(),

@@ -12,58 +12,34 @@ error;
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import re
 from collections.abc import Iterator
 
-from bertjax.data.text import builtin_corpus
+from bertjax import paths
+from bertjax.data.text import builtin_corpus, corpus_files
 from bertjax.data.text.records import decode_line
-from bertjax.data.text.sentences import CorpusStats, cut_long, is_heldout, split_sentences
-
-_GLOB_CHARS = re.compile(r"[*?\[]")
+from bertjax.data.text.sentences import (
+    CorpusStats,
+    cut_long,
+    document_id,
+    forced_heldout,
+    is_heldout,
+    split_sentences,
+)
 
 Document = list[str]
 
 
 def expand_paths(spec: str) -> list[str]:
-    """Comma-separated paths/globs → sorted file list; a missing path or empty glob is an error."""
-    paths: list[str] = []
-    for part in [p.strip() for p in spec.split(",") if p.strip()]:
-        if _GLOB_CHARS.search(part):
-            matched = sorted(p for p in glob.glob(part, recursive=True) if os.path.isfile(p))
-            if not matched:
-                raise FileNotFoundError(f"corpus glob {part!r} matched no files")
-            paths.extend(matched)
-        elif os.path.isdir(part):
-            raise ValueError(
-                f"corpus path {part!r} is a directory: use a glob such as "
-                f"{os.path.join(part, '*.txt')!r}"
-            )
-        elif not os.path.isfile(part):
-            raise FileNotFoundError(f"corpus file {part!r} does not exist")
-        else:
-            paths.append(part)
-    if not paths:
-        raise ValueError(f"corpus {spec!r} names no files")
-    return paths
+    """The files of a file corpus, in order (corpus_files.expand: paths, globs, URLs, hf://)."""
+    return corpus_files.expand(spec)
 
 
-def _open(path: str):
-    """A binary file object of a local path or a URL (gs://, s3://: through epath)."""
-    if "://" in path and not path.startswith("file://"):
-        from etils import epath
-
-        return epath.Path(path).open("rb")
-    return open(path.removeprefix("file://"), "rb")
-
-
-def _read_lines(path: str) -> Iterator[tuple[int, str]]:
+def _read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line of a UTF-8 file; invalid bytes raise naming file, line."""
-    with _open(path) as f:
+    with corpus_files.open_file(path) as f:
         for lineno, raw in enumerate(f, 1):
-            line = decode_line(raw, path, lineno)
+            line = decode_line(raw, name, lineno)
             if lineno == 1:
                 line = line.lstrip("\ufeff")
             yield lineno, line.rstrip("\r\n")
@@ -75,31 +51,18 @@ def text_document(text: str, stats: CorpusStats) -> Document:
     return [p for line in lines for s in split_sentences(line) for p in cut_long(s, stats)]
 
 
-def _record_texts(path: str, corpus_format: str, text_feature: str):
+def _record_texts(path: str, corpus_format: str, text_feature: str, name: str):
     """(record number, text) of a JSON Lines or Parquet file's `text_feature` field."""
     if corpus_format == "jsonl":
-        for lineno, line in _read_lines(path):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON object ({e})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_feature), str):
-                raise ValueError(
-                    f"{path}:{lineno}: no string field {text_feature!r} (config.data.text_feature)"
-                )
-            yield lineno, record[text_feature]
+        for lineno, line in _read_lines(path, name):
+            if line.strip():
+                yield lineno, jsonl_text(line, f"{name}:{lineno}", text_feature)
         return
     import pyarrow.parquet as pq
 
-    with _open(path) as f:
+    with corpus_files.open_file(path) as f:
         table = pq.ParquetFile(f)
-        if text_feature not in table.schema_arrow.names:
-            raise ValueError(
-                f"{path}: no column {text_feature!r} (config.data.text_feature); "
-                f"columns: {table.schema_arrow.names}"
-            )
+        check_column(table, text_feature, name)
         row = 0
         for batch in table.iter_batches(columns=[text_feature]):
             for text in batch.column(0).to_pylist():
@@ -107,43 +70,78 @@ def _record_texts(path: str, corpus_format: str, text_feature: str):
                 yield row, text or ""
 
 
+def jsonl_text(line: str, where: str, text_feature: str) -> str:
+    """The `text_feature` string of a JSON Lines record; bad records name ``where`` they are."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise ValueError(f"{where}: not a JSON object ({e})") from None
+    if not isinstance(record, dict) or not isinstance(record.get(text_feature), str):
+        fields = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(
+            f"{where}: no string field {text_feature!r} (config.data.text_feature); "
+            f"its fields: {fields}"
+        )
+    return record[text_feature]
+
+
+def check_column(table, text_feature: str, name: str) -> None:
+    """Stops a Parquet file (a pyarrow ParquetFile) without the column `text_feature`."""
+    if text_feature not in table.schema_arrow.names:
+        raise ValueError(
+            f"{name}: no column {text_feature!r} (config.data.text_feature); "
+            f"columns: {table.schema_arrow.names}"
+        )
+
+
+def line_document(line: str, stats: CorpusStats) -> Document:
+    """The sentences of a "documents" line."""
+    return [p for s in split_sentences(line) for p in cut_long(s, stats)]
+
+
 def file_documents(
-    path: str, corpus_format: str, stats: CorpusStats, text_feature: str = "text"
+    path: str,
+    corpus_format: str,
+    stats: CorpusStats,
+    text_feature: str = "text",
+    name: str | None = None,
 ) -> Iterator[tuple[str, Document]]:
     """Documents of one file: "sentences" (BERT), "documents" (one per line), "jsonl" or
-    "parquet" (one per record, its `text_feature` field)."""
+    "parquet" (one per record, its `text_feature` field). ``name``: what messages call the file
+    (its URL, where ``path`` is a local copy)."""
+    name = name or path
+    corpus_files.check_format(name, corpus_format)
     stats.files += 1
     found = 0
     if corpus_format in ("jsonl", "parquet"):
-        for number, text in _record_texts(path, corpus_format, text_feature):
+        for _, text in _record_texts(path, corpus_format, text_feature, name):
             doc = text_document(text, stats)
             if doc:
                 found += 1
-                yield f"{path}#{number}", doc
+                yield document_id(text), doc
     elif corpus_format == "documents":
-        for lineno, line in _read_lines(path):
-            doc = [p for s in split_sentences(line) for p in cut_long(s, stats)]
+        for _, line in _read_lines(path, name):
+            doc = line_document(line, stats)
             if doc:
                 found += 1
-                yield f"{path}#{lineno}", doc
+                yield document_id(line), doc
     else:
         doc: Document = []
-        start = 1
-        for lineno, line in _read_lines(path):
+        lines: list[str] = []
+        for _, line in _read_lines(path, name):
             line = line.strip()
             if line:
                 doc.extend(cut_long(line, stats))
+                lines.append(line)
             elif doc:
                 found += 1
-                yield f"{path}#{start}", doc
-                doc, start = [], lineno + 1
-            else:
-                start = lineno + 1
+                yield document_id("\n".join(lines)), doc
+                doc, lines = [], []
         if doc:
             found += 1
-            yield f"{path}#{start}", doc
+            yield document_id("\n".join(lines)), doc
     if not found:
-        stats.empty_files.append(path)
+        stats.empty_files.append(name)
 
 
 def tfds_documents(
@@ -189,8 +187,10 @@ def iter_documents(
     text_feature: str = "text",
     tfds_data_dir: str = "",
     stats: CorpusStats | None = None,
+    cache: str | None = None,
 ) -> Iterator[tuple[str, Document]]:
-    """All (doc_id, sentences) of a corpus spec, in a fixed order; counts go into `stats`."""
+    """All (doc_id, sentences) of a corpus spec, in a fixed order; counts go into `stats`.
+    ``cache``: files on storage (a URL, the Hub) are read from local copies kept there."""
     stats = stats if stats is not None else CorpusStats()
     if spec == "builtin":
         stats.files += 1
@@ -200,8 +200,14 @@ def iter_documents(
     else:
         source = (
             d
-            for path in expand_paths(spec)
-            for d in file_documents(path, corpus_format, stats, text_feature)
+            for path in corpus_files.expand(spec)
+            for d in file_documents(
+                corpus_files.local_file(path, cache) if cache else path,
+                corpus_format,
+                stats,
+                text_feature,
+                path,
+            )
         )
     for doc_id, doc in source:
         stats.documents += 1
@@ -226,15 +232,32 @@ def config_description(c) -> str:
     return f"{corpus} heldout={c.heldout_fraction}"
 
 
-def split_documents(c, split: str | None, stats: CorpusStats | None = None):
-    """(doc_id, sentences) of the corpus of a run's ``config.data``; only one split's documents
-    ("train" or "eval") when ``split`` is given."""
-    for doc_id, doc in iter_documents(
+def config_documents(c, stats: CorpusStats | None = None):
+    """(doc_id, sentences) of the corpus of a run's ``config.data``, in corpus order (files on
+    storage read from local copies in the cache, each fetched once)."""
+    return iter_documents(
         c.corpus,
         c.corpus_format,
         text_feature=c.text_feature,
         tfds_data_dir=c.tfds_data_dir,
         stats=stats,
-    ):
-        if split is None or (split == "eval") == is_heldout(doc_id, c.heldout_fraction):
+        cache=paths.cache_dir(c.cache_dir),
+    )
+
+
+def forced_document(c) -> tuple[str, ...]:
+    """The documents the held-out split of ``config.data``'s corpus keeps besides those its hash
+    picks (sentences.forced_heldout: reads the corpus's first documents, up to the second one
+    held out)."""
+    return forced_heldout((doc_id for doc_id, _ in config_documents(c)), c.heldout_fraction)
+
+
+def split_documents(c, split: str | None, stats: CorpusStats | None = None, forced=False):
+    """(doc_id, sentences) of the corpus of a run's ``config.data``; only one split's documents
+    ("train" or "eval") when ``split`` is given. ``forced``: `forced_document`'s answer when the
+    caller has it (False: found here)."""
+    if split is not None and forced is False:
+        forced = forced_document(c)
+    for doc_id, doc in config_documents(c, stats):
+        if split is None or (split == "eval") == is_heldout(doc_id, c.heldout_fraction, forced):
             yield doc_id, doc

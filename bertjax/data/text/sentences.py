@@ -1,13 +1,26 @@
 """Text utilities shared by the corpus sources: sentence splitting, cutting over-long sentences
-(counted in `CorpusStats`), and the held-out split by document id."""
+(counted in `CorpusStats`), a document's identity and the held-out split by it.
+
+A document of a file corpus is named by its text (`document_id`), so the same files read from
+another folder, a file:// URL, a bucket or the Hub, or converted from JSON Lines to Parquet, give
+the same held-out split, the same tokenizer and the same batches (before, its id was its file's
+full path and line: moving a corpus moved documents between the splits). The split keeps a
+document when a hash of its id falls below the held-out fraction (`is_heldout`); so that a small
+corpus never ends with an empty split by chance, `forced_heldout` names more documents when
+fewer than HELDOUT_MIN of the first HELDOUT_SCAN documents fall below it."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import re
+from collections.abc import Iterable
 
 MAX_SENTENCE_CHARS = 4096
+HELDOUT_SCAN = 10_000  # documents the rule that keeps the held-out split non-empty looks at
+HELDOUT_MIN = 2  # documents it holds out at least (NSP draws its random segments from another)
+DOCUMENT_IDS = "text-blake2b-128"  # how file documents are named (kept in stores and records)
 # A sentence ends after . ! ? followed by whitespace, or right after Chinese 。！？；
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？；])")
 
@@ -48,7 +61,41 @@ def cut_long(sentence: str, stats: CorpusStats | None = None) -> list[str]:
     return [p for p in pieces if p]
 
 
-def is_heldout(doc_id: str, fraction: float) -> bool:
-    """Whether a document belongs to the eval split: a stable hash of its id, below `fraction`."""
+def document_id(text: str) -> str:
+    """A document's identity from its text: the same wherever the corpus is read from."""
+    return "text:" + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _position(doc_id: str) -> float:
+    """Where a document's id hashes to in [0, 1)."""
     digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64 < fraction
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def is_heldout(doc_id: str, fraction: float, forced=()) -> bool:
+    """Whether a document belongs to the eval split: a stable hash of its id below `fraction`,
+    or one of the documents `forced_heldout` named (``forced``)."""
+    return _position(doc_id) < fraction or doc_id in (forced or ())
+
+
+def forced_heldout(doc_ids: Iterable[str], fraction: float) -> tuple[str, ...]:
+    """The documents the eval split keeps besides those of `is_heldout`: when ``fraction`` > 0
+    and fewer than HELDOUT_MIN of the first HELDOUT_SCAN of ``doc_ids`` (a corpus's, in its
+    order) hash below it, those of them whose hashes are smallest, as many as it takes, leaving
+    at least one document to train on (with 0.02, a corpus of 115 documents held out none about
+    one time in ten); () when enough do."""
+    if fraction <= 0:
+        return ()
+    held, seen, others = 0, 0, []
+    for doc_id in doc_ids:
+        if is_heldout(doc_id, fraction):
+            held += 1
+            if held >= HELDOUT_MIN:
+                return ()
+        else:
+            others.append((_position(doc_id), doc_id))
+        seen += 1
+        if seen == HELDOUT_SCAN:
+            break
+    wanted = min(HELDOUT_MIN - held, len(others) - 1)
+    return tuple(sorted(doc_id for _, doc_id in heapq.nsmallest(max(wanted, 0), others)))

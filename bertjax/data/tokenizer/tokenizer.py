@@ -10,6 +10,7 @@ In Chinese (language="zh") word boundaries come from jieba, aligned to the piece
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -290,9 +291,13 @@ class Tokenizer:
 def _train(
     sentences: Iterable[str], tmp: str, vocab_size: int, model_type: str, language: str
 ) -> None:
+    """Trains into tmp/spm.model. The model is handed back in memory, not written under a
+    model_prefix: SentencePiece keeps that prefix (a path under the workdir) in the model, so the
+    same sentences gave a tokenizer of another fingerprint in every workdir."""
+    model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=sentences,
-        model_prefix=os.path.join(tmp, "spm"),
+        model_writer=model,
         vocab_size=vocab_size,
         model_type=model_type,
         hard_vocab_limit=False,
@@ -312,6 +317,8 @@ def _train(
         num_threads=min(8, os.cpu_count() or 1),
         minloglevel=2,
     )
+    with open(os.path.join(tmp, "spm.model"), "wb") as f:
+        f.write(model.getvalue())
 
 
 def train_sentencepiece(
