@@ -210,7 +210,6 @@ HEAVIEST_FIRST = (
     "configs_test",
     "multiprocess_test",
     "stream_test",
-    "docs_hub_test",
     "phases_test",
     "docs_test",
     "real_checkpoint_test",

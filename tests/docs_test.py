@@ -2,9 +2,12 @@
 (tests/runnable_blocks.py: the markers, and what the test adds to a command to shrink it); the
 pages' own data (a text corpus, a task, a GLUE directory) are fixtures written here."""
 
+import io
 import json
 import os
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import runnable_blocks as rb
 from glue_fixtures import SIGNAL, write_glue_dir
@@ -109,11 +112,72 @@ def _write_task(directory: str) -> None:
                 f.write(f"the {SIGNAL[label][i % 5]} day number {i}\t{names[label]}\n")
 
 
+FINEWEB_CARD = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/*/*
+- config_name: sample-10BT
+  data_files:
+  - split: train
+    path: sample/10BT/*
+---
+"""
+WIKIPEDIA_CARD = """---
+configs:
+- config_name: 20231101.en
+  data_files:
+  - split: train
+    path: 20231101.en/train-*
+- config_name: 20231101.fr
+  data_files:
+  - split: train
+    path: 20231101.fr/train-*
+---
+"""
+
+
+def _parquet(texts, **columns) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.table({"text": texts, **columns}), out, row_group_size=16)
+    return out.getvalue()
+
+
+def _commit_hub_datasets(hub) -> None:
+    """The datasets the pages name, on the local Hub in their repositories' layout: FineWeb-Edu's
+    sample/10BT Parquet files and Wikipedia's card-listed subsets (built-in text)."""
+    from bertjax.data.text import corpus
+
+    texts = [" ".join(d) for _, (_, d) in zip(range(690), corpus.iter_documents("builtin"))]
+    ids = {"id": [f"<urn:uuid:{i}>" for i in range(300)]}
+    hub.commit(  # a prepared store's pieces (a file each) hold NSP rows
+        "HuggingFaceFW/fineweb-edu",
+        {
+            "README.md": FINEWEB_CARD,
+            "sample/10BT/000_00000.parquet": _parquet(texts[:300], **ids),
+            "sample/10BT/001_00000.parquet": _parquet(texts[300:600], **ids),
+        },
+    )
+    titles = {"title": [t[:20] for t in texts[600:]]}
+    hub.commit(
+        "wikimedia/wikipedia",
+        {
+            "README.md": WIKIPEDIA_CARD,
+            "20231101.en/train-00000-of-00001.parquet": _parquet(texts[600:], **titles),
+            "20231101.fr/train-00000-of-00001.parquet": _parquet(["Bonjour."] * 90, **titles),
+        },
+    )
+
+
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory, small_spm):
+def runner(tmp_path_factory, small_spm, hub):
+    """The pages' commands run in one scratch copy of the repository, with their own data and the
+    Hub datasets they name on a local Hub (HF_ENDPOINT in the commands' environment)."""
     root = rb.scratch_root(tmp_path_factory.mktemp("docs_root"), write_glue_dir)
     _write_corpus(os.path.join(root, "my_corpus"))
     _write_task(os.path.join(root, "my_task"))
+    _commit_hub_datasets(hub)
     return rb.Runner(root, small_spm, RUN)
 
 
@@ -132,3 +196,24 @@ def test_block_runs(runner, index):
         elif command[1] == "train.py" and "--process_id=1" not in command:  # process 0 prints it
             summary = json.loads(result.stdout[result.stdout.index("{") :])
             assert summary["step"] > 0, shown
+
+
+@pytest.mark.slow
+def test_the_hub_runs_read_what_the_pages_say(runner, hub):
+    """The Hub commands pinned the revision they read (WORKDIR/corpus.json, the store's manifest)
+    and evaluated on a held-out split of it."""
+    last = max(i for i, b in enumerate(RUN) if b.page == "docs/hub.md")
+    runner.run_through(last)
+    work = os.path.join(runner.root, "workdir")
+    fineweb = json.load(open(os.path.join(work, "fineweb", "corpus.json")))
+    sha = hub.repos.resolve(hub.repos.folder("dataset", "HuggingFaceFW/fineweb-edu"), "main")
+    assert fineweb["pinned"] == (
+        f"hf://datasets/HuggingFaceFW/fineweb-edu@{sha}/sample/10BT/*.parquet"
+    )
+    wikipedia = json.load(open(os.path.join(work, "wikipedia", "corpus.json")))
+    assert wikipedia["pinned"].endswith("/20231101.en/train-*")
+    manifest = json.load(open(os.path.join(work, "fineweb-store", "manifest.json")))
+    assert sha in manifest["corpus"]
+    for name in ("own-text", "fineweb", "wikipedia", "stream", "from-store"):
+        metrics = [json.loads(line) for line in open(os.path.join(work, name, "metrics.jsonl"))]
+        assert any("eval/mlm_accuracy" in row for row in metrics), name
