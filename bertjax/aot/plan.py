@@ -54,7 +54,7 @@ class _Ids:
     mask_id: int = 4
 
 
-def _abstract_batch(config, objective, model_cfg, rows: int, held_out: bool) -> dict:
+def abstract_batch(config, objective, model_cfg, rows: int, held_out: bool) -> dict:
     length = int(config.data.max_seq_length)
     if objective.corruptions is not None:  # a pretraining corruption: the pipeline's batch
         shapes = pipeline_batch_shapes(config.data, rows, length, held_out)
@@ -64,7 +64,7 @@ def _abstract_batch(config, objective, model_cfg, rows: int, held_out: bool) -> 
     return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
-def _with_sharding(tree: dict, sharding_) -> dict:
+def with_sharding(tree: dict, sharding_) -> dict:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding_), tree)
 
 
@@ -318,8 +318,8 @@ def lower_run(config, devices, vocab: int, eval_step: bool = True):
         if eval_step and phase.index == 0:
             jobs.append(("eval", steps.eval, True))
         for kind, fn, held_out in jobs:
-            batch = _abstract_batch(c, objective, model_cfg, rows, held_out)
-            batch = _with_sharding(batch, batch_sharding)
+            batch = abstract_batch(c, objective, model_cfg, rows, held_out)
+            batch = with_sharding(batch, batch_sharding)
             args = (state, batch, rng) if kind == "train" else (state, batch)
             with attention_kernels.recording() as record:
                 lowered = fn.lower(*args)

@@ -26,6 +26,7 @@ import numpy as np
 
 from bertjax import objectives, paths, retry
 from bertjax.aot import chips
+from bertjax.aot import fit as fit_lib
 from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.modeling import attention_kernels
 from bertjax.objectives.warm_start import with_source_tokenizer
@@ -151,6 +152,11 @@ class _Run:
             self.data.close()
             self.data = self.objective.make_data(config, workdir)
             logging.info("config.budget_flops: %d steps", config.num_train_steps)
+        # microbatches, remat and FSDP fitted to these devices' memory (bertjax/aot/fit.py)
+        config, self.fit = fit_lib.fit_run(config, self.model_cfg, workdir)
+        self.config = config
+        if self.fit is not None and self.is_chief:
+            print(self.fit.describe(), flush=True)
         self.mesh = sharding.make_mesh(config.mesh)
         self._check_gpu_dropout()
         self.ckpt = Checkpointer(
@@ -165,6 +171,8 @@ class _Run:
         )  # fmt: skip
         self.steps = step_lib.jit_steps(self.state, self.mesh, step_lib.compiler_options(config))
         self.meta = checkpoint_meta(config, self.model_cfg, self.data)
+        if self.fit is not None:  # what this hardware ran with; a resume elsewhere may differ
+            self.meta["fit"] = self.fit.to_dict()
         self.best = None
         if self.data.dev_metric:
             self.best = BestCheckpoint(workdir, self.data.dev_metric)
