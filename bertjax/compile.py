@@ -117,12 +117,20 @@ def _program_lines(p: dict, plan) -> list[str]:
         f"{p['mesh']}, microbatches {p['microbatches']}, remat {p['remat'] or 'none'}, "
         f"{'scanned' if p['scan_layers'] else 'unrolled'} layers"
     )
+    fitted = []
+    if "fit" in p:
+        from bertjax.aot.fit import Choice
+
+        fitted = ["  " + Choice.from_dict(p["fit"]).describe()]
+    elif "fit_refused" in p:
+        fitted = ["  " + p["fit_refused"]]
     if "same_as" in p:
         head += f": the program of [{p['same_as']}] (other constants)"
         if "roofline" not in p:
-            return [head]
+            return [head, *fitted]
         return [
             head,
+            *fitted,
             f"  FLOPs per step: model {p['model_flops']:.3e} (this phase's)",
             _roofline_line(p["roofline"], p["hbm_traffic"]),
         ]
@@ -138,6 +146,7 @@ def _program_lines(p: dict, plan) -> list[str]:
     if "out_of_memory" in p:
         return [
             head,
+            *fitted,
             f"  memory per chip: {_gib(m['total'])} needed, {_gib(m['usable'])} usable of "
             f"{_gib(p['hbm_per_device'])} ({verdict})",
             f"  compiler: {p['out_of_memory']}",
@@ -145,6 +154,7 @@ def _program_lines(p: dict, plan) -> list[str]:
     roof = p["roofline"]
     return [
         head,
+        *fitted,
         f"  memory per chip: {_gib(m['total'])} of {_gib(p['hbm_per_device'])} "
         f"({p['headroom']:.0%} free, {verdict}): arguments {_gib(m['arguments'])}, "
         f"temporaries {_gib(m['temporaries'])}, outputs {_gib(m['outputs'])} "

@@ -13,8 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_gpu_suite_dry_run_prints_the_table():
     """The suite a developer with one GPU runs, at tiny sizes on CPU: the numerics and dropout
-    checks pass (the forward/backward mask agreement in all four modes), and the MFU table has bertjax beside HF for BERT and ModernBERT, each bertjax
-    row with its attention kernels and its program's roofline."""
+    checks pass (the forward/backward mask agreement in all four modes), and the MFU table has
+    bertjax beside HF for BERT and ModernBERT, each bertjax row with its attention kernels and
+    its program's roofline."""
     env = dict(os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS=xla_flags(1))
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],

@@ -161,3 +161,32 @@ def test_a_failed_startup_check_turns_cudnn_dropout_off_with_one_line(monkeypatc
     finally:
         cudnn_dropout.enable()
     assert kernels.choose(spec).name == "cudnn"
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_hidden_dropout_bits_on_an_accelerator_come_from_a_counter_hash(rate, monkeypatch):
+    """On a GPU or TPU a threefry key's dropout bits are a counter hash of the element's place
+    (`elementwise.hashed_words`: no threefry kernel writing words to HBM, only the two seed
+    words drawn from the key): the kept fraction is 1 - rate, neighbours, rows and the two
+    halves of a word are uncorrelated, the same key gives the same mask, another key another."""
+    from bertjax.ops import elementwise
+
+    monkeypatch.setattr(platform, "on_cpu", lambda: False)
+    shape = (32, 16, 257)
+
+    def mask(seed):
+        return np.asarray(elementwise.keep_mask(jax.random.key(seed), shape, 1 - rate))
+
+    keep = mask(3)
+    n = keep.size
+    assert keep.shape == shape and abs(keep.mean() - (1 - rate)) < 5 * np.sqrt(
+        rate * (1 - rate) / n
+    )
+    flat = keep.reshape(-1, shape[-1]).astype(np.float64)
+    for a, b in ((flat[:, 0:-1:2], flat[:, 1::2]), (flat[:-1], flat[1:])):  # halves; rows
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 5 / np.sqrt(a.size)
+    np.testing.assert_array_equal(keep, mask(3))
+    assert (keep != mask(4)).mean() > 0.05
+    text = str(jax.make_jaxpr(lambda k: elementwise.keep_mask(k, shape, 1 - rate))(
+        jax.random.key(3)))  # fmt: skip
+    assert re.findall(r"random_bits\[[^\]]*shape=\(([^)]*)\)", text) == ["2,"], text
