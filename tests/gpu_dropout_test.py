@@ -190,3 +190,17 @@ def test_hidden_dropout_bits_on_an_accelerator_come_from_a_counter_hash(rate, mo
     text = str(jax.make_jaxpr(lambda k: elementwise.keep_mask(k, shape, 1 - rate))(
         jax.random.key(3)))  # fmt: skip
     assert re.findall(r"random_bits\[[^\]]*shape=\(([^)]*)\)", text) == ["2,"], text
+
+
+def test_the_hbm_estimate_counts_one_branch_of_a_switch():
+    """A device's switch runs one branch (cuDNN's per-device seeds are 8 branches of one call):
+    the HBM estimate of XLA's compiled switch counts one branch's traffic, not every branch's."""
+    from bertjax.aot import hlo
+
+    x = jnp.zeros((512, 512), jnp.float32)
+    branches = [lambda x, k=k: jnp.sin(x * (k + 1.0)) for k in range(8)]
+    switch = jax.jit(lambda i, x: jax.lax.switch(i, branches, x)).lower(0, x).compile()
+    one = jax.jit(branches[0]).lower(x).compile()
+    one_bytes = hlo.hbm_traffic(one.as_text())
+    assert one_bytes >= 2 * x.nbytes  # read and written
+    assert hlo.hbm_traffic(switch.as_text()) < 2 * one_bytes, switch.as_text()
