@@ -3,6 +3,8 @@ and dropout decisions on cheap random bits (the key's own generator)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,9 +18,17 @@ Array = jax.Array
 def erf_gelu(x: Array) -> Array:
     """BERT's exact GELU, x * Phi(x). On XLA:CPU with a hand-written backward (the forward keeps
     Phi(x) for the derivative Phi(x) + x phi(x), where autodiff of jax.nn.gelu evaluates erf
-    again); elsewhere jax.nn.gelu under autodiff, which XLA fuses into its neighbours."""
+    again); elsewhere jax.nn.gelu under autodiff, which XLA fuses into its neighbours, with
+    nothing of it saved for the backward but its input (`jax.checkpoint`): autodiff kept erf's
+    intermediates, and XLA:GPU wrote two [B, T, F] residuals a layer to HBM and read them back
+    (BERT-base seq128 on h100-8; benchmarks/results.md), where recomputing them is free."""
     if platform.on_cpu():
         return _erf_gelu(x)
+    return _gelu_from_input(x)
+
+
+@functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+def _gelu_from_input(x: Array) -> Array:
     return jax.nn.gelu(x, approximate=False)
 
 
