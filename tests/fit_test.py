@@ -107,6 +107,10 @@ def test_the_search_takes_microbatches_then_remat_then_fsdp_and_says_when_nothin
     assert chosen(85) == (8, "dots", 1)  # one row a microbatch is not enough without remat
     assert chosen(60) == (2, "full", 4)  # nor with full remat without FSDP
     assert chosen(100, additive=False) == (1, "full", 1)  # rows that interact: no microbatches
+    with config.unlocked():
+        config.batch_size = 4608  # 576 rows a device, 21 divisors: the probes aim, 4 compiles
+    wide = fit.search(config, measure_of(lambda k, *_: 10 + 1000 / k), 40, 8, 8)
+    assert wide.microbatches == 36 and [t[0] for t in wide.tried] == [1, 576, 36, 32]
     with pytest.raises(fit.DoesNotFit, match="even one row a device") as refused:
         fit.search(config, measure_of(lambda *_: None), 60, 8, 8)
     assert "\n" not in str(refused.value)

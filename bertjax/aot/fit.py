@@ -12,7 +12,8 @@ keeps the config as it is; ``config.fit_memory_gib`` plans for that much memory 
 of the device's own (a CPU has none to plan for: no fit there unless it is set).
 
 The search, cheapest first: the recipe's own settings; then, with its remat and FSDP, the
-fewest microbatches that fit (a binary search over the divisors: memory falls as they grow),
+fewest microbatches that fit (a search over the divisors, each probe placed where memory = a +
+b / microbatches through the points measured so far meets the budget),
 fewer than the recipe's too when those fit (more rows a microbatch: a faster step); then remat
 ``dots`` and ``full``, each with the fewest microbatches; then FSDP over 2, 4, ... devices with
 full remat. A choice is kept per (phase config, devices, memory, versions) in ``WORKDIR/fit``,
@@ -164,13 +165,32 @@ def search(
         changed = (k, remat, fsdp) != (own_k, own_remat, own_fsdp)
         return Choice(k, remat, fsdp, rows, memory(k, remat, fsdp), budget, tuple(tried), changed)
 
+    def guess(ks, lo, hi, remat, fsdp):
+        """The index in ks[lo:hi] where memory = a + b / k (through the nearest measured
+        points either side of the budget) meets the budget; the middle without two such."""
+        points = {k: m for (k, r, f), m in measured.items() if (r, f) == (remat, fsdp) and m}
+        over = [k for k, m in points.items() if m > budget and k < ks[hi]]
+        under = [k for k, m in points.items() if m <= budget and k >= ks[hi]]
+        mid = (lo + hi) // 2
+        if not over or not under:
+            return mid
+        k_over, k_under = max(over), min(under)
+        slope = (points[k_over] - points[k_under]) / (1 / k_over - 1 / k_under)
+        if slope <= 0:
+            return mid
+        base = points[k_under] - slope / k_under
+        needed = slope / (budget - base) if budget > base else ks[hi]
+        found = next((i for i in range(lo, hi) if ks[i] >= needed), hi - 1)
+        return min(max(found, lo), hi - 1)
+
     def fewest(ks, remat, fsdp):
-        """The fewest microbatches in ``ks`` (ascending) that fit, or None (binary search)."""
+        """The fewest microbatches in ``ks`` (ascending) that fit, or None: a search of the
+        bracket whose probes `guess` places (memory falls as 1 / microbatches, roughly)."""
         if not ks or not fits(ks[-1], remat, fsdp):
             return None
         lo, hi = 0, len(ks) - 1  # ks[hi] fits
         while lo < hi:
-            mid = (lo + hi) // 2
+            mid = guess(ks, lo, hi, remat, fsdp)
             if fits(ks[mid], remat, fsdp):
                 hi = mid
             else:
