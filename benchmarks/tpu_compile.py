@@ -94,8 +94,10 @@ def _row(r: dict, p: dict) -> str:
     memory = f"{p['memory']['total'] / 2**30:.1f} GiB"
     fit = p.get("fit")
     if fit:  # bertjax.aot.fit: what the phase runs with on this target
+        shards = mesh.get("dcn", 1) * mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)
+        rows = p["batch"] // shards // fit["microbatches"]  # a microbatch's, a device
         fit = (
-            f"{fit['microbatches']} x {fit['rows']} rows, remat {fit['remat']}, fsdp {fit['fsdp']}"
+            f"{fit['microbatches']} x {rows} rows, remat {fit['remat']}, fsdp {fit['fsdp']}"
             f" ({'chosen' if fit['changed'] else 'as is'}, {len(fit['tried'])} tried)"
         )
     else:

@@ -161,7 +161,7 @@ def search(
         return found is not None and found <= budget
 
     def choice(k, remat, fsdp, shards):
-        rows = rows_per_device(config, shards) // k
+        rows = int(config.batch_size) // shards // k  # at the phase's (final) batch size
         changed = (k, remat, fsdp) != (own_k, own_remat, own_fsdp)
         return Choice(k, remat, fsdp, rows, memory(k, remat, fsdp), budget, tuple(tried), changed)
 
