@@ -57,10 +57,13 @@ class Choice:
     budget: int
     tried: tuple = ()
     changed: bool = True  # False: the config as it was (it fits)
+    changed_fsdp: bool = False  # FSDP over another width than the config's
     cached: bool = False
 
     def apply(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-        return with_settings(config, self.microbatches, self.remat, self.fsdp)
+        return with_settings(
+            config, self.microbatches, self.remat, self.fsdp if self.changed_fsdp else None
+        )
 
     def describe(self) -> str:
         """The plan line's words: "fit: 4 microbatches of 8 rows a device, remat none, fsdp 1:
@@ -87,15 +90,15 @@ class DoesNotFit(ValueError):
     """Even one row a device, full remat and FSDP over every device do not fit."""
 
 
-def with_settings(config, microbatches: int, remat: str, fsdp: int):
-    """A copy of ``config`` with these microbatches, remat and FSDP (the data axis fills the
-    rest of the mesh); nothing else changes."""
+def with_settings(config, microbatches: int, remat: str, fsdp: int | None = None):
+    """A copy of ``config`` with these microbatches, remat and FSDP (None: the config's own;
+    another width makes the data axis fill the rest of the mesh); nothing else changes."""
     config = config.copy_and_resolve_references()
     with config.unlocked():
         config.optim.grad_accum_steps = int(microbatches)
         config.model.remat = remat
-        config.mesh.fsdp = int(fsdp)
-        if int(config.mesh.get("data", -1)) != -1 and fsdp != 1:
+        if fsdp is not None and int(fsdp) != int(config.mesh.get("fsdp", 1)):
+            config.mesh.fsdp = int(fsdp)
             config.mesh.data = -1
     return config
 
@@ -126,7 +129,8 @@ def _fsdp_sizes(devices: int, config) -> list[int]:
     leave (tensor and expert axes are the recipe's)."""
     fixed = max(1, int(config.mesh.get("tensor", 1))) * max(1, int(config.mesh.get("expert", 1)))
     room = devices // fixed
-    own = max(1, int(config.mesh.get("fsdp", 1)))
+    own = int(config.mesh.get("fsdp", 1))
+    own = own if own > 0 else room
     return [2**i for i in range(1, 31) if 2**i <= room and room % 2**i == 0 and 2**i > own]
 
 
@@ -145,12 +149,13 @@ def search(
     measured: dict = {}
     own_k = int(config.optim.grad_accum_steps)
     own_remat = str(config.model.get("remat", "none"))
-    own_fsdp = max(1, int(config.mesh.get("fsdp", 1)))
+    own_fsdp = int(config.mesh.get("fsdp", 1))
+    own_fsdp = own_fsdp if own_fsdp > 0 else devices  # -1: over every device the others leave
 
     def memory(k, remat, fsdp):
         key = (k, remat, fsdp)
         if key not in measured:
-            found = measure(with_settings(config, k, remat, fsdp))
+            found = measure(with_settings(config, k, remat, None if fsdp == own_fsdp else fsdp))
             measured[key] = found
             tried.append((k, remat, fsdp, found))
             logging.info("fit: %d microbatches, remat %s, fsdp %d: %s bytes", *key, found)
@@ -163,7 +168,8 @@ def search(
     def choice(k, remat, fsdp, shards):
         rows = int(config.batch_size) // shards // k  # at the phase's (final) batch size
         changed = (k, remat, fsdp) != (own_k, own_remat, own_fsdp)
-        return Choice(k, remat, fsdp, rows, memory(k, remat, fsdp), budget, tuple(tried), changed)
+        found = memory(k, remat, fsdp)
+        return Choice(k, remat, fsdp, rows, found, budget, tuple(tried), changed, fsdp != own_fsdp)
 
     def guess(ks, lo, hi, remat, fsdp):
         """The index in ks[lo:hi] where memory = a + b / k (through the nearest measured
