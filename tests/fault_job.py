@@ -1,7 +1,7 @@
-"""The fault tier's job (tests/faults_test.py, benchmarks/fault_soak.py): a two-phase pretraining
-run (configs/phases_tiny.py, shrunk) of 2 real train.py processes (tests/fault_runner.py) over a
-sharded store read through ``faulty://`` storage (tests/faulty_fs.py), started again by a
-`Supervisor` after each fault, and what each launch did."""
+"""The fault tier's job (tests/faults_test.py, benchmarks/faults/fault_soak.py): a two-phase
+pretraining run (configs/phases_tiny.py, shrunk) of 2 real train.py processes
+(tests/fault_runner.py) over a sharded store read through ``faulty://`` storage
+(tests/faulty_fs.py), started again by a `Supervisor` after each fault, and what each launch did."""
 
 import dataclasses
 import json

@@ -33,12 +33,12 @@ the exact path serves them, with the step's key. A run on GPUs first checks, on 
 that cuDNN's backward uses its forward's mask (`bertjax.ops.dropout_check`): where it does not,
 `disable` turns the kernel off for dropout for the whole run, with one line.
 
-What is checked without a GPU (tests/attention_kernels_test.py, tests/dropout_check_test.py): the
+What is checked without a GPU (tests/attention_kernels_test.py, tests/gpu_dropout_test.py): the
 call's arguments (rate, scale, padding, causal, window), a seed per layer and per device in the
 traced step, the refusals, masks that differ per device (a stand-in call drawing its mask from
 the seed, on 8 CPU devices), and that the step compiles for `h100-8` with the fused calls in it
-(benchmarks/results.md). Not checked here: the bits and numbers cuDNN computes;
-`benchmarks/gpu_suite.sh` runs `bertjax.ops.dropout_check` on a GPU.
+(docs/results/compile.md). Not checked here: the bits and numbers cuDNN computes;
+`benchmarks/step/gpu_suite.sh` runs `bertjax.ops.dropout_check` on a GPU.
 """
 
 from __future__ import annotations

@@ -38,9 +38,11 @@ from bertjax.training import processes, sharding
 from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
 from bertjax.training.checkpoint import Checkpointer
+from bertjax.training.profiling import StepProfile
 from bertjax.training.resume import EarlierCheckpoint, checkpoint_meta, restore_or_init
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
 from bertjax.training.stopping import Interrupted, StopRequests
+from bertjax.training.trackers import Trackers
 
 
 def _prepare_workdir(workdir: str) -> str:
@@ -134,9 +136,17 @@ class _Run:
     evaluation and checkpoints."""
 
     def __init__(
-        self, config: ml_collections.ConfigDict, workdir: str, phase, stop: StopRequests, planned
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        phase,
+        stop: StopRequests,
+        planned,
+        trackers: Trackers,
+        phases: list,
     ):
         self.config, self.workdir, self.stop = config, workdir, stop
+        self.writer, self.phases = trackers, phases
         self.phase = phase or phases_lib.plan_phases(config)[0]
         self.is_chief = jax.process_index() == 0
         self.objective = objectives.make_objective(config)
@@ -176,11 +186,11 @@ class _Run:
         self.best = None
         if self.data.dev_metric:
             self.best = BestCheckpoint(workdir, self.data.dev_metric)
-        self.writer = metrics_lib.MetricWriter(workdir, enabled=self.is_chief)
         peak = metrics_lib.peak_flops(float(config.peak_flops_per_device))
         self.window = _LogWindow(config, self.model_cfg, self.objective, peak)
         self.history, self.unchecked, self.summary = [], [], {}
         self.progress = None
+        self.profile = None  # config.profile's trace (bertjax/training/profiling.py)
         self.abandon_reads = False  # stopping: reads ahead that wait to retry give up
 
     def _check_gpu_dropout(self) -> None:
@@ -218,6 +228,8 @@ class _Run:
         phase = self.phase
         total = phase.end
         start = int(jax.device_get(self.state.step))
+        self.writer.start(start, phase, self.phases)
+        self.profile = StepProfile(config, self.workdir, start, self._say)
         if self.is_chief and config.progress_bar and start < total:
             from tqdm.auto import tqdm
 
@@ -253,6 +265,7 @@ class _Run:
         """Reads the batch of step ``self.current`` (interruptible: nothing has changed yet) and
         dispatches the step (a signal then waits for its end)."""
         within = self.current - self.phase.start  # the phase's data and plan count from its start
+        self.profile.before(self.current, self.state)  # config.profile: a trace starts
         with self.stop.interruptible():
             host_batch = self.data.batch(within)
         size = self.data.step_batch_size(within) or self.config.batch_size
@@ -262,6 +275,7 @@ class _Run:
         with attention_kernels.recording() if first else contextlib.nullcontext() as traced:
             self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
         self.current += 1
+        self.profile.after(self.current, self.state)  # and stops when its last step is done
         if traced and self.is_chief:
             self._say("attention: " + "; ".join(attention_kernels.summary(traced)))
             devices = list(self.mesh.devices.flat)  # a T4 set to bfloat16: what to set
@@ -363,6 +377,8 @@ class _Run:
         self.window.restart()  # eval time is not training throughput
 
     def close(self) -> None:
+        if self.profile is not None:
+            self.profile.close(self.state)
         if self.progress is not None:
             self.progress.close()
         self.ckpt.close()
@@ -370,7 +386,7 @@ class _Run:
             retry.stop()  # one waiting out a backoff gives up now, not after the budget
         if self.best is not None:
             self.best.close()
-        self.writer.close()
+        self.writer.flush()  # the trackers stay open for the next phase
         self.data.close()
 
 
@@ -393,19 +409,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     phases = phases_lib.plan_phases(config)
     stop = StopRequests()
     retry.resume()  # an earlier run in this process may have stopped
+    trackers = Trackers.open(config, workdir, enabled=jax.process_index() == 0)
     try:
         while True:
             try:
-                return _train_phases(phases, workdir, stop)
+                summary = _train_phases(phases, workdir, stop, trackers)
+                trackers.finish(summary)
+                return summary
             except EarlierCheckpoint:
                 if stop.synced:  # JAX's sync point counted from the newer step: a rerun (75)
                     raise
                 logging.warning("a checkpoint was set aside: the phases are planned again")
+    except BaseException as error:
+        trackers.fail(error)
+        raise
     finally:
+        trackers.close()
         stop.restore()
 
 
-def _train_phases(phases: list, workdir: str, stop: StopRequests) -> dict:
+def _train_phases(phases: list, workdir: str, stop: StopRequests, trackers: Trackers) -> dict:
     """Trains the phases not finished yet (all of a one-phase run) from the newest checkpoint."""
     done = None
     if len(phases) > 1 or stop.synced:
@@ -421,7 +444,7 @@ def _train_phases(phases: list, workdir: str, stop: StopRequests) -> dict:
         if len(phases) > 1:
             logging.info("phase %r: steps %d to %d", phase.name, phase.start, phase.end)
         with stop.interruptible():  # preparing data, restoring, compiling: nothing to save
-            run = _Run(phase.config, workdir, phase, stop, planned=done)
+            run = _Run(phase.config, workdir, phase, stop, done, trackers, phases)
         try:
             summary = run.train()
         finally:
