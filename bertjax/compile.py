@@ -4,7 +4,9 @@
 
 The real compiler (libtpu, the ``tpu`` extra; for GPUs the CUDA plugin, ``pip install
 jax-cuda12-plugin``, no GPU needed) compiles every phase's train step and the eval step for the
-target's devices (`bertjax.aot.plan`), and this prints per chip: arguments, temporaries,
+target's devices (`bertjax.aot.plan`), each phase fitted first (microbatches, remat, FSDP
+chosen by compiling candidates when it does not fit, the global batch kept: `bertjax.aot.fit`;
+``--config.fit=off`` compiles it as configured), and this prints per chip: arguments, temporaries,
 outputs and code against the chip's HBM (fits with >= 10% headroom or not, and the knobs that
 shrink it), the model's FLOPs per step beside XLA's count, the collectives (kind, count, bytes,
 bytes sent over ICI and DCN), the attention kernel each layer got, and a roofline from the
