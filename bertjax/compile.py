@@ -4,7 +4,9 @@
 
 The real compiler (libtpu, the ``tpu`` extra; for GPUs the CUDA plugin, ``pip install
 jax-cuda12-plugin``, no GPU needed) compiles every phase's train step and the eval step for the
-target's devices (`bertjax.aot.plan`), and this prints per chip: arguments, temporaries,
+target's devices (`bertjax.aot.plan`), each phase fitted first (microbatches, remat, FSDP
+chosen by compiling candidates when it does not fit, the global batch kept: `bertjax.aot.fit`;
+``--config.fit=off`` compiles it as configured), and this prints per chip: arguments, temporaries,
 outputs and code against the chip's HBM (fits with >= 10% headroom or not, and the knobs that
 shrink it), the model's FLOPs per step beside XLA's count, the collectives (kind, count, bytes,
 bytes sent over ICI and DCN), the attention kernel each layer got, and a roofline from the
@@ -117,12 +119,20 @@ def _program_lines(p: dict, plan) -> list[str]:
         f"{p['mesh']}, microbatches {p['microbatches']}, remat {p['remat'] or 'none'}, "
         f"{'scanned' if p['scan_layers'] else 'unrolled'} layers"
     )
+    fitted = []
+    if "fit" in p:
+        from bertjax.aot.fit import Choice
+
+        fitted = ["  " + Choice.from_dict(p["fit"]).describe()]
+    elif "fit_refused" in p:
+        fitted = ["  " + p["fit_refused"]]
     if "same_as" in p:
         head += f": the program of [{p['same_as']}] (other constants)"
         if "roofline" not in p:
-            return [head]
+            return [head, *fitted]
         return [
             head,
+            *fitted,
             f"  FLOPs per step: model {p['model_flops']:.3e} (this phase's)",
             _roofline_line(p["roofline"], p["hbm_traffic"]),
         ]
@@ -138,6 +148,7 @@ def _program_lines(p: dict, plan) -> list[str]:
     if "out_of_memory" in p:
         return [
             head,
+            *fitted,
             f"  memory per chip: {_gib(m['total'])} needed, {_gib(m['usable'])} usable of "
             f"{_gib(p['hbm_per_device'])} ({verdict})",
             f"  compiler: {p['out_of_memory']}",
@@ -145,6 +156,7 @@ def _program_lines(p: dict, plan) -> list[str]:
     roof = p["roofline"]
     return [
         head,
+        *fitted,
         f"  memory per chip: {_gib(m['total'])} of {_gib(p['hbm_per_device'])} "
         f"({p['headroom']:.0%} free, {verdict}): arguments {_gib(m['arguments'])}, "
         f"temporaries {_gib(m['temporaries'])}, outputs {_gib(m['outputs'])} "

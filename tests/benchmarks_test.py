@@ -13,8 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_gpu_suite_dry_run_prints_the_table():
     """The suite a developer with one GPU runs, at tiny sizes on CPU: the numerics and dropout
-    checks pass, and the MFU table has bertjax beside HF for BERT and ModernBERT, each bertjax
-    row with its attention kernels and its program's roofline."""
+    checks pass (the forward/backward mask agreement in all four modes), and the MFU table has
+    bertjax beside HF for BERT and ModernBERT, each bertjax row with its attention kernels and
+    its program's roofline."""
     env = dict(os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS=xla_flags(1))
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "benchmarks", "step", "gpu_suite.sh")],
@@ -26,6 +27,9 @@ def test_gpu_suite_dry_run_prints_the_table():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ok   dropout 0.1" in result.stdout
+    for mode in ("plain", "remat", "microbatches", "gradcache"):  # the fwd/bwd agreement check
+        assert f"ok   dropout fwd/bwd agreement, {mode}," in result.stdout, result.stdout[-3000:]
+    assert "microbatch masks differ: True" in result.stdout
     rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith("| ")]
     names = [row[1].strip() for row in rows]
     assert names[1:] == [

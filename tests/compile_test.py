@@ -328,6 +328,9 @@ def test_a_second_check_reads_the_compiled_programs_back(data_parallel, cache_di
     for first, second in zip(report["programs"], again["programs"]):
         assert second["cached"] and "cached" not in first
         assert {k: v for k, v in second.items() if k != "cached"} == first
+    train = report["programs"][0]  # the fit's one probe: the config as it is, which fits
+    assert train["fit"]["microbatches"] == 1 and not train["fit"]["changed"]
+    assert [t[:3] for t in train["fit"]["tried"]] == [[1, "none", 1]]
 
 
 def test_quick_check_extrapolates_to_a_hand_count(data_parallel, cache_dir, tmp_path):
@@ -368,6 +371,7 @@ def test_cramming_microbatches_reduce_each_gradient_once():
     config = load_config_file(os.path.join(ROOT, "configs/cramming.py:smoke"))
     config.fast_compile = False
     config.optim.grad_accum_steps = 2
+    config.fit = "off"  # 2 microbatches, though 1 fits
     report = plan.compile_run(config, "v5e:2x2", eval_step=False)
     (train,) = report["programs"]
     assert train["microbatches"] == 2 and train["mesh"]["data"] == 4
@@ -480,6 +484,7 @@ def test_a_program_too_large_is_reported_as_not_fitting():
         sys.executable, "-m", "bertjax.compile", "--config=configs/bert_tiny.py:smoke",
         "--topology=v5e:2x2", "--skip_eval", "--cache_dir=", "--config.batch_size=262144",
         "--config.data.max_seq_length=64", "--config.model.max_position_embeddings=64",
+        "--config.fit=off",  # as configured (the fit would choose microbatches)
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-2000:]

@@ -103,3 +103,20 @@ def test_dropout_bits_follow_the_keys_prng_implementation(impl):
     assert abs(float(np.mean(mask)) - keep) < 0.1
     threefry = elementwise.keep_mask(jax.random.key(3), shape, keep)  # JAX's default key
     assert not np.array_equal(np.asarray(threefry), np.asarray(mask))
+
+
+def test_on_an_accelerator_gelu_saves_only_its_input_for_the_backward(monkeypatch, capsys):
+    """Autodiff of jax.nn.gelu keeps erf's intermediates (XLA:GPU wrote two [B, T, F] residuals
+    a layer to HBM); under `jax.checkpoint` the backward recomputes them from the input."""
+    from jax.ad_checkpoint import print_saved_residuals
+
+    from bertjax.ops import elementwise
+
+    monkeypatch.setattr(platform, "on_cpu", lambda: False)
+    x = jnp.linspace(-3.0, 3.0, 64, dtype=jnp.float32).reshape(8, 8)
+    print_saved_residuals(elementwise.erf_gelu, x)
+    saved = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(saved) == 1 and "argument" in saved[0], saved
+    grad = jax.grad(lambda x: jnp.sum(elementwise.erf_gelu(x)))(x)
+    expected = jax.grad(lambda x: jnp.sum(jax.nn.gelu(x, approximate=False)))(x)
+    np.testing.assert_allclose(grad, expected, rtol=1e-6)

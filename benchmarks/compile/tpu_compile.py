@@ -92,11 +92,21 @@ def _row(r: dict, p: dict) -> str:
     else:
         how += f", {p['compile_s']:.0f} s"
     memory = f"{p['memory']['total'] / 2**30:.1f} GiB"
+    fit = p.get("fit")
+    if fit:  # bertjax.aot.fit: what the phase runs with on this target
+        shards = mesh.get("dcn", 1) * mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)
+        rows = p["batch"] // shards // fit["microbatches"]  # a microbatch's, a device
+        fit = (
+            f"{fit['microbatches']} x {rows} rows, remat {fit['remat']}, fsdp {fit['fsdp']}"
+            f" ({'chosen' if fit['changed'] else 'as is'}, {len(fit['tried'])} tried)"
+        )
+    else:
+        fit = "none fits" if p.get("fit_refused") else "off"
     slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
     head = (
         f"| {r['recipe']} | {r['topology']}{slices} | {p['phase']} / {p['step']} | "
         f"{p['batch']} x {p['length']} | "
-        f"{mesh.get('dcn', 1)}, {mesh['data']}, {mesh['fsdp']}, {mesh['tensor']} | {how} | "
+        f"{mesh.get('dcn', 1)}, {mesh['data']}, {mesh['fsdp']}, {mesh['tensor']} | {fit} | {how} | "
         f"{memory} | {p['hbm_per_device'] / 2**30:.0f} GiB | {p['headroom']:.0%} |"
     )
     if "out_of_memory" in p:
@@ -117,9 +127,10 @@ def _row(r: dict, p: dict) -> str:
 def table(reports: list[dict]) -> str:
     head = (
         "| recipe | target | phase / step | batch x T | mesh (dcn, data, fsdp, tensor) | "
-        "compiled | memory / chip | HBM / chip | headroom | model FLOPs | collectives | "
+        "fit (microbatches x rows a device) | compiled | memory / chip | HBM / chip | headroom | "
+        "model FLOPs | collectives | "
         "MiB sent / chip (ICI / DCN) | attention | ceiling (bound) | MFU <= | HBM estimate | "
-        "MFU ~ (with it) |\n|" + "---|" * 17
+        "MFU ~ (with it) |\n|" + "---|" * 18
     )
     rows = [head]
     for r in reports:

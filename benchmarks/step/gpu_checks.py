@@ -14,6 +14,12 @@ Then attention dropout (rate 0.1): the loss and gradient norm over ``--dropout-d
 of the automatic kernel (cuDNN on a GPU, which draws its own bits) beside the exact path's (the
 step's key), each mean within 4 standard errors of the other. cuDNN's bits cannot be compared
 with the exact path's one by one: this checks that they drop what the rate says, on average.
+
+Then the deterministic check that a backward drops what its forward dropped
+(`bertjax.ops.dropout_check`: V one-hot over keys, dV = P'^T dO), plainly, under remat, in a
+microbatch loop and under GradCache, with the kernel the model chooses (cuDNN on a GPU, the
+exact path under GradCache); and, on a GPU, that two device seeds draw two masks (the
+per-device seeds of `bertjax.ops.cudnn_dropout`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 from step_throughput import single_device_state  # noqa: E402  (benchmarks/ is on sys.path)
 
 import bertjax
+from bertjax.ops import cudnn_dropout, dropout_check
 from bertjax.training import step as step_internals
 
 LOSS_BOUND, GRAD_BOUND = 1e-2, 3e-2
@@ -102,6 +109,31 @@ def check_dropout(cfg, batch: dict, draws: int) -> bool:
     return ok
 
 
+def check_agreement() -> int:
+    """The forward/backward agreement check in every mode, then (on a GPU) two seeds' masks."""
+    failures = 0
+    for result in dropout_check.check():
+        print(result.line(), flush=True)
+        failures += not result.ok
+    if jax.default_backend() != "gpu":
+        print("skip two device seeds, two masks: cuDNN's call needs a GPU", flush=True)
+        return failures
+    q, k, v, _ = dropout_check._inputs(1, 64, 1, jnp.bfloat16)
+    lengths = jnp.full((1,), 64, jnp.int32)
+    outs = [
+        np.asarray(
+            jax.jit(cudnn_dropout._cudnn_call, static_argnums=0, static_argnames=("rate",
+                    "causal", "window", "dense"))(cudnn_dropout.device_seed(0, d), q, k, v,
+                    lengths, rate=0.1, causal=False, window=0, dense=False),
+            np.float32,
+        )
+        for d in (0, 1)
+    ]  # fmt: skip
+    differ = bool(np.any((outs[0] == 0) != (outs[1] == 0)))
+    print(f"{'ok  ' if differ else 'FAIL'} two device seeds, two masks: {differ}", flush=True)
+    return failures + (not differ)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--impls", default="xla,cudnn")
@@ -113,6 +145,7 @@ def main():
     parser.add_argument("--intermediate", type=int, default=3072)
     parser.add_argument("--vocab", type=int, default=30522)
     parser.add_argument("--dropout-draws", type=int, default=8, help="0: skip the dropout check")
+    parser.add_argument("--no-agreement", action="store_true", help="skip the fwd/bwd check")
     args = parser.parse_args()
     failures, start = 0, time.perf_counter()
     for length in (int(x) for x in args.lengths.split(",")):
@@ -147,6 +180,8 @@ def main():
             )
         if args.dropout_draws > 1 and length == int(args.lengths.split(",")[0]):
             failures += not check_dropout(cfg, batch, args.dropout_draws)
+    if not args.no_agreement:
+        failures += check_agreement()
     sys.exit(1 if failures else 0)
 
 

@@ -2,7 +2,10 @@
 # One prepared run on one GPU (about 8 minutes on an H100/H200), as is, from the repository root:
 #  1. numerics: loss and gradients of bf16 cuDNN and XLA attention against float32 XLA at the
 #     highest matmul precision, padded rows; then cuDNN's attention dropout against the exact
-#     path's, loss over several draws (benchmarks/step/gpu_checks.py);
+#     path's, loss over several draws; then the deterministic check that a backward drops what
+#     its forward dropped (V one-hot, dV = P'^T dO: plain, remat, microbatches, GradCache) and
+#     that two device seeds draw two masks (benchmarks/step/gpu_checks.py,
+#     bertjax/ops/dropout_check.py);
 #  2. MFU of bertjax's train step, BERT-base at T=128 (B=256) and T=512 (B=64) and
 #     ModernBERT-base at T=1024 (B=8), beside transformers' PyTorch models on the same GPU, with
 #     the attention kernel each layer got and the roofline of the program that ran

@@ -209,8 +209,9 @@ class Module:
 
     def _executions(self) -> dict:
         """{computation: times it runs per program run}: a loop body times its trip count,
-        every other called computation (fusions, branches, reducers) as often as its caller
-        (each branch of a conditional as if it always ran)."""
+        every other called computation (fusions, reducers) as often as its caller, and each of
+        a conditional's n branches 1/n as often (one runs: cuDNN's dropout is a switch over the
+        device index, every branch alike, `bertjax.ops.cudnn_dropout`)."""
         edges = collections.defaultdict(list)  # caller -> [(callee, times per caller run)]
         pending = collections.Counter()  # callers not yet counted
         for name, instructions in self.computations.items():
@@ -219,13 +220,18 @@ class Module:
                     continue  # they name the computation their async-start runs
                 called = _CALLS.findall(instruction.attributes)
                 branches = _BRANCHES.search(instruction.attributes)
-                if branches:
-                    called += [("branch", n) for n in _NAME.findall(branches.group(1))]
+                names = _NAME.findall(branches.group(1)) if branches else []
+                called += [("branch", n) for n in names]
+                if instruction.op == "conditional" and not names:  # true/false computations
+                    names = [n for role, n in called if role in ("true_computation",
+                                                                 "false_computation")]  # fmt: skip
                 for role, callee in called:
                     if callee not in self.computations or callee == name:
                         continue
                     times = 1
-                    if instruction.op == "while" and role == "body":
+                    if callee in names:
+                        times = 1 / len(names)
+                    elif instruction.op == "while" and role == "body":
                         times = self.trip_count(name, instruction)
                     edges[name].append((callee, times))
                     pending[callee] += 1

@@ -30,6 +30,7 @@ from bertjax import objectives
 from bertjax.aot import chips as chips_lib
 from bertjax.aot import collectives as collectives_lib
 from bertjax.aot import devices as devices_lib
+from bertjax.aot import fit as fit_lib
 from bertjax.aot import hlo, roofline
 from bertjax.aot.cache import Compiled, CompiledCache
 from bertjax.data.batch_spec import pipeline_batch_shapes
@@ -38,7 +39,7 @@ from bertjax.training import metrics, phases, sharding
 from bertjax.training import step as step_lib
 from bertjax.training.run_config import model_config
 
-HEADROOM = 0.10  # of each chip's HBM left free for a program to fit
+HEADROOM = fit_lib.HEADROOM  # of each chip's HBM left free for a program to fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ class _Ids:
     mask_id: int = 4
 
 
-def _abstract_batch(config, objective, model_cfg, rows: int, held_out: bool) -> dict:
+def abstract_batch(config, objective, model_cfg, rows: int, held_out: bool) -> dict:
     length = int(config.data.max_seq_length)
     if objective.corruptions is not None:  # a pretraining corruption: the pipeline's batch
         shapes = pipeline_batch_shapes(config.data, rows, length, held_out)
@@ -64,7 +65,7 @@ def _abstract_batch(config, objective, model_cfg, rows: int, held_out: bool) -> 
     return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
-def _with_sharding(tree: dict, sharding_) -> dict:
+def with_sharding(tree: dict, sharding_) -> dict:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding_), tree)
 
 
@@ -186,6 +187,8 @@ def compile_run(
     cache_dir: str = "",
     hlo_dir: str = "",
     quick: bool = False,
+    fitted: dict | None = None,
+    memo: dict | None = None,
 ) -> dict:
     """Compiles ``config``'s train step (every phase) and eval step for ``topology``
     (`chips.parse_slice`; ``num_slices`` TPU slices); returns what each program holds, per
@@ -194,7 +197,13 @@ def compile_run(
     is written (``PHASE.STEP.hlo.txt``; the report's ``hlo_files``), for reading what it holds.
     ``quick``: compile at two small depths and extrapolate to the real one
     (`bertjax.aot.extrapolate`); their programs go to ``hlo_dir/<depth>_layers``: the recipe's
-    own depth is never compiled."""
+    own depth is never compiled. ``fitted``: each phase's `bertjax.aot.fit.Choice` (or the
+    line saying none fits) by name; None: chosen here by compiling candidates unless
+    ``config.fit`` is "off" (`fit_phases`)."""
+    target = chips_lib.parse_slice(topology, num_slices)
+    memo = {} if memo is None else memo  # this check's programs, by cache key
+    if fitted is None:
+        fitted = fit_phases(config, topology, vocab_size, num_slices, cache_dir, quick, memo)
     if quick:
         from bertjax.aot import extrapolate
 
@@ -209,13 +218,14 @@ def compile_run(
                     extrapolate.with_layers(config, d),
                     *args,
                     hlo_dir=hlo_dir and os.path.join(hlo_dir, f"{d}_layers"),
+                    fitted=fitted,
+                    memo=memo,
                 )
                 for d in (a, b)
             )
             report = extrapolate.extrapolate(small, large, a, b, layers)
             report["hlo_files"] = small["hlo_files"] + large["hlo_files"]
             return report
-    target = chips_lib.parse_slice(topology, num_slices)
     devices = devices_lib.topology_devices(target)
     vocab = int(vocab_size or config.data.vocab_size)
     report = {
@@ -230,7 +240,7 @@ def compile_run(
         "hlo_files": [],  # the optimized HLO texts written to ``hlo_dir``
     }
     compiled_keys = {}
-    for lowered in lower_run(config, devices, vocab, eval_step):
+    for lowered in lower_run(config, devices, vocab, eval_step, fitted):
         c, record, about = lowered.config, lowered.record, lowered.about
         key = (about["step"], program_key(lowered.text))
         if key in compiled_keys:  # the same program with other constants: its own FLOPs
@@ -240,10 +250,12 @@ def compile_run(
             continue
         cache = CompiledCache(cache_dir, target, step_lib.compiler_options(c))
         cache_key = cache.key(blank_constants(lowered.text))  # a new learning rate: read back
-        compiled = cache.get(cache_key)
-        if compiled is not None:
-            about["cached"] = True
-        else:
+        compiled = memo.get(cache_key)  # compiled by this check's fit
+        if compiled is None:
+            compiled = cache.get(cache_key)
+            if compiled is not None:
+                about["cached"] = True
+        if compiled is None:
             start = time.perf_counter()
             try:
                 executable = lowered.lowered.compile()
@@ -255,6 +267,7 @@ def compile_run(
             else:
                 compiled = Compiled.of(executable, time.perf_counter() - start)
             cache.put(cache_key, compiled)
+            memo[cache_key] = compiled  # the fit's candidates compile once a check
         if compiled.out_of_memory:
             summary = _does_not_fit(compiled, target, record)
         else:
@@ -300,11 +313,44 @@ class Lowered:
     about: dict
 
 
-def lower_run(config, devices, vocab: int, eval_step: bool = True):
+def fit_phases(config, topology, vocab_size, num_slices, cache_dir, quick, memo) -> dict:
+    """Each phase's fit for the target (`bertjax.aot.fit.search`: its train step compiled, or
+    with ``quick`` extrapolated, for each candidate): {phase name: Choice, or the one line
+    saying nothing fits}; {} when ``config.fit`` is "off"."""
+    target = chips_lib.parse_slice(topology, num_slices)
+    devices = devices_lib.topology_devices(target)
+    out = {}
+    for phase in phases.plan_phases(config):
+        budget = fit_lib.budget_bytes(phase.config, target.chip.hbm_per_device)
+        if budget is None:
+            return {}
+
+        def measure(candidate):
+            report = compile_run(candidate, topology, vocab_size, False, num_slices, cache_dir,
+                                 quick=quick, fitted={}, memo=memo)  # fmt: skip
+            program = report["programs"][0]
+            return None if "out_of_memory" in program else program["memory"]["total"]
+
+        additive = objectives.make_objective(phase.config).microbatch_additive
+        shards = fit_lib.batch_shards(phase.config, devices)
+        try:
+            out[phase.name] = fit_lib.search(
+                phase.config, measure, budget, len(devices), shards, additive
+            )
+        except fit_lib.DoesNotFit as error:
+            out[phase.name] = str(error)
+    return out
+
+
+def lower_run(config, devices, vocab: int, eval_step: bool = True, fitted: dict | None = None):
     """Every phase's train step (and the first phase's eval step) of ``config``, lowered for
-    ``devices`` as `train.py` builds them: yields `Lowered`."""
+    ``devices`` as `train.py` builds them, each phase with its fit (``fitted``, by name) applied:
+    yields `Lowered`."""
     for phase in phases.plan_phases(config):
         c = phase.config
+        choice = (fitted or {}).get(phase.name)
+        if isinstance(choice, fit_lib.Choice):
+            c = choice.apply(c)
         objective = objectives.make_objective(c)
         model_cfg = model_config(c, _Ids(vocab))
         mesh = sharding.make_mesh(c.mesh, devices)
@@ -318,8 +364,8 @@ def lower_run(config, devices, vocab: int, eval_step: bool = True):
         if eval_step and phase.index == 0:
             jobs.append(("eval", steps.eval, True))
         for kind, fn, held_out in jobs:
-            batch = _abstract_batch(c, objective, model_cfg, rows, held_out)
-            batch = _with_sharding(batch, batch_sharding)
+            batch = abstract_batch(c, objective, model_cfg, rows, held_out)
+            batch = with_sharding(batch, batch_sharding)
             args = (state, batch, rng) if kind == "train" else (state, batch)
             with attention_kernels.recording() as record:
                 lowered = fn.lower(*args)
@@ -334,6 +380,10 @@ def lower_run(config, devices, vocab: int, eval_step: bool = True):
                 "remat": str(c.model.get("remat", "")),
                 "scan_layers": bool(c.model.get("scan_layers", False)),
             }
+            if isinstance(choice, fit_lib.Choice):
+                about["fit"] = choice.to_dict()
+            elif choice:
+                about["fit_refused"] = choice
             flops = flops / 3.0 if kind == "eval" else flops  # eval: forward only
             yield Lowered(c, mesh, lowered, lowered.as_text(), flops, record, about)
 

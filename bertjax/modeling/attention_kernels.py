@@ -26,8 +26,9 @@ On a GPU, cuDNN's flash attention (`jax.nn.dot_product_attention(implementation=
 it serves: bf16/fp16 queries, padded (not packed or gathered) rows, global or causal-local
 layers, and the cuDNN library installed; XLA's fused attention elsewhere. With probability
 dropout (BERT's training steps) cuDNN draws the bits itself (`bertjax.ops.cudnn_dropout`: a
-private JAX call, bits not from the step's key, refused in scanned or shared stacks); the exact
-path, which writes the scores to HBM, serves the rest. Not measured here (no GPU): the choice
+private JAX call, bits not from the step's key but a seed per layer and per device, refused in
+scanned or shared stacks, under GradCache, or after a failed start-up check); the exact path,
+which writes the scores to HBM, serves the rest. Not measured here (no GPU): the choice
 follows JAX's documentation, where cuDNN is the fast path on NVIDIA GPUs.
 """
 
@@ -273,11 +274,14 @@ def _cudnn(spec, q, k, v, mask, keep, rate, bias):
     it (`bertjax.ops.cudnn_dropout`: cuDNN draws the bits; ``keep`` goes unused)."""
     if keep is None:
         return _fused("cudnn")(spec, q, k, v, mask, keep, rate, bias)
+    partition = _activation_partition()  # a seed a device: the call runs per device
     if spec.packed or spec.gathered_rows:
         dense = mask.dense(spec.half_window, spec.causal)
-        return cudnn_dropout.attention(q, k, v, rate, mask=dense)
+        return cudnn_dropout.attention(q, k, v, rate, mask=dense, partition=partition)
     lengths = cudnn_dropout.lengths(mask.key_segments)
-    return cudnn_dropout.attention(q, k, v, rate, lengths, spec.causal, spec.half_window)
+    return cudnn_dropout.attention(
+        q, k, v, rate, lengths, spec.causal, spec.half_window, partition=partition
+    )
 
 
 def _cudnn_limit(spec):

@@ -9,7 +9,9 @@ gradient of a loss over the whole batch's embeddings, with the encoder run a chu
 Memory holds one chunk's activations; the price is a second forward pass. Chunk ``i`` takes rows
 ``i, i + n, i + 2n, ...`` (every device's shard feeds each chunk, as the step's microbatches do)
 and runs with dropout key ``fold_in(rng, i)`` in both passes, so the two passes see the same
-dropout masks and the gradient equals that of one pass over the chunks.
+dropout masks and the gradient equals that of one pass over the chunks. cuDNN's attention dropout
+draws its bits from no key (`bertjax.ops.cudnn_dropout`): it is refused here, so attention with
+dropout takes a kernel that reads the key (the exact path on GPUs).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from bertjax.ops import cudnn_dropout
+
+REFUSAL = "GradCache (its two passes over a chunk must draw one mask: only a key-drawn mask does)"
 
 
 def split_chunks(tree, chunks: int):
@@ -54,6 +60,11 @@ def gradcache_gradients(
     ``embed(params, chunk, rng)`` maps a chunk of the batch to a pytree of embeddings;
     ``loss(params, embeddings)`` returns (scalar, aux) on the whole batch (it may read params
     directly, e.g. a learned temperature)."""
+    with cudnn_dropout.refused(REFUSAL):
+        return _gradcache_gradients(embed, loss, params, batch, rng, chunks)
+
+
+def _gradcache_gradients(embed, loss, params, batch: dict, rng, chunks: int) -> tuple:
     parts = split_chunks(batch, chunks)
     indices = jnp.arange(chunks)
 

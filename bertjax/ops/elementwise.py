@@ -3,12 +3,14 @@ and dropout decisions on cheap random bits (the key's own generator)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.random import threefry_2x32
 
-from bertjax.ops import platform
+from bertjax.ops import keep_bits, platform
 
 Array = jax.Array
 
@@ -16,9 +18,17 @@ Array = jax.Array
 def erf_gelu(x: Array) -> Array:
     """BERT's exact GELU, x * Phi(x). On XLA:CPU with a hand-written backward (the forward keeps
     Phi(x) for the derivative Phi(x) + x phi(x), where autodiff of jax.nn.gelu evaluates erf
-    again); elsewhere jax.nn.gelu under autodiff, which XLA fuses into its neighbours."""
+    again); elsewhere jax.nn.gelu under autodiff, which XLA fuses into its neighbours, with
+    nothing of it saved for the backward but its input (`jax.checkpoint`): autodiff kept erf's
+    intermediates, and XLA:GPU wrote two [B, T, F] residuals a layer to HBM and read them back
+    (BERT-base seq128 on h100-8; benchmarks/results.md), where recomputing them is free."""
     if platform.on_cpu():
         return _erf_gelu(x)
+    return _gelu_from_input(x)
+
+
+@functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+def _gelu_from_input(x: Array) -> Array:
     return jax.nn.gelu(x, approximate=False)
 
 
@@ -41,6 +51,26 @@ def _erf_gelu_bwd(residuals, g):
 _erf_gelu.defvjp(_erf_gelu_fwd, _erf_gelu_bwd)
 
 
+def hashed_words(key: Array, shape: tuple) -> Array:
+    """uint32 words of ``shape`` from a counter hash keyed by two words drawn from ``key``:
+    lowbias32 (`bertjax.ops.keep_bits.mix`) of each word's index along the last axis, keyed per
+    row (the leading axes' flat index) as `keep_bits.head_keys` keys a (row, head): k1 =
+    mix(mix(row ^ s0) + s1), k2 = mix(k1 ^ golden), word = mix(column + k1, k2). Plain integer
+    ops on iotas, so the compiler fuses them into their consumer and partitions them with it."""
+    seed = keep_bits.seed_words(key)
+    rows = jnp.zeros((*shape[:-1], 1), jnp.int32)
+    stride = 1
+    for axis in reversed(range(len(shape) - 1)):
+        rows = rows + jax.lax.broadcasted_iota(jnp.int32, (*shape[:-1], 1), axis) * stride
+        stride *= shape[axis]
+    if stride >= 1 << 31:
+        raise ValueError(f"keep_mask: {stride} rows of random words is more than 2^31")
+    k1 = keep_bits.mix(keep_bits.mix(rows ^ seed[0]) + seed[1])
+    k2 = keep_bits.mix(k1 ^ keep_bits._int32(keep_bits.GOLDEN))  # noqa: SLF001
+    columns = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+    return jax.lax.bitcast_convert_type(keep_bits.mix(columns + k1, k2), jnp.uint32)
+
+
 def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
     """Boolean dropout mask, True with probability ``keep_prob`` (to 2^-16), from ``key``.
 
@@ -53,7 +83,10 @@ def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
     keys, `jax.random.bits` of that key. Elsewhere the words are drawn in the mask's own shape
     (the last axis halved), which partitions with the activations: a flat counter split in two
     and reshaped would make the compiler move random bits between devices (all-to-alls and
-    collective-permutes in a data-parallel step), for nothing.
+    collective-permutes in a data-parallel step), for nothing. For a threefry key they come from
+    a counter hash there (`hashed_words`), which the compiler fuses into the dropout itself:
+    JAX's threefry on a GPU is a kernel of its own whose u32 words went through HBM (BERT-base
+    seq128 on h100-8: [32, 128, 384] x3 a layer; benchmarks/results.md).
     """
     size = int(np.prod(shape))
     threshold = round(keep_prob * 65536)
@@ -61,7 +94,11 @@ def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
         return jnp.ones(shape, bool)
     if not platform.on_cpu() and shape:
         last = shape[-1]
-        bits = jax.random.bits(key, (*shape[:-1], (last + 1) // 2), jnp.uint32)
+        words = (*shape[:-1], (last + 1) // 2)
+        if str(jax.random.key_impl(key)) == "threefry2x32":
+            bits = hashed_words(key, words)
+        else:
+            bits = jax.random.bits(key, words, jnp.uint32)
         halves = jax.lax.bitcast_convert_type(bits, jnp.uint16)  # [..., last/2, 2]
         halves = halves.reshape(*shape[:-1], -1)[..., :last]
         return halves < jnp.uint16(threshold)

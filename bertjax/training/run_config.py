@@ -92,6 +92,11 @@ def default_run_config() -> ml_collections.ConfigDict:
     config.phase_order = ()
     config.phases = ml_collections.ConfigDict()  # name -> `bertjax.trainer.phase(...)` entry
     add_tracking_config(config)  # trackers (TensorBoard, metrics.jsonl, W&B), wandb, profile
+    # "auto": a phase whose step does not fit a device's memory with 10% headroom gets
+    # microbatches, remat and FSDP chosen by compiling candidates, the global batch kept
+    # (bertjax/aot/fit.py; printed, and saved with each checkpoint) | "off": as configured
+    config.fit = "auto"
+    config.fit_memory_gib = 0.0  # memory a device the fit plans for (0: the device's own)
     return config
 
 
@@ -171,6 +176,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f"config.mlm_bias_init={config.mlm_bias_init!r}: must be 'unigram' or 'zeros'"
         )
+    if str(config.get("fit", "auto")) not in ("auto", "off"):
+        raise ValueError(f"config.fit={config.fit!r}: must be 'auto' or 'off'")
+    if float(config.get("fit_memory_gib", 0.0)) < 0:
+        raise ValueError(f"config.fit_memory_gib={config.fit_memory_gib}: must be >= 0")
     if config.get("phase_order"):
         for phase in plan_phases(config):
             validate_run_config(phase.config)

@@ -290,7 +290,8 @@ def _reduced_once(accumulated: Callable) -> Callable:
     XLA moves the layers' reductions out of a microbatch loop but not the word table's two
     (its lookup's scatter-add and the tied decoder), which crossed the chips every microbatch.
     Each replica folds its index into the dropout key (bits per replica's rows; without
-    dropout the step equals the one-program loop)."""
+    dropout the step equals the one-program loop); cuDNN's attention dropout, which reads no
+    key, seeds each device's call by its index instead (`bertjax.ops.cudnn_dropout`)."""
     axes = _replica_axes()
     if not axes:
         return accumulated

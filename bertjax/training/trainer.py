@@ -26,9 +26,11 @@ import numpy as np
 
 from bertjax import objectives, paths, retry
 from bertjax.aot import chips
+from bertjax.aot import fit as fit_lib
 from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.modeling import attention_kernels
 from bertjax.objectives.warm_start import with_source_tokenizer
+from bertjax.ops import cudnn_dropout, dropout_check
 from bertjax.retry import StorageUnavailable
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import phases as phases_lib
@@ -160,7 +162,13 @@ class _Run:
             self.data.close()
             self.data = self.objective.make_data(config, workdir)
             logging.info("config.budget_flops: %d steps", config.num_train_steps)
+        # microbatches, remat and FSDP fitted to these devices' memory (bertjax/aot/fit.py)
+        config, self.fit = fit_lib.fit_run(config, self.model_cfg, workdir)
+        self.config = config
+        if self.fit is not None and self.is_chief:
+            print(self.fit.describe(), flush=True)
         self.mesh = sharding.make_mesh(config.mesh)
+        self._check_gpu_dropout()
         self.ckpt = Checkpointer(
             paths.join(workdir, "checkpoints"),
             keep=int(config.keep_checkpoints),
@@ -173,6 +181,8 @@ class _Run:
         )  # fmt: skip
         self.steps = step_lib.jit_steps(self.state, self.mesh, step_lib.compiler_options(config))
         self.meta = checkpoint_meta(config, self.model_cfg, self.data)
+        if self.fit is not None:  # what this hardware ran with; a resume elsewhere may differ
+            self.meta["fit"] = self.fit.to_dict()
         self.best = None
         if self.data.dev_metric:
             self.best = BestCheckpoint(workdir, self.data.dev_metric)
@@ -182,6 +192,19 @@ class _Run:
         self.progress = None
         self.profile = None  # config.profile's trace (bertjax/training/profiling.py)
         self.abandon_reads = False  # stopping: reads ahead that wait to retry give up
+
+    def _check_gpu_dropout(self) -> None:
+        """On GPUs, whether cuDNN's attention dropout drops in its backward what its forward
+        dropped (`dropout_check.startup`): off for the run, on every process, if any process's
+        check failed (the processes compile one program)."""
+        platform_name = self.mesh.devices.flat[0].platform
+        if dropout_check.startup_applies(platform_name, self.model_cfg):
+            line = dropout_check.startup(platform_name, self.model_cfg)
+            if processes.sum_numbers([1.0 if line else 0.0])[0] and line is None:
+                line = "attention dropout: another process's start-up check failed"
+                cudnn_dropout.disable(line)
+            if line and self.is_chief:
+                print(line, flush=True)
 
     def _check_batch_sizes(self) -> None:
         """Every batch size of the run divides over the hosts, the mesh's batch shards and the
