@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import runnable_blocks as rb
 from glue_fixtures import SIGNAL, write_glue_dir
+from glue_hub_fixtures import write_glue_repo
 
 BLOCKS = rb.all_blocks()
 RUN = [b for b in BLOCKS if b.runnable]
@@ -178,6 +179,7 @@ def runner(tmp_path_factory, small_spm, hub):
     _write_corpus(os.path.join(root, "my_corpus"))
     _write_task(os.path.join(root, "my_task"))
     _commit_hub_datasets(hub)
+    write_glue_repo(hub.repos.root, os.path.join(root, "glue_data"))  # nyu-mll/glue, GLUE's default
     return rb.Runner(root, small_spm, RUN)
 
 
