@@ -165,12 +165,16 @@ def test_one_sentence_documents_under_nsp(tmp_path, tok):
     s = _store(tmp_path / "store", tok, str(path))
     plan = samples.make_plan(s, "nsp", 64, 0.1, keys.generator(0, 0, "plan"))
     assert len(plan) == 0 and plan.skipped["single_sentence_documents"] == 30
+    # One document (a small held-out split, a piece of a sharded store's eval part): BERT's ten
+    # draws of another document all draw it, and its random B comes from the same document.
     single = tmp_path / "single.txt"
-    single.write_text("Only one document here.\nWith two sentences.\n")
-    with pytest.raises(ValueError, match="at least 2"):
-        samples.make_plan(
-            _store(tmp_path / "store2", tok, str(single)), "nsp", 64, 0.1, keys.generator(0, 0, "p")
-        )
+    single.write_text("\n".join(f"Sentence {i} of the only document here." for i in range(40)))
+    s = _store(tmp_path / "store2", tok, str(single))
+    plan = samples.make_plan(s, "nsp", 32, 0.0, keys.generator(0, 0, "p"))
+    assert len(plan) > 4 and 0 < plan.label.mean() < 1
+    random_b = plan.label == 1
+    assert (plan.b_start[random_b] >= 0).all() and (plan.b_end[random_b] <= len(s.tokens)).all()
+    assert (plan.b_start[~random_b] >= plan.a_end[~random_b]).all()  # the real next sentences
 
 
 def test_a_lone_sentence_reaching_the_target_gets_a_random_next_segment(tmp_path, tok):

@@ -100,9 +100,12 @@ def test_a_small_corpus_always_holds_out_a_document(texts, tmp_path):
     assert forced >= 40
 
 
-def test_a_run_on_a_corpus_the_hash_holds_nothing_of_evaluates(texts, tmp_path):
-    glob = _jsonl(tmp_path / "tiny", texts[:4], parts=1)
-    config = _config(glob, tmp_path, heldout_fraction=0.02, sample_plan="full_sentences")
+@pytest.mark.parametrize("plan,documents", [("full_sentences", 4), ("nsp", 2)])
+def test_a_run_on_a_corpus_the_hash_holds_nothing_of_evaluates(texts, tmp_path, plan, documents):
+    """A corpus of 2 documents holds out one: NSP evaluates on it (random next segments from
+    the same document, as BERT when it has no other)."""
+    glob = _jsonl(tmp_path / "tiny", texts[:documents], parts=1)
+    config = _config(glob, tmp_path, heldout_fraction=0.02, sample_plan=plan)
     assert not any(text.is_heldout(d, 0.02) for d, _ in corpus.config_documents(config.data))
     pipeline = make_pipeline(config, str(tmp_path / "work"), process_index=0, process_count=1)
     assert next(pipeline.eval_batches(1))["attention_mask"].sum() > 0

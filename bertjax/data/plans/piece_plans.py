@@ -190,7 +190,7 @@ class PieceSplit:
         view = self.views([piece])[0]
         suffix = f"/{piece}" if piece else ""  # piece 0: the whole-store plan's keys
         plan_rng = keys.generator(self.seed, epoch, f"{self.purpose}/plan/{length}{suffix}")
-        if c.sample_plan == "nsp" and view.num_documents < 2:
+        if c.sample_plan == "nsp" and view.num_documents < 1:
             zeros = np.zeros(0, np.int64)
             plan = samples.Plan(zeros, zeros, zeros, zeros, zeros.astype(np.int32))
         else:

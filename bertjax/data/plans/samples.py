@@ -10,7 +10,8 @@ A plan lists, per sample, segment A = tokens[a_start:a_end), segment B = tokens[
   create_instances_from_document), per document: target length max_len - 3 (with probability
   short_seq_prob a random target in [2, max]); sentences accumulate into a chunk until the target is
   reached; A = first 1..n-1 sentences of the chunk; B comes from a random *other* document
-  (resampled until it differs), starting at a random sentence, and the unused sentences go back;
+  (resampled until it differs; in a store or piece of one document, that document, as BERT
+  after its ten draws), starting at a random sentence, and the unused sentences go back;
   otherwise B is the rest of the chunk; the longer of A/B is cut one token at a time from the front
   or back at random (drawn in closed form: same distribution). A lone sentence that reaches the
   target gets a random B (label 1), as BERT does. Deviations, to keep labels at 50%: each such pair
@@ -173,10 +174,12 @@ class _PairSampler:
         return 0.5 - paid
 
     def _random_segment(self, doc: int, target: int) -> tuple[int, int]:
-        """Sentences of another document, from a random one on, until ``target`` tokens."""
+        """Sentences of another document, from a random one on, until ``target`` tokens; in a
+        store (a piece) of one document, of that document: BERT's ten draws of another document
+        all draw it, and BERT then takes its random segment from it."""
         u, docs = self.u, self.docs
-        other = doc
-        while other == doc:
+        other = doc  # one document: it is the only one to draw
+        while other == doc and len(docs) > 2:
             other = u.randint(0, len(docs) - 2)
         j = u.randint(docs[other], docs[other + 1] - 1)
         b_start = self.begin[j]
@@ -197,10 +200,10 @@ def pair_plan(
     if objective not in ("nsp", "sop", "pairs"):
         raise ValueError(f"objective={objective!r} is not a sentence-pair objective")
     num_docs = store.num_documents
-    if objective == "nsp" and num_docs < 2:
+    if objective == "nsp" and num_docs < 1:
         raise ValueError(
-            f"store {store.directory!r} ({store.split}) has {num_docs} document(s): NSP needs at "
-            "least 2 to draw random next segments"
+            f"store {store.directory!r} ({store.split}) has no document: NSP needs one to draw "
+            "sentence pairs from"
         )
     max_tokens = max_seq_length - 3
     sampler = _PairSampler(store, max_tokens, short_seq_prob, rng, objective)
