@@ -210,9 +210,10 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 
 
 def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(tmp_path):
-    """A library caller's run stopped by SIGTERM saves, then makes storage requests still
-    waiting out a backoff give up (`retry.stop`: closing its reads does not wait for them); the
-    next run in the same process retries again."""
+    """A library caller's run stopped by SIGTERM cancels its own `retry.Cancel` token at the
+    signal (storage requests waiting out a backoff give up: nothing on the way out waits on
+    storage), saves, and takes the token with it when it returns: the next run in the same
+    process retries for its whole budget again (no flag leaks from one run to the next)."""
     import signal
     import threading
     import time
@@ -221,12 +222,14 @@ def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(t
 
     workdir = str(tmp_path)
     metrics = os.path.join(workdir, "metrics.jsonl")
+    seen = {}
 
     def stop_after_the_first_log():
         deadline = time.monotonic() + 120
         while not (os.path.exists(metrics) and os.path.getsize(metrics)):  # a step was logged
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        seen["token"] = retry.current().token  # the run's, installed for its duration
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=stop_after_the_first_log, daemon=True).start()
@@ -234,9 +237,10 @@ def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(t
         _in_process_config(num_train_steps=400, log_every=1, checkpoint_every=0), workdir
     )
     assert summary["stopped_by_signal"] and summary["step"] < 400
-    assert retry.STOPPING.is_set()
+    assert seen["token"] is not None and seen["token"].cancelled()
+    assert retry.current().token is None and not retry.current().cancelled()
     assert _steps(workdir) == [summary["step"]]
     again = trainer.train_and_evaluate(
         _in_process_config(num_train_steps=summary["step"] + 1, log_every=1), workdir
     )
-    assert not retry.STOPPING.is_set() and again["step"] == summary["step"] + 1
+    assert again["step"] == summary["step"] + 1

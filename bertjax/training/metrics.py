@@ -95,7 +95,7 @@ class MetricWriter:
         jsonl = paths.join(logdir, "metrics.jsonl")
         if paths.is_url(logdir):
             register_writer_factory(logdir.split("://")[0], _EventObjectFactory())
-            previous = paths.Path(jsonl).read_bytes() if paths.exists(jsonl) else b""
+            previous = paths.read_bytes(jsonl) if paths.exists(jsonl) else b""
             self._jsonl = _ObjectFile(jsonl, previous)
         else:
             self._jsonl = open(jsonl, "ab")

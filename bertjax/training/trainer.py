@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import time
 
 import jax
@@ -38,7 +39,15 @@ from bertjax.training.best import BestCheckpoint
 from bertjax.training.checkpoint import Checkpointer
 from bertjax.training.resume import EarlierCheckpoint, checkpoint_meta, restore_or_init
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
-from bertjax.training.stopping import Interrupted, StopRequests
+from bertjax.training.stopping import (
+    METRICS_WAIT_S,
+    SAVE_WAIT_S,
+    STUCK_WAIT_S,
+    Interrupted,
+    StoppedApart,
+    StopRequests,
+    bounded,
+)
 
 
 def _prepare_workdir(workdir: str) -> str:
@@ -50,8 +59,8 @@ def _prepare_workdir(workdir: str) -> str:
     try:
         paths.makedirs(workdir)
         paths.write_text(probe, "ok")
-        paths.Path(probe).unlink()
-    except (OSError, ValueError) as error:
+        paths.remove(probe)
+    except (OSError, ValueError) as error:  # a transient cause stays one (bertjax/errors.py)
         raise ValueError(f"workdir {workdir!r} is not writable: {error}") from error
     return workdir
 
@@ -134,6 +143,15 @@ class _Run:
     def __init__(
         self, config: ml_collections.ConfigDict, workdir: str, phase, stop: StopRequests, planned
     ):
+        self.stop, self.abandon_reads = stop, False
+        self.data = self.ckpt = self.best = self.writer = self.progress = None
+        try:
+            self._open(config, workdir, phase, stop, planned)
+        except BaseException:  # setup failed (a checkpoint set aside, a signal): close its parts
+            self.close(abandon=True)
+            raise
+
+    def _open(self, config, workdir: str, phase, stop: StopRequests, planned) -> None:
         self.config, self.workdir, self.stop = config, workdir, stop
         self.phase = phase or phases_lib.plan_phases(config)[0]
         self.is_chief = jax.process_index() == 0
@@ -170,7 +188,6 @@ class _Run:
         peak = metrics_lib.peak_flops(float(config.peak_flops_per_device))
         self.window = _LogWindow(config, self.model_cfg, self.objective, peak)
         self.history, self.unchecked, self.summary = [], [], {}
-        self.progress = None
         self.abandon_reads = False  # stopping: reads ahead that wait to retry give up
 
     def _check_batch_sizes(self) -> None:
@@ -216,9 +233,15 @@ class _Run:
             stopped = signal_stop.signum
         except StorageUnavailable:  # the batch never came: the state is the last step's
             self.abandon_reads = True
-            if jax.process_count() == 1:  # several: the others wait in the step (processes.py)
-                self._save_unsaved("storage unreachable")
-            raise
+            self.stop.token.cancel()  # nothing on the way out waits on storage any more
+            if self.stop.stopping_together():  # a stop during an outage (several processes)
+                stopped = self._stop_where_stuck()
+            elif jax.process_count() == 1:  # several: the others wait in the step (processes.py)
+                bounded(lambda: self._save_unsaved("storage unreachable"), SAVE_WAIT_S,
+                        f"saving step {self.current} after storage stopped answering")  # fmt: skip
+                raise
+            else:
+                raise
         finally:
             self.stop.training = False
         self.summary["step"] = int(jax.device_get(self.state.step))
@@ -247,16 +270,27 @@ class _Run:
         self.history.append(step_metrics)
         self.unchecked.append(step_metrics)
 
+    def _stop_where_stuck(self) -> int:
+        """A stop came while this process's batch did not (storage out, a hung read): when
+        every process is stuck at the same step, they save it together; otherwise the step some
+        process has passed cannot complete, and this one stops without saving
+        (`stopping.StoppedApart`: 143, the others follow)."""
+        steps = processes.gather("stuck", self.current, STUCK_WAIT_S)
+        if steps is None or len(set(steps)) > 1:
+            raise StoppedApart(self.current, self.saved, steps)
+        self._save_unsaved("stopped while storage did not answer")
+        return signal.SIGTERM
+
     def _unsaved(self) -> bool:
         """Steps trained since the last checkpoint, or a checkpoint still being written."""
         return self.current != self.saved or self.ckpt.saving()
 
     def _save_unsaved(self, why: str) -> None:
-        """Saves the state (one process: a stop outside a step) when steps were trained since
-        the last checkpoint, and says so."""
+        """Saves the state (a stop outside a step) when steps were trained since the last
+        checkpoint, and says so; its metrics are written without waiting on storage."""
         if self.current != self.saved:
             if self.history:
-                self._log(self.current)
+                self._log(self.current, stopping=True)
             self._check_finite(self.current)
             self.ckpt.save(self.state, self.meta, force=True)
             self.saved = self.current
@@ -276,7 +310,7 @@ class _Run:
         # later step, so a stop always saves first, and every process stops at the same step.
         stopping = self.stop.reached(done)
         if within % config.log_every == 0 or last or stopping:
-            self._log(done)
+            self._log(done, stopping)
         if self.progress is not None:
             self.progress.update(1)
         if config.eval_every and (within % config.eval_every == 0 or last):
@@ -293,14 +327,20 @@ class _Run:
             )
         return stopping
 
-    def _log(self, done: int) -> None:
+    def _log(self, done: int, stopping: bool = False) -> None:
+        """Logs the steps since the last log line; ``stopping``: the write waits at most
+        `METRICS_WAIT_S` on storage (the save comes next)."""
         fetched = jax.device_get(self.history)
         self.history = []
         skipped = self._check_finite(done)
         scalars = {f"train/{k}": v for k, v in metrics_lib.mean_metrics(fetched).items()}
         scalars["train/skipped_updates"] = skipped
         scalars.update(self.window.scalars(len(fetched)))
-        self.writer.write_scalars(done, scalars)
+        if stopping:
+            bounded(lambda: self.writer.write_scalars(done, scalars), METRICS_WAIT_S,
+                    f"writing the metrics of step {done}", raises=False)  # fmt: skip
+        else:
+            self.writer.write_scalars(done, scalars)
         self.summary.update(scalars)
         if self.progress is not None:
             self.progress.set_postfix(
@@ -339,16 +379,25 @@ class _Run:
             self.best.update(done, result, self.state, self.meta, self.data.write_predictions)
         self.window.restart()  # eval time is not training throughput
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Closes what the run opened; ``abandon`` (setup failed), or a stop or an outage:
+        nothing waits on storage or on a hung read past a deadline."""
+        abandon = abandon or self.abandon_reads or self.stop.received is not None
+        if abandon:  # saved: no read is needed; one waiting out a backoff gives up now
+            self.stop.token.cancel()
         if self.progress is not None:
             self.progress.close()
-        self.ckpt.close()
-        if self.abandon_reads or self.stop.received is not None:  # saved: no read is needed
-            retry.stop()  # one waiting out a backoff gives up now, not after the budget
+        if self.ckpt is not None:
+            if abandon:
+                bounded(self.ckpt.close, SAVE_WAIT_S, "closing the checkpoints", raises=False)
+            else:
+                self.ckpt.close()
         if self.best is not None:
             self.best.close()
-        self.writer.close()
-        self.data.close()
+        if self.writer is not None:
+            bounded(self.writer.close, METRICS_WAIT_S, "closing the metrics", raises=not abandon)
+        if self.data is not None:
+            self.data.close()
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -368,18 +417,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate_run_config(config)
     workdir = _prepare_workdir(workdir)
     phases = phases_lib.plan_phases(config)
-    stop = StopRequests()
-    retry.resume()  # an earlier run in this process may have stopped
+    token = retry.Cancel()  # this run's: cancelled by its first signal, gone when it returns
+    stop = StopRequests(token)
     try:
-        while True:
-            try:
-                return _train_phases(phases, workdir, stop)
-            except EarlierCheckpoint:
-                if stop.synced:  # JAX's sync point counted from the newer step: a rerun (75)
-                    raise
-                logging.warning("a checkpoint was set aside: the phases are planned again")
+        with retry.scope(token):
+            return _train_retrying(phases, workdir, stop)
     finally:
         stop.restore()
+
+
+def _train_retrying(phases: list, workdir: str, stop: StopRequests) -> dict:
+    """`_train_phases`, planned again after a checkpoint was set aside."""
+    while True:
+        try:
+            return _train_phases(phases, workdir, stop)
+        except EarlierCheckpoint:
+            if stop.synced:  # JAX's sync point counted from the newer step: a rerun (75)
+                raise
+            logging.warning("a checkpoint was set aside: the phases are planned again")
 
 
 def _train_phases(phases: list, workdir: str, stop: StopRequests) -> dict:
