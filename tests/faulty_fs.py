@@ -6,7 +6,8 @@ of fsspec's `cat_ranges` on a synchronous filesystem), an `info`, an `ls`, an `o
 decides which fail, raising `OSError("503 Service Unavailable")` as a wrapped HTTP error does:
 ``fail_at`` (request numbers), ``every`` (every N-th request), ``start``/``stop`` (an outage:
 every request from ``start`` until ``stop``, 0: no end; or while the file ``while_exists``
-exists), each only on paths containing ``match``.
+exists), each only on paths containing ``match``; ``hang_while_exists``: a request waits (a read
+that hangs: no error, no answer) while that file exists, then goes on.
 A spawned process (a data worker) reads its plan from $BERTJAX_FAULTS (JSON of those keys) when
 it imports this module; `make_pipeline` is the pipeline factory such a worker is given, so that
 it imports this module, and so knows the protocol, before it opens the store.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -31,12 +33,14 @@ class Plan:
     """Which requests fail (see the module docstring); counts requests and failures."""
 
     def __init__(
-        self, fail_at=(), every=0, start=0, stop=0, match: str = "", while_exists: str = ""
-    ):
+        self, fail_at=(), every=0, start=0, stop=0, match: str = "", while_exists: str = "",
+        hang_while_exists: str = "",
+    ):  # fmt: skip
         self.fail_at, self.every = {int(n) for n in fail_at}, int(every)
         self.start, self.stop, self.match = int(start), int(stop), str(match)
         self.while_exists = str(while_exists)  # an outage: every request fails while it exists
-        self.requests = self.failures = 0
+        self.hang_while_exists = str(hang_while_exists)  # requests hang while it exists
+        self.requests = self.failures = self.hung = 0
         self._lock = threading.Lock()
 
     def request(self, path: str) -> None:
@@ -51,8 +55,13 @@ class Plan:
                 or (self.while_exists and os.path.exists(self.while_exists))
             )
             self.failures += bool(fails)
+            hangs = self.match in str(path) and self.hang_while_exists
+            hangs = hangs and os.path.exists(self.hang_while_exists)
+            self.hung += bool(hangs)
         if fails:
             raise OSError(f"503 Service Unavailable (request {n}, injected)")
+        while hangs and os.path.exists(self.hang_while_exists):
+            time.sleep(0.05)
 
 
 PLAN = Plan(**json.loads(os.environ.get(ENV) or "{}"))

@@ -195,6 +195,34 @@ def test_an_outage_past_the_budget_reaches_the_caller_from_a_worker_process(
     assert "503 Service Unavailable" in str(raised.value.error)
 
 
+def test_a_hung_read_never_holds_close_past_its_deadline(store, plan, tmp_path):
+    """A read that hangs in storage (no error, no answer: a local path, gcsfuse, NFS) inside the
+    range threads: `Pipeline.close` returns within its deadline and leaves the read behind; its
+    thread ends when the read returns."""
+    config, _ = store
+    pipeline = _pipeline(config, prefetch=2, read_steps=1, prefetch_threads=1)
+    pipeline.batch(0)
+    concurrent.futures.wait([future for future, _ in pipeline._prefetch._futures.values()])
+    trigger = tmp_path / "hang"
+    trigger.touch()
+    injected = plan(hang_while_exists=str(trigger), match=".shard")
+    reader = threading.Thread(target=lambda: pipeline.compute_batch(60), daemon=True)
+    reader.start()  # its ranges hang in the range threads
+    deadline = time.monotonic() + 60
+    while injected.hung < 2:
+        assert time.monotonic() < deadline and reader.is_alive()
+        time.sleep(0.05)
+    closing = threading.Thread(target=pipeline.close, kwargs={"timeout_s": 2.0}, daemon=True)
+    started = time.monotonic()
+    closing.start()
+    closing.join(30)
+    took = time.monotonic() - started
+    trigger.unlink()
+    reader.join(60)
+    assert not closing.is_alive() and took < 5, took
+    assert not reader.is_alive()
+
+
 def test_storage_retry_seconds_is_this_process_budget_and_cannot_be_negative(store, fake_time):
     config, _ = store
     run = config.copy_and_resolve_references()

@@ -209,16 +209,24 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert _steps(workdir) == [2]
 
 
-def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(tmp_path):
+def test_a_stopped_run_takes_its_cancel_token_with_it_and_a_plan_change_refuses_to_resume(
+    tmp_path, monkeypatch
+):
     """A library caller's run stopped by SIGTERM cancels its own `retry.Cancel` token at the
     signal (storage requests waiting out a backoff give up: nothing on the way out waits on
     storage), saves, and takes the token with it when it returns: the next run in the same
-    process retries for its whole budget again (no flag leaks from one run to the next)."""
+    process retries for its whole budget again (no flag leaks from one run to the next).
+    That next run is of a bertjax whose data plans read other rows (bertjax/data/
+    plan_version.py): it refuses to continue the checkpoint in one line naming both versions
+    and how to go on on purpose; with config.data.allow_plan_change it resumes, and its
+    checkpoint records the new version."""
     import signal
     import threading
     import time
 
     from bertjax import retry, trainer
+    from bertjax.data import pipeline as pipeline_lib
+    from bertjax.data import plan_version
 
     workdir = str(tmp_path)
     metrics = os.path.join(workdir, "metrics.jsonl")
@@ -240,7 +248,22 @@ def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(t
     assert seen["token"] is not None and seen["token"].cancelled()
     assert retry.current().token is None and not retry.current().cancelled()
     assert _steps(workdir) == [summary["step"]]
+
+    version = plan_version.PLAN_VERSION
+    monkeypatch.setattr(pipeline_lib.Pipeline, "plan_version", version + 1)
+    more = {"num_train_steps": summary["step"] + 1, "log_every": 1}
+    with pytest.raises(ValueError) as refused:
+        trainer.train_and_evaluate(_in_process_config(**more), workdir)
+    (line,) = str(refused.value).splitlines()
+    assert (
+        f"saved with data plan version {version}, this bertjax plans version {version + 1}"
+        in (line)
+        and "--config.data.allow_plan_change=True" in line
+    )
+    assert _steps(workdir) == [summary["step"]]  # nothing moved or set aside
     again = trainer.train_and_evaluate(
-        _in_process_config(num_train_steps=summary["step"] + 1, log_every=1), workdir
+        _in_process_config(**more, **{"data.allow_plan_change": True}), workdir
     )
     assert again["step"] == summary["step"] + 1
+    meta = os.path.join(workdir, "checkpoints", str(again["step"]), "meta", "metadata")
+    assert json.load(open(meta))[plan_version.KEY] == version + 1

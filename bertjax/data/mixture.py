@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from bertjax.data import keys
+from bertjax.data.plan_version import PLAN_VERSION
 from bertjax.data.prefetch import CLOSE_WAIT_S, Prefetch
 from bertjax.data.source import DataSource, host_rows
 
@@ -70,6 +71,8 @@ def consumed(phases, step: int) -> np.ndarray:
 
 class Mixture(DataSource):
     """This host's rows of each step's global batch, drawn from several stores by weight."""
+
+    plan_version = PLAN_VERSION
 
     def __init__(self, config, pipelines: list, *, process_index: int, process_count: int):
         c = config.data

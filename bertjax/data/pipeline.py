@@ -31,6 +31,7 @@ from bertjax import retry
 from bertjax.data import data_config, read_settings, workers
 from bertjax.data.batch_rows import BatchRows, Located
 from bertjax.data.corruption import causal, masking, similarity
+from bertjax.data.plan_version import PLAN_VERSION
 from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.data.plans.epochs import SplitEpochs
 from bertjax.data.plans.schedule import LengthSchedule
@@ -45,6 +46,8 @@ from bertjax.data.tokenizer.configured import load_tokenizer
 
 class Pipeline(BatchRows, DataSource):
     """Deterministic, restartable pretraining batches for one host; see the module docstring."""
+
+    plan_version = PLAN_VERSION
 
     def __init__(
         self,
