@@ -7,7 +7,12 @@ decides which fail, raising `OSError("503 Service Unavailable")` as a wrapped HT
 ``fail_at`` (request numbers), ``every`` (every N-th request), ``start``/``stop`` (an outage:
 every request from ``start`` until ``stop``, 0: no end; or while the file ``while_exists``
 exists), each only on paths containing ``match``; ``hang_while_exists``: a request waits (a read
-that hangs: no error, no answer) while that file exists, then goes on.
+that hangs: no error, no answer) while that file exists, then goes on. Keyed by the batch a
+request is for (the thread computing it says so through `computing`; tests/fault_runner.py
+wraps the pipeline's `compute_batches` in it): ``outage_from_batch`` = k fails, and
+``hang_from_batch`` = k hangs for good, every request of a batch k or more batches after the
+first this process computed (so every process of a run meets it at the same step); each prints
+one line when it first does.
 A spawned process (a data worker) reads its plan from $BERTJAX_FAULTS (JSON of those keys) when
 it imports this module; `make_pipeline` is the pipeline factory such a worker is given, so that
 it imports this module, and so knows the protocol, before it opens the store.
@@ -15,6 +20,7 @@ it imports this module, and so knows the protocol, before it opens the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -34,13 +40,15 @@ class Plan:
 
     def __init__(
         self, fail_at=(), every=0, start=0, stop=0, match: str = "", while_exists: str = "",
-        hang_while_exists: str = "",
+        hang_while_exists: str = "", outage_from_batch: int = 0, hang_from_batch: int = 0,
     ):  # fmt: skip
         self.fail_at, self.every = {int(n) for n in fail_at}, int(every)
         self.start, self.stop, self.match = int(start), int(stop), str(match)
         self.while_exists = str(while_exists)  # an outage: every request fails while it exists
         self.hang_while_exists = str(hang_while_exists)  # requests hang while it exists
+        self.outage_from_batch, self.hang_from_batch = int(outage_from_batch), int(hang_from_batch)
         self.requests = self.failures = self.hung = 0
+        self.told: set = set()
         self._lock = threading.Lock()
 
     def request(self, path: str) -> None:
@@ -48,16 +56,28 @@ class Plan:
         with self._lock:
             self.requests += 1
             n = self.requests
+            batch = getattr(BATCH, "index", None)  # of this process's batches, from 0
+            out = self.outage_from_batch and batch is not None and batch >= self.outage_from_batch
+            hangs_for_good = (
+                self.hang_from_batch and batch is not None and batch >= self.hang_from_batch
+            )
             fails = self.match in str(path) and (
                 n in self.fail_at
                 or (self.every and n % self.every == 0)
                 or (self.start and n >= self.start and (not self.stop or n < self.stop))
                 or (self.while_exists and os.path.exists(self.while_exists))
+                or out
             )
             self.failures += bool(fails)
             hangs = self.match in str(path) and self.hang_while_exists
             hangs = hangs and os.path.exists(self.hang_while_exists)
             self.hung += bool(hangs)
+        for what, now in (("outage", out), ("hang", hangs_for_good)):
+            if now and what not in self.told:
+                self.told.add(what)
+                print(f"faulty_fs: {what} from batch {batch} on", flush=True)
+        if hangs_for_good:
+            time.sleep(3600)  # a read that never answers (the process ends first)
         if fails:
             raise OSError(f"503 Service Unavailable (request {n}, injected)")
         while hangs and os.path.exists(self.hang_while_exists):
@@ -65,6 +85,21 @@ class Plan:
 
 
 PLAN = Plan(**json.loads(os.environ.get(ENV) or "{}"))
+BATCH = threading.local()  # .index: which of this process's batches the thread computes
+_FIRST: list = []  # the first step this process computed a batch of
+
+
+@contextlib.contextmanager
+def computing(steps: list):
+    """Inside, this thread's requests are for the batches of ``steps`` (counted from the first
+    step this process computed)."""
+    if not _FIRST:
+        _FIRST.append(min(steps))
+    BATCH.index = max(steps) - _FIRST[0]
+    try:
+        yield
+    finally:
+        BATCH.index = None
 
 
 class FaultyFileSystem(LocalFileSystem):

@@ -16,6 +16,7 @@ from bertjax import retry
 
 CLOSE_WAIT_S = 10.0  # how long closing waits for the reads running (a hung read is left)
 STOP_READ_WAIT_S = 5.0  # once the run stops, how long the step waiting for its batch still waits
+STOPPED_WAIT_S = 1.0  # closing a stopped run's reads waits at most this long for those running
 POLL_S = 0.25
 
 
@@ -78,9 +79,12 @@ class Prefetch:
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Cancels the reads not started and waits up to ``timeout_s`` for those running (at most
-        one a thread); a read that hangs in storage past that is left behind (its thread ends
-        when the read returns, or with the process). When none is left running, the executor's
-        threads or worker processes have ended when this returns."""
+        one a thread; `STOPPED_WAIT_S` once the run stopped: its reads have given up by then, or
+        hang); a read that hangs in storage past that is left behind (its thread ends when the
+        read returns, or with the process). When none is left running, the executor's threads or
+        worker processes have ended when this returns."""
+        if retry.current().cancelled():
+            timeout_s = min(timeout_s, STOPPED_WAIT_S)
         with self._lock:
             running = [future for future, _ in self._futures.values()]
             self._futures.clear()

@@ -155,7 +155,21 @@ class _Group:
         me = self.describe(self.index)
         sys.stderr.write(f"error: {what}; {me} stops too. {then} {_RERUN}\n")
         sys.stderr.flush()
+        if self.index == 0:  # it hosts the service: the others leave first (or JAX aborts them)
+            self._wait_for_the_others(self.heartbeat_timeout + 10 * WATCH_INTERVAL_S)
         os._exit(status)
+
+    def _wait_for_the_others(self, timeout_s: float) -> None:
+        """Until every other process has left the run (each stops on its own), at most
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if set(self.client.get_live_nodes(list(range(self.count)))) <= {self.index}:
+                    return
+            except Exception:  # noqa: BLE001  (the service is going away: nothing to wait for)
+                return
+            time.sleep(WATCH_INTERVAL_S / 4)
 
     def publish(self, error: BaseException) -> None:
         """Tells the others this process fails with ``error``, and the status it ends with."""
