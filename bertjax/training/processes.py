@@ -8,7 +8,8 @@ on, and a lost process named.
 - `exchange`: every process's JSON value, on every process, through the coordination service's
   key-value store (no XLA program to compile); `sum_counters` (host-side counts made global) and
   `check_same` (configs that differ between processes stop the run before its first step,
-  naming the keys) are built on it.
+  naming the keys) are built on it; `gather` is the same with a timeout, for processes that may
+  be stuck elsewhere (a stop during a storage outage).
 - The watchdog: a thread asks the coordination service which processes are still alive (JAX's
   heartbeats, sent by a C++ thread, so a busy Python does not count as lost). When one is gone,
   every other prints one line naming it (host, pid) and what to do, and exits with status
@@ -17,6 +18,12 @@ on, and a lost process named.
   decides. JAX's hook for this (the client's ``missed_heartbeat_callback``) cannot be called
   from Python in jaxlib 0.10 (std::bad_cast). One case stays JAX's: when process 0, which hosts
   the coordination service, dies, the others abort at once with JAX's own message.
+  A process that fails on its own publishes its error and status (bertjax/errors.py); the others
+  stop with that status. A failed collective is no such reason (every survivor of a lost host
+  meets one): a process whose collective failed waits for the watchdog to name the lost one
+  (75, on every survivor, whatever the process count) or for another to say why it failed.
+  The watchdog also passes JAX's preemption notice on (`on_preemption_notice`): a SIGTERM to
+  any process cancels every process's storage retries, so that none waits on storage to stop.
 - `finish`: the processes leave together, process 0 (the service) last.
 """
 
