@@ -107,7 +107,7 @@ def bounded(fn: Callable, seconds: float, what: str, raises: bool = True):
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        logging.warning("%s did not end within %.0f s (storage did not answer): left behind",
+        logging.warning("%s did not end within %g s (storage did not answer): left behind",
                         what, seconds)  # fmt: skip
         return None
     if "error" in box:
