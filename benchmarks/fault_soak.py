@@ -18,6 +18,7 @@ fault left), the wall time beside the uninterrupted run's, and whether the final
 every logged number equal the uninterrupted run's bit for bit.
 
     python benchmarks/fault_soak.py [--seeds=0,1,2] [--launches=12] [--phase_steps=24]
+        [--compile_cache=off]   # every launch compiles its programs again
     python benchmarks/fault_soak.py --dry_run   # the fault plans only (no process is started)
 """
 
@@ -155,6 +156,12 @@ def main(argv=None) -> None:
     parser.add_argument("--launches", type=int, default=12, help="faulted launches a seed")
     parser.add_argument("--phase_steps", type=int, default=24)
     parser.add_argument("--dry_run", action="store_true", help="print the plans only")
+    parser.add_argument(
+        "--compile_cache",
+        default="on",
+        choices=("on", "off"),
+        help="off: every launch compiles (the cache's effect on the wall)",
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.dry_run:
@@ -167,6 +174,8 @@ def main(argv=None) -> None:
     import numpy as np
 
     settings = fj.settings(args.phase_steps, processes=PROCESSES)
+    if args.compile_cache == "off":
+        settings.append("--config.compile_cache=off")
     total = 2 * args.phase_steps
     base = pathlib.Path(tempfile.mkdtemp(prefix="fault_soak_"))
     store = fj.build_store(base, _spm(str(base / "spm")))
@@ -177,9 +186,9 @@ def main(argv=None) -> None:
     ref_params = fj.params(reference.workdir, total)
     rows = []
     print("| seed | launches | faults (kind@process: statuses) | storage requests failed / "
-          "recovered | steps trained (again) | wall s (x uninterrupted) | params, logged "
-          "numbers | outcome |")  # fmt: skip
-    print("|---:|---:|---|---:|---:|---:|---|---|")
+          "recovered | steps trained (again) | wall s (x uninterrupted) | s a launch (median) "
+          "| params, logged numbers | outcome |")  # fmt: skip
+    print("|---:|---:|---|---:|---:|---:|---:|---|---|")
     for seed in seeds:
         result = soak(seed, args.launches, store, base, settings, fj)
         job = result["job"]
@@ -194,17 +203,19 @@ def main(argv=None) -> None:
         faults = "; ".join(f"{k}@{v}: {s}" for k, v, s in result["kinds"])
         again = len(steps) - total
         rows.append((again, result["wall"] / reference_wall))
+        per_launch = statistics.median(launch.wall_s for launch in job.launches)
         print(f"| {seed} | {len(job.launches)} | {faults} | {failed} / {recovered} | "
               f"{len(steps)} ({again}) | {result['wall']:.0f} "
-              f"({result['wall'] / reference_wall:.1f}x) | {equal} | {result['outcome']} |",
-              flush=True)  # fmt: skip
+              f"({result['wall'] / reference_wall:.1f}x) | {per_launch:.1f} | {equal} | "
+              f"{result['outcome']} |", flush=True)  # fmt: skip
     again = sorted(r[0] for r in rows)
     ratio = sorted(r[1] for r in rows)
     print(
         f"\nsteps trained again: median {statistics.median(again)} (range {again[0]}-"
         f"{again[-1]}); wall vs the uninterrupted run ({reference_wall:.0f} s): median "
         f"{statistics.median(ratio):.1f}x (range {ratio[0]:.1f}-{ratio[-1]:.1f}x); "
-        f"{len(seeds)} seeds, {total} steps each; workdirs in {base}"
+        f"{len(seeds)} seeds, {total} steps each; the uninterrupted run's launch "
+        f"{reference.launches[0].wall_s:.1f} s; workdirs in {base}"
     )
 
 
