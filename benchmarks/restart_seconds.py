@@ -9,6 +9,7 @@ is from the process's start to its first step in metrics.jsonl (log_every=1); th
 seconds are JAX's own (its backend_compile_duration events, summed by the child and printed).
 
     python benchmarks/restart_seconds.py [--config=configs/bert_base.py:smoke] [--restarts=6]
+        [--extra="--config.peak_flops_per_device=1e12"]   # more train.py flags
 """
 
 from __future__ import annotations
@@ -83,12 +84,13 @@ def main(argv=None) -> None:
     parser.add_argument("--extra", default="", help="more train.py flags, space-separated")
     args = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="restart_seconds_")
-    first = launch(args.config, workdir, [])
+    more = args.extra.split()
+    first = launch(args.config, workdir, more)
     print(f"first launch (compiles, fills the cache): {first}")
     rows = {"cache": [], "off": []}
     for i in range(args.restarts):
         kind = "cache" if i % 2 == 0 else "off"
-        extra = [] if kind == "cache" else ["--config.compile_cache=off"]
+        extra = more if kind == "cache" else [*more, "--config.compile_cache=off"]
         result = launch(args.config, workdir, extra)
         rows[kind].append(result)
         print(f"restart {i + 1} ({kind}): {json.dumps(result)}", flush=True)
