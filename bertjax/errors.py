@@ -138,6 +138,7 @@ PERMANENT_TYPES = frozenset(
         "urllib3.exceptions.SSLError",
         "urllib3.exceptions.LocationParseError",
         "ssl.SSLError",
+        "huggingface_hub.errors.OfflineModeIsEnabled",  # HF_HUB_OFFLINE=1: a ConnectionError
         *(f"{m}.{n}" for m in ("httpx", "httpx2") for n in ("UnsupportedProtocol", "InvalidURL")),
     }
 )

@@ -39,6 +39,13 @@ def _hub(status, **headers):
     return raised.value
 
 
+def _offline():
+    """What huggingface_hub raises for a request while HF_HUB_OFFLINE is set (no retry helps)."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    return OfflineModeIsEnabled("Cannot reach https://hub.local: offline mode is enabled")
+
+
 def _raised_from(outer: BaseException, inner: BaseException) -> BaseException:
     try:
         try:
@@ -131,6 +138,7 @@ def _bad_input():
         _hub(401),
         _hub(403),
         _hub(404, **{"X-Error-Code": "RepoNotFound"}),
+        _offline(),
         errors.LongRead("gs://b/o: 30 bytes arrived of 20"),
         FileNotFoundError("gs://b/o"),
         OSError("Forbidden: b/shard-503.bin"),  # gcsfs's 403; a number in a name is no status

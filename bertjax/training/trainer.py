@@ -148,7 +148,7 @@ class _Run:
         try:
             self._open(config, workdir, phase, stop, planned)
         except BaseException:  # setup failed (a checkpoint set aside, a signal): close its parts
-            self.close(abandon=True)
+            self.close(setup_failed=True)
             raise
 
     def _open(self, config, workdir: str, phase, stop: StopRequests, planned) -> None:
@@ -379,23 +379,29 @@ class _Run:
             self.best.update(done, result, self.state, self.meta, self.data.write_predictions)
         self.window.restart()  # eval time is not training throughput
 
-    def close(self, abandon: bool = False) -> None:
-        """Closes what the run opened; ``abandon`` (setup failed), or a stop or an outage:
-        nothing waits on storage or on a hung read past a deadline."""
-        abandon = abandon or self.abandon_reads or self.stop.received is not None
-        if abandon:  # saved: no read is needed; one waiting out a backoff gives up now
+    def close(self, setup_failed: bool = False) -> None:
+        """Closes what the run opened. After a stop or an outage nothing waits on storage or on
+        a hung read past a deadline (the run's token is cancelled: reads still waiting out a
+        backoff give up); after a failed setup (a checkpoint set aside: the run is planned
+        again with the same token) the checkpoints are closed within a deadline too."""
+        stopping = self.abandon_reads or self.stop.received is not None
+        stopping = stopping or self.stop.token.cancelled()
+        if stopping:  # saved: no read is needed
             self.stop.token.cancel()
         if self.progress is not None:
             self.progress.close()
         if self.ckpt is not None:
-            if abandon:
+            if stopping or setup_failed:
                 bounded(self.ckpt.close, SAVE_WAIT_S, "closing the checkpoints", raises=False)
             else:
                 self.ckpt.close()
         if self.best is not None:
             self.best.close()
         if self.writer is not None:
-            bounded(self.writer.close, METRICS_WAIT_S, "closing the metrics", raises=not abandon)
+            if stopping:
+                bounded(self.writer.close, METRICS_WAIT_S, "closing the metrics", raises=False)
+            else:
+                self.writer.close()
         if self.data is not None:
             self.data.close()
 
