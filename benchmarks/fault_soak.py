@@ -204,7 +204,7 @@ def main(argv=None) -> None:
         again = len(steps) - total
         rows.append((again, result["wall"] / reference_wall))
         per_launch = statistics.median(launch.wall_s for launch in job.launches)
-        print(f"| {seed} | {len(job.launches)} | {faults} | {failed} / {recovered} | "
+        print(f"| {seed} | {len(job.launches)} | {faults} | {failed:.0f} / {recovered:.0f} | "
               f"{len(steps)} ({again}) | {result['wall']:.0f} "
               f"({result['wall'] / reference_wall:.1f}x) | {per_launch:.1f} | {equal} | "
               f"{result['outcome']} |", flush=True)  # fmt: skip
