@@ -83,10 +83,11 @@ class StoppedApart(Retryable):
 
     def __init__(self, step: int, saved: int, steps: list | None):
         where = "not every process answered" if steps is None else f"the processes were at {steps}"
+        lost = f"step {step} could not be saved" if step != saved else "nothing was lost"
         super().__init__(
-            f"stopped while the batch of step {step + 1} did not come (storage did not answer, "
-            f"or a read hung) and {where}: step {step} could not be saved; rerun the same "
-            f"command to resume from step {saved}"
+            f"stopped while the batch after step {step} did not come (storage did not answer, "
+            f"or a read hung) and {where}: {lost}; rerun the same command to resume from step "
+            f"{saved}"
         )
 
 

@@ -232,9 +232,10 @@ class _Run:
             self._save_unsaved(f"stopped by {signal_stop}")
             stopped = signal_stop.signum
         except StorageUnavailable:  # the batch never came: the state is the last step's
+            stop_requested = self.stop.stopping_together()  # a stop came during the outage
             self.abandon_reads = True
             self.stop.token.cancel()  # nothing on the way out waits on storage any more
-            if self.stop.stopping_together():  # a stop during an outage (several processes)
+            if stop_requested:  # (several processes; one process stops through Interrupted)
                 stopped = self._stop_where_stuck()
             elif jax.process_count() == 1:  # several: the others wait in the step (processes.py)
                 bounded(lambda: self._save_unsaved("storage unreachable"), SAVE_WAIT_S,
