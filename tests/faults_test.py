@@ -20,8 +20,8 @@ fails with a 503) throughout:
    from;
 4. the newest checkpoint truncated (a file lost after the save completed): it is set aside and
    the run exits 75 to be planned again from the one before;
-5. an outage longer than the storage retry budget on process 0's reads: all exit 75, one line
-   naming the object;
+5. an outage longer than the storage retry budget on process 0's reads, from the third batch of
+   the launch (inside the training loop): all exit 75, one line naming the object;
 6. the run to its end: 0.
 (A stalled host, SIGSTOP, is the soak's: benchmarks/fault_soak.py.)
 """
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.slow
 PHASE_STEPS = 8  # each of the two phases
 STEPS = 2 * PHASE_STEPS
 GRACE_S = 30  # a pod's grace window after SIGTERM (Kubernetes' default)
-STUCK_AT = 2  # the stop during an outage: reads fail (hang) from this batch of the launch
+STUCK_AT = 2  # the outages: reads fail (hang) from this batch of the launch
 
 
 @pytest.fixture(scope="module")
@@ -136,12 +136,8 @@ def faulted(tmp_path_factory, store, job_settings, reference) -> Supervisor:
         f.truncate(os.path.getsize(victim) // 2)
     job.run("truncated", faults=transient)
 
-    trigger = str(job.logs / "outage")  # 5: every read of process 0 fails while this file exists
-    procs = job.start("outage", faults=[{**TRANSIENT, "while_exists": trigger}, *transient[1:]])
-    job.wait_for_step(procs)
-    open(trigger, "w").close()
-    job.finish("outage", procs)
-    os.remove(trigger)
+    outage = [{**TRANSIENT, "outage_from_batch": STUCK_AT}, *transient[1:]]  # 5
+    job.run("outage", faults=outage)
 
     job.run("finish", faults=transient)  # 6
     print("launch seconds:", {launch.name: round(launch.wall_s) for launch in job.launches})

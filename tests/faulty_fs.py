@@ -10,9 +10,9 @@ exists), each only on paths containing ``match``; ``hang_while_exists``: a reque
 that hangs: no error, no answer) while that file exists, then goes on. Keyed by the batch a
 request is for (the thread computing it says so through `computing`; tests/fault_runner.py
 wraps the pipeline's `compute_batches` in it): ``outage_from_batch`` = k fails, and
-``hang_from_batch`` = k hangs for good, every request of a batch k or more batches after the
-first this process computed (so every process of a run meets it at the same step); each prints
-one line when it first does.
+``hang_from_batch`` = k hangs for good, every request of the k-th batch this process computes
+(from 0, in the order it begins them) and of every later one (so every process of a run meets
+it at the same step); each prints one line when it first does.
 A spawned process (a data worker) reads its plan from $BERTJAX_FAULTS (JSON of those keys) when
 it imports this module; `make_pipeline` is the pipeline factory such a worker is given, so that
 it imports this module, and so knows the protocol, before it opens the store.
@@ -86,16 +86,18 @@ class Plan:
 
 PLAN = Plan(**json.loads(os.environ.get(ENV) or "{}"))
 BATCH = threading.local()  # .index: which of this process's batches the thread computes
-_FIRST: list = []  # the first step this process computed a batch of
+_COUNTED = [0]  # batches this process began to compute, in the order it began them
+_COUNT_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def computing(steps: list):
-    """Inside, this thread's requests are for the batches of ``steps`` (counted from the first
-    step this process computed)."""
-    if not _FIRST:
-        _FIRST.append(min(steps))
-    BATCH.index = max(steps) - _FIRST[0]
+    """Inside, this thread's requests are for the last of the batches ``steps``, counted from
+    the first batch this process computed, in the order it began them (the same on every process
+    of a run, across its phases)."""
+    with _COUNT_LOCK:
+        _COUNTED[0] += len(steps)
+        BATCH.index = _COUNTED[0] - 1
     try:
         yield
     finally:
