@@ -131,8 +131,8 @@ def parse_flags(argv: list[str], flag_values=None, known_only: bool = False) -> 
 
 def new_flags(*specs: tuple):
     """A `flags.FlagValues` of a command with --help, --verbosity (-v) and a flag for each
-    ``(name, default, help)`` of ``specs``: an integer flag for an int default, else a string
-    flag (None: no default)."""
+    ``(name, default, help)`` of ``specs``: a bool flag for a bool default, an integer flag for
+    an int default, else a string flag (None: no default)."""
     from absl import flags
 
     flag_values = flags.FlagValues()
@@ -143,6 +143,7 @@ def new_flags(*specs: tuple):
     )  # fmt: skip
     for name, default, help_string in specs:
         define = flags.DEFINE_integer if isinstance(default, int) else flags.DEFINE_string
+        define = flags.DEFINE_bool if isinstance(default, bool) else define
         define(name, default, help_string, flag_values=flag_values)
     return flag_values
 

@@ -59,7 +59,7 @@ _QUICK = flags.DEFINE_bool(
     "quick",
     False,
     "Compile at two small depths and extrapolate to the real one: collectives, FLOPs and the "
-    "state's memory come out exact, temporaries only roughly (benchmarks/results.md).",
+    "state's memory come out exact, temporaries only roughly (docs/results/compile.md).",
 )
 _HLO = flags.DEFINE_string(
     "hlo_dir",

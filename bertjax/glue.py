@@ -3,12 +3,16 @@ RTE (WNLI optional), choose each task's learning rate by the median over seeds a
 OUT/glue_results.json; the public face of bertjax/evaluation/glue.py. Each run reports its dev
 scores at the end of training (``--config.glue.report=best_on_dev``: the best evaluation).
 
-Run: python -m bertjax.glue --glue_dir=DIR --workdir=OUT [--config=configs/glue.py]
+Run: python -m bertjax.glue --workdir=OUT [--config=configs/glue.py]
          [--config.init_from=WORKDIR_OR_HF_DIR] [--config.KEY=VALUE ...]
 
-``DIR`` holds the standard GLUE download script's folders (CoLA/, SST-2/, ...); without
-``--glue_dir`` the tasks come from prepared TFDS ``glue/*`` (``--config.task.tfds_data_dir``).
-From Python: ``results = bertjax.glue.run_glue(config, glue_dir, workdir)``.
+The tasks come from the Hugging Face Hub: ``nyu-mll/glue``'s parquet files at a pinned commit
+(``--config.task.glue_revision``; ``--config.task.glue_repo`` for a mirror), downloaded once
+into the Hugging Face cache (``HF_HOME``), read from there offline (bertjax/tasks/glue_hub.py).
+Offline without that cache: ``--glue_dir=DIR``, the standard GLUE download script's folders
+(CoLA/, SST-2/, ...), or ``--glue_source=tfds``, prepared TFDS ``glue/*``
+(``--config.task.tfds_data_dir``). From Python: ``results = bertjax.glue.run_glue(config,
+glue_dir, workdir, source)``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ def main(argv: list[str] | None = None) -> None:
         "config", DEFAULT_CONFIG, "GLUE recipe (a get_config() -> ConfigDict).", sys_argv=argv
     )
     glue_dir = flags.DEFINE_string(
-        "glue_dir", "", "GLUE download script's folder (CoLA/, SST-2/, ...); '' = TFDS glue/*."
+        "glue_dir", "", "GLUE download script's folder (CoLA/, SST-2/, ...); '': the Hub's."
+    )
+    glue_source = flags.DEFINE_string(
+        "glue_source", "", "hub (nyu-mll/glue), dir (--glue_dir) or tfds; '': dir if --glue_dir"
     )
     workdir = flags.DEFINE_string(
         "workdir", None, "Output: runs/, glue_results.json, glue_results.md.", required=True
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
             logging.set_verbosity(logging.WARNING)
         with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
-            harness = GlueHarness(config.value, glue_dir.value, workdir.value)
+            harness = GlueHarness(config.value, glue_dir.value, workdir.value, glue_source.value)
             harness.run()
         with open(os.path.join(harness.workdir, "glue_results.md")) as f:
             print(f.read())

@@ -44,6 +44,7 @@ def get_config(variant=""):
     config.data.eval_mask_rate = 0.15  # held-out MLM comparable with other recipes
     config.data.sample_plan = "full_sentences"
     config.data.pack_rows = True  # packed rows stay separate under both objectives
+    config.mlm_bias_init = "zeros"  # HF ModernBERT's init of the decoder bias
     config.optim.name = "stableadamw"
     config.optim.learning_rate = 8e-4
     config.optim.base_batch_size = 1152

@@ -27,7 +27,7 @@ Data:    sample_plan="full_sentences": RoBERTa's FULL-SENTENCES rows of whole se
          any size starts from its manifest and each host reads only its own pieces' index.
 Slice:   v5e-8 (the paper: one GPU for a day); the batch of 8192 is 8 microbatches
          (config.optim.grad_accum_steps; cramming's micro-batch is 128 rows per GPU, here 128 per
-         chip): a step of 1024 rows per chip does not fit v5e's 16 GiB (benchmarks/results.md)
+         chip): a step of 1024 rows per chip does not fit v5e's 16 GiB (docs/results/compile.md)
          check it: python -m bertjax.compile --config=configs/cramming.py --topology=v5e-8
 Run:     python train.py --config=configs/cramming.py --workdir=DIR \
              --config.data.corpus='/data/pile/*.txt'

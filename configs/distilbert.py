@@ -12,10 +12,11 @@ Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_ti
 Expect:  from the BERT-tiny teacher (3000 steps, held-out MLM accuracy 0.346), held-out MLM
          accuracy 0.308 (0.303-0.314 over seeds 0-2) after 300 steps, vs 0.083 (0.078-0.087)
          for the same 1-layer student trained from random init without a teacher
-         (benchmarks/distill_compare.py; benchmarks/results.md). The KL at every real token (HF's
-         default) runs ~2 steps/s on a 2-core CPU; at masked positions only (restrict_ce_to_mask)
-         ~6 steps/s at 0.304 (0.297-0.311): at this size it buys nothing measurable.
-         With the default empty config.loss.teacher the teacher is RANDOM: a smoke test only.
+         (benchmarks/comparisons/distill_compare.py; docs/results/comparisons.md). The KL at every
+         real token (HF's default) runs ~2 steps/s on a 2-core CPU; at masked positions only
+         (restrict_ce_to_mask) ~6 steps/s at 0.304 (0.297-0.311): at this size it buys nothing
+         measurable. With the default empty config.loss.teacher the teacher is RANDOM: a smoke test
+         only.
 """
 
 from bertjax.objectives.distill import add_distill_config
@@ -28,7 +29,8 @@ def get_config(variant=""):
     config.batch_size = 32
     config.num_train_steps = 500
     config.model.num_hidden_layers = 1  # the student; width, heads, vocab follow the teacher's
-    # () = teacher layers spread first to last (12 -> 6: 0,2,4,7,9,11 as HF's extract_distilbert)
+    # () = teacher layers spread first to last, as HF's extract_distilbert (BERT-tiny's 2 -> 1
+    # takes layer 0; a 12-layer teacher's 6-layer student would take 0,2,4,7,9,11)
     config.loss.student_layers = ()
     config.loss.restrict_ce_to_mask = False  # soft-target KL at every real token (HF's default)
     config.data.vocab_size = 8000  # unused when a bertjax teacher brings its tokenizer

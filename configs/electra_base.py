@@ -42,6 +42,7 @@ def get_config(variant=""):
     config.loss.discriminator_weight = 50.0  # lambda
     config.loss.generator_hidden_size = 1 / 3  # Base: generator 1/3 of the width
     config.loss.generator_layers = 1.0  # as many layers as the discriminator
+    config.mlm_bias_init = "zeros"  # BERT's init of the generator's MLM decoder bias (the paper's)
     config.batch_size = 256
     config.num_train_steps = 766_000
     config.data.vocab_size = 30522

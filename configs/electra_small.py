@@ -48,6 +48,7 @@ def get_config(variant=""):
     config.loss.discriminator_weight = 50.0  # lambda
     config.loss.generator_hidden_size = 0.25  # Small: generator 1/4 of the width
     config.loss.generator_layers = 1.0  # as many layers as the discriminator
+    config.mlm_bias_init = "zeros"  # BERT's init of the generator's MLM decoder bias (the paper's)
     config.batch_size = 128
     config.num_train_steps = 1_000_000
     config.data.vocab_size = 30522

@@ -11,11 +11,12 @@ Run:     python train.py --config=configs/electra_tiny.py --workdir=workdir/elec
          python train.py --config=configs/finetune_glue.py --workdir=workdir/ft_electra \
              --config.init_from=workdir/electra_tiny
 Expect:  on a 2-core CPU about 4.5 minutes (79 ms per step against bert_tiny's 72). Measured
-         (benchmarks/electra_compare.py, 2734 steps = bert_tiny's 3000 in wall time): held-out
-         generator MLM accuracy 0.197; replaced-token accuracy 0.871 against 0.874 for "all
+         (benchmarks/comparisons/electra_compare.py, 2734 steps = bert_tiny's 3000 in wall time):
+         held-out generator MLM accuracy 0.197; replaced-token accuracy 0.871 against 0.874 for "all
          original", AUC 0.59 (0.56 at step 450): at this scale the discriminator barely starts
          learning in this budget, and fine-tuned with configs/finetune_glue.py it reaches 0.653
-         dev accuracy (0.653-0.678, 3 seeds) against 0.758 from bert_tiny (results.md).
+         dev accuracy (0.653-0.678, 3 seeds) against 0.758 from bert_tiny
+         (docs/results/comparisons.md).
 """
 
 import os

@@ -5,7 +5,7 @@
    each scored against every document of the global batch), which GradCache makes fit: the
    encoder runs 4,096 queries (and their documents) at a time, 64 per chip on the slice below
    (fewer chips: a smaller chunk). Fewer, larger chunks keep the chips' matrix units busy and
-   reduce less across chips (benchmarks/results.md).
+   reduce less across chips (docs/results/compile.md).
 2. hard: fine-tuning at batch 256 with 7 mined hard negatives per query and Matryoshka losses at
    768 and 256 dimensions.
 

@@ -8,7 +8,7 @@ Run:     python train.py --config=configs/embed_tiny.py --workdir=workdir/embed_
              --config.init_from=workdir/bert_tiny
 Expect:  6 min of CPU time (16 min wall on a 2-core CPU shared with other jobs); the held-out
          retrieval metrics (209 held-out queries against their 209 documents) print at each
-         eval: measured from random init, seed 0 (benchmarks/results.md, 2026-12-02): step 250
+         eval: measured from random init, seed 0 (docs/results/comparisons.md, 2026-12-02): step 250
          ndcg@10 0.519, mrr@10 0.481, recall@100 0.947; step 500 ndcg@10 0.544, mrr@10 0.511,
          recall@100 0.952.
 """

@@ -1,19 +1,23 @@
 """Fine-tune BERT-tiny on a sequence task: by default the built-in, offline `stdlib_families`
 (CPython docstring sentences labelled by their module's library family: text / files / network /
-concurrency; dev = 20% of documents). GLUE: --config.task.source=tfds:glue/sst2 (prepared
-ArrayRecord data, nothing is downloaded); files: --config.task.source=files
---config.task.train_file=train.tsv --config.task.dev_file=dev.tsv (text, [text_pair], label
-columns); STS-B style regression: --config.loss.num_labels=1 --config.task.metric=pearson.
+concurrency; dev = 20% of documents). GLUE: --config.task.source=glue:sst2
+--config.loss.num_labels=2 (nyu-mll/glue's parquet from the Hub at a pinned commit, downloaded
+once into the Hugging Face cache; --config.task.glue_dir=DIR for the download script's folders)
+or tfds:glue/sst2 (prepared ArrayRecord data, nothing is downloaded); files:
+--config.task.source=files --config.task.train_file=train.tsv --config.task.dev_file=dev.tsv
+(text, [text_pair], label columns); STS-B style regression: --config.loss.num_labels=1
+--config.task.metric=pearson.
 
 Run:     python train.py --config=configs/bert_tiny.py --workdir=workdir/bert_tiny
          python train.py --config=configs/finetune_glue.py --workdir=workdir/ft_glue \
              --config.init_from=workdir/bert_tiny
 Expect:  about 5 minutes on a 2-core CPU; dev accuracy about 0.75-0.78 (majority class 0.315).
-         Measured (benchmarks/finetune_compare.py, 600 steps, this LR, median of 3 seeds):
+         Measured (benchmarks/comparisons/finetune_compare.py, 600 steps, this LR, median of 3
+         seeds):
          0.758 from the default job's encoder, 0.765 from a random init (a bag-of-words task).
          The built-in word-order task (--config.task.source=builtin:stdlib_word_order
          --config.loss.num_labels=2) needs the pretrained encoder: 0.708 vs 0.514 from a random
-         init (majority 0.514; benchmarks/results.md). The best checkpoint and its dev
+         init (majority 0.514; docs/results/comparisons.md). The best checkpoint and its dev
          predictions are in workdir/ft_glue/best/.
 """
 

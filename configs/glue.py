@@ -4,10 +4,12 @@ LR per task by the median dev score over seeds (bertjax/evaluation/glue.py); eac
 dev scores at the end of training (config.glue.report "last"; "best_on_dev": early stopping on
 dev, not comparable with the published numbers below).
 
-Run:     python -m bertjax.glue --glue_dir=glue_data --workdir=workdir/glue \
+Run:     python -m bertjax.glue --workdir=workdir/glue \
              --config.init_from=workdir/bert_base     # a bertjax workdir or a Hugging Face dir
-         (glue_data: the folders of the standard download_glue_data.py; without --glue_dir the
-         tasks come from prepared TFDS glue/*). Per task: --config.glue.rte.epochs=10
+         (the tasks: nyu-mll/glue's parquet on the Hugging Face Hub at a pinned commit,
+         config.task.glue_revision, downloaded once into the Hugging Face cache; offline:
+         --glue_dir=glue_data, the folders of the standard download_glue_data.py, or
+         --glue_source=tfds, prepared TFDS glue/*). Per task: --config.glue.rte.epochs=10
          --config.glue.rte.learning_rates='(1e-5, 2e-5)'; RoBERTa's MNLI start for the small
          tasks: --config.glue.from_mnli='("rte", "mrpc", "stsb")'. A second call with the same
          --workdir skips every finished run. Through train.py this recipe fine-tunes the built-in

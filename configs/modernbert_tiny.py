@@ -3,7 +3,7 @@ layers, alternating local/global attention) at BERT-tiny's width, with bert_tiny
 data, masking and evaluation, MLM only.
 
 Run:     python train.py --config=configs/modernbert_tiny.py --workdir=workdir/modernbert_tiny
-Expect:  see benchmarks/results.md ("ModernBERT-tiny vs BERT-tiny at equal wall time") for the
+Expect:  see docs/results/comparisons.md ("ModernBERT-tiny vs BERT-tiny at equal wall time") for the
          held-out MLM accuracy at 1, 2 and 4 minutes beside the default run.
 """
 

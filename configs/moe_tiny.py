@@ -5,7 +5,7 @@ heads) plus the MoE fields; each token still runs one 128 -> 512 -> 128 feed-for
 parameters per token match the dense model.
 
 Run:     python train.py --config=configs/moe_tiny.py --workdir=workdir/moe_tiny
-         python benchmarks/moe_compare.py --steps 3000      # beside the dense model
+         python benchmarks/comparisons/moe_compare.py --steps 3000      # beside the dense model
 Expect:  on a 2-core CPU about 6.5 minutes (0.82x the dense steps/s). Measured (moe_compare, 3000
          steps, same seed and data): held-out MLM loss 4.007 vs 4.034 dense, accuracy 0.357 vs
          0.350 (MoE ahead from step 2000; behind at 1000: 4.601 vs 4.588); ~6% of token-choices

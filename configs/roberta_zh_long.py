@@ -32,7 +32,7 @@ def get_config(variant=""):
     config.mlm_bias_init = "zeros"  # BERT's init of the MLM decoder bias (the paper's)
     config.batch_size = 256
     # 2 microbatches of 8 rows per chip on v5e-16: the whole batch at once left 10% of HBM free
-    # at T=1024 (14.4 GiB of 16), two leave 45% (8.7 GiB); bertjax.compile, benchmarks/results.md
+    # at T=1024 (14.4 GiB of 16), two leave 45% (8.7 GiB); bertjax.compile, docs/results/compile.md
     config.optim.grad_accum_steps = 2
     config.num_train_steps = 500_000
     config.data.corpus = "data/zh/*.txt"  # your Chinese corpus

@@ -410,7 +410,7 @@ def test_on_a_gpu_cudnn_drops_probabilities_with_a_seed_per_layer(monkeypatch):
     """What is checked without a GPU: a BERT train step's attention with dropout goes to cuDNN's
     fused call (forward and backward), at the config's rate, with one seed per layer shared by
     the layer's forward and backward; scanned and shared stacks are refused. cuDNN's bits and
-    numbers need a GPU (benchmarks/gpu_checks.py)."""
+    numbers need a GPU (benchmarks/step/gpu_checks.py)."""
     cfg = bertjax.BertConfig.preset(
         "tiny", vocab_size=32, hidden_size=32, num_attention_heads=2, intermediate_size=64,
         num_hidden_layers=2, dtype="bfloat16", attention_probs_dropout_prob=0.125,

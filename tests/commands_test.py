@@ -14,7 +14,7 @@ import pytest
 from helpers import child_env
 from inference_fixtures import write_cased_workdir
 
-from bertjax import cli, embed, errors, predict
+from bertjax import cli, embed, errors, export, predict
 from bertjax.data.store import beam_prepare
 from bertjax.objectives import diffusion_sampling
 
@@ -83,7 +83,38 @@ def _cases(root, workdir):
         "embed-nothing-to-do": (
             embed.main,
             ["embed", f"--model={workdir}"],
-            "give --beir_dir (metrics), --corpus (vectors) or --export (a directory)",
+            "give --beir_dir (metrics), --corpus (vectors), --mteb (mteb's results) or --export",
+        ),
+        "embed-mteb-unknown-task": (  # before the model is read
+            embed.main,
+            ["embed", f"--model={workdir}", "--mteb=SciFactt", f"--output={root}/o-mteb"],
+            "--mteb='SciFactt': neither a directory nor an mteb task (KeyError: 'SciFactt' not "
+            "found. Did you mean: 'SciFact'?)",
+        ),
+        "embed-mteb-not-a-task-directory": (
+            embed.main,
+            ["embed", f"--model={workdir}", f"--mteb={root}/not_beir", f"--output={root}/o-mteb"],
+            f"--mteb='{root}/not_beir': a local task is a BEIR directory",
+        ),
+        "embed-mteb-without-output": (
+            embed.main,
+            ["embed", f"--model={workdir}", "--mteb=SciFact"],
+            "--mteb needs --output=DIR (mteb's results folder)",
+        ),
+        "export-missing-model": (
+            export.main,
+            ["export", f"--model={root}/nowhere", f"--output={root}/o-export"],
+            f"--model='{root}/nowhere' is not a directory",
+        ),
+        "export-output-taken": (  # the folder holds the inputs: nothing is written over
+            export.main,
+            ["export", f"--model={workdir}", f"--output={root}"],
+            f"--output='{root}' exists and is not an empty folder",
+        ),
+        "export-private-without-push": (
+            export.main,
+            ["export", f"--model={workdir}", f"--output={root}/o-export", "--private"],
+            "--private needs --push_to=OWNER/NAME",
         ),
         "diffusion-missing-workdir": (  # relative to the current directory (root)
             diffusion_sampling.main,
@@ -94,6 +125,11 @@ def _cases(root, workdir):
             beam_prepare.main,
             ["prepare", f"--config={TINY}", f"--output={root}/store", "--outptu=x"],
             "--outptu: not a flag of bertjax.data.prepare nor a Beam pipeline option",
+        ),
+        "prepare-misspelled-config-key": (  # the check train.py, glue and compile make
+            beam_prepare.main,
+            ["prepare", f"--config={TINY}", f"--output={root}/store", "--config.data.corpuss=x"],
+            "unknown config key 'config.data.corpuss'",
         ),
     }
 

@@ -159,9 +159,10 @@ def _cpu():
 
 def test_the_tpu_notebook_sizes_its_run_for_the_colab_runtime():
     """The run colab/pretrain_tpu.ipynb builds from its own cells on a target's devices
-    (benchmarks/colab_fit.py compiles it; results.md: Colab runtimes): BERT-base at 32 rows a
-    device, bfloat16 on a v5e-1, float32 on a T4, FSDP over 4 of v2-8's 8 devices."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    (benchmarks/compile/colab_fit.py compiles it; docs/results/compile.md: Colab runtimes):
+    BERT-base at 32 rows a device, bfloat16 on a v5e-1, float32 on a T4, FSDP over 4 of v2-8's 8
+    devices."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "compile"))
     import colab_fit
 
     _libtpu()

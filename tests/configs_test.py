@@ -15,12 +15,18 @@ CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.
 
 
 # Recipes another test runs end to end as the recipe (all steps, held-out eval): where, and a
-# line of that file (or of README.md's runnable blocks, which tests/readme_test.py runs) that runs
-# it; test_recipes_run_elsewhere_are_run_there keeps the list honest.
+# line of that file (or of the runnable blocks of README.md and docs/, which tests/docs_test.py
+# runs: a recipe named there runs as its smoke variant); test_recipes_run_elsewhere_are_run_there
+# keeps the list honest.
+PAGES = "README.md and docs/"
 RUN_ELSEWHERE = {
-    "bert_tiny": ("README.md", "python train.py --workdir=workdir/bert_tiny"),
-    "finetune_glue": ("README.md", "python train.py --config=configs/finetune_glue.py"),
-    "embed_tiny": ("README.md", "python train.py --config=configs/embed_tiny.py"),
+    "bert_tiny": (PAGES, "pip install -e . && python train.py\n"),
+    "finetune_glue": (PAGES, "python train.py --config=configs/finetune_glue.py"),
+    "finetune_ner": (PAGES, "python train.py --config=configs/finetune_ner.py"),
+    "embed_tiny": (PAGES, "python train.py --config=configs/embed_tiny.py"),
+    "modernbert_tiny": (PAGES, "python train.py --config=configs/modernbert_tiny.py"),
+    "modernbert_base": (PAGES, "python train.py --config=configs/modernbert_base.py:smoke"),
+    "distilbert": (PAGES, "python train.py --config=configs/distilbert.py"),
     "diffusion_tiny": ("tests/diffusion_test.py", '"diffusion_tiny.py"'),
     "glue": ("tests/glue_test.py", '"bertjax.glue"'),
     "phases_tiny": (
@@ -102,14 +108,14 @@ def test_a_smoke_variant_is_the_recipe_at_toy_sizes():
 
 
 def test_recipes_run_elsewhere_are_run_there():
-    """Each recipe left out of test_config_runs_shrunken is named by the test (or README block)
-    said to run it end to end."""
-    from readme_test import runnable_blocks
+    """Each recipe left out of test_config_runs_shrunken is named by the test (or the page's
+    runnable block) said to run it end to end."""
+    from runnable_blocks import all_blocks
 
-    readme = "".join(block.text.replace("\\\n", " ") for block in runnable_blocks())
+    pages = "".join(b.text.replace("\\\n", " ") for b in all_blocks() if b.runnable)
     for name, (where, line) in RUN_ELSEWHERE.items():
         assert name in CONFIGS, name
-        text = readme if where == "README.md" else open(os.path.join(ROOT, where)).read()
+        text = pages if where == PAGES else open(os.path.join(ROOT, where)).read()
         assert line in text, (name, where, line)
     from glue_test import _command
 

@@ -187,6 +187,20 @@ def s3_bucket():
                 os.environ[key] = value
 
 
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """A Hugging Face Hub on the loopback (tests/hub_server.py, in a thread of this process), empty:
+    add repositories with ``hub.commit(repo_id, {path: bytes}, repo_type=...)``. huggingface_hub in
+    this process and in its children talks to it (``HF_ENDPOINT``), with a cache and token file of
+    the module's own (``HF_HOME``) and no token; ``hub.count(kind)`` counts the requests served,
+    ``hub.fail(kind, status, ...)`` injects faults, ``hub.reset()`` forgets both."""
+    from hub_server import HubServer, use_endpoint
+
+    root = tmp_path_factory.mktemp("hub")
+    with HubServer(root / "repos") as server, use_endpoint(server.url, root / "hf_home"):
+        yield server
+
+
 # Test modules, heaviest first (summed --durations of a full run on the 2-core machine). xdist
 # hands whole modules to its workers (loadscope) in collection order; by default it would order
 # them by test count, which left the few-test, minute-long modules (notebooks, benchmarks, the
@@ -196,7 +210,7 @@ HEAVIEST_FIRST = (
     "configs_test",
     "multiprocess_test",
     "phases_test",
-    "readme_test",
+    "docs_test",
     "real_checkpoint_test",
     "trainer_test",
     "notebooks_test",
@@ -223,6 +237,7 @@ HEAVIEST_FIRST = (
     "compile_test",
     "optim_modern_test",
     "embedding_test",
+    "mteb_test",
     "optim_test",
     "finetune_test",
     "run_config_test",

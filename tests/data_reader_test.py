@@ -1,7 +1,8 @@
 """The sharded store's block reader under threads (bertjax/data/store/block_cache.py): behind a slow
 fake filesystem, threads asking for the same blocks at once read each block once, the cache counts
 each block's bytes once and stays within its bound, ranges of a synchronous filesystem go out on
-several threads, runs coalesce across small gaps, and a bad block stops every waiting thread."""
+several threads, runs coalesce across small gaps (a gap's blocks read once whatever thread asks
+for them meanwhile), and a bad block stops every waiting thread."""
 
 import threading
 import time
@@ -162,6 +163,23 @@ def test_runs_coalesce_across_gaps_of_up_to_gap_blocks(store):
     ]
     assert len(cache.cache) == 6  # the gap's blocks are checked and kept too
     assert np.count_nonzero(cache._known[0]) == 5 and np.count_nonzero(cache._known[1]) == 1
+
+
+def test_a_block_in_the_gap_of_another_threads_read_is_waited_for_not_read_again(store):
+    """One thread reads blocks 0 and 3 of shard 0 as one run (the gap's blocks 1-2 with them);
+    threads asking meanwhile for block 1 or 2 wait for that read: one range in all (each sent
+    its own before, as the reads ahead of a first batch did, all started together)."""
+    fs = _SlowFS(0.1, asynchronous=True)
+    cache = _cache(store, fs, gap_blocks=2)
+    first = threading.Thread(target=cache.fetch, args=(np.array([[0, 0], [0, 3]]),))
+    first.start()
+    time.sleep(0.03)  # its read in flight
+    results, errors = _on_threads(2, lambda i: cache.fetch(np.array([[0, 1 + i]])))
+    first.join()
+    assert not errors and fs.requests == 1 and len(fs.asked) == 1
+    for i, (data,) in enumerate(results):
+        want = store[3][0][(1 + i) * BLOCK : (2 + i) * BLOCK]
+        np.testing.assert_array_equal(_tokens(data), want)
 
 
 def test_a_corrupted_block_stops_the_reader_and_every_thread_waiting_for_it(store, tmp_path):

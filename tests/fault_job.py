@@ -1,9 +1,10 @@
-"""The fault tier's job (tests/faults_test.py, benchmarks/fault_soak.py): a two-phase pretraining
-run (configs/phases_tiny.py, shrunk) of `PROCESSES` real train.py processes (tests/
-fault_runner.py) over a sharded store read through ``faulty://`` storage (tests/faulty_fs.py),
-started again by a `Supervisor` after each fault, and what each launch did. A launch's data is
-read one batch a round, two batches ahead, in the computing thread (read_steps, prefetch,
-read_threads), so that a fault keyed by batch (faulty_fs) meets every process at one step."""
+"""The fault tier's job (tests/faults_test.py, benchmarks/faults/fault_soak.py): a two-phase
+pretraining run (configs/phases_tiny.py, shrunk) of `PROCESSES` real train.py processes
+(tests/fault_runner.py) over a sharded store read through ``faulty://`` storage
+(tests/faulty_fs.py), started again by a `Supervisor` after each fault, and what each launch did.
+A launch's data is read one batch a round, two batches ahead, in the computing thread
+(read_steps, prefetch, read_threads), so that a fault keyed by batch (faulty_fs) meets every
+process at one step."""
 
 import dataclasses
 import json

@@ -23,7 +23,7 @@ fails with a 503) throughout:
 5. an outage longer than the storage retry budget on process 0's reads, from the third batch of
    the launch (inside the training loop): all exit 75, one line naming the object;
 6. the run to its end: 0.
-(A stalled host, SIGSTOP, is the soak's: benchmarks/fault_soak.py.)
+(A stalled host, SIGSTOP, is the soak's: benchmarks/faults/fault_soak.py.)
 """
 
 import os

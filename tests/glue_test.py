@@ -1,6 +1,8 @@
 """GLUE: the download script's formats read exactly, the best LR by the median over seeds, and
-`python -m bertjax.glue` end to end on a fixture directory (all eight tasks, MNLI start for RTE,
-resume); the built-in word-order task."""
+`python -m bertjax.glue` end to end with its default source, nyu-mll/glue on the (local) Hub
+made from a fixture directory (all eight tasks, MNLI start for RTE, resume without a request to
+the Hub); the built-in word-order task. (The Hub reader: tests/glue_hub_test.py; the command on
+a GLUE directory: README's block, tests/readme_test.py.)"""
 
 import csv
 import json
@@ -14,7 +16,7 @@ from glue_fixtures import SIZES, write_glue_dir
 from helpers import xla_flags
 
 from bertjax.evaluation import glue_report
-from bertjax.tasks import glue_tasks, tasks
+from bertjax.tasks import glue_hub, glue_tasks, tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,12 +212,11 @@ def test_runs_report_the_end_of_training_by_default_best_on_dev_by_name(glue_dir
 # ---- the command ----
 
 
-def _command(glue_dir, workdir, spm, *extra):
+def _command(workdir, spm, *extra):
     return [
         sys.executable,
         "-m",
         "bertjax.glue",
-        f"--glue_dir={glue_dir}",
         f"--workdir={workdir}",
         "--config.glue.learning_rates=(2e-3,)",
         "--config.glue.seeds=(0,)",
@@ -243,10 +244,16 @@ def _run_command(args):
 
 
 @pytest.fixture(scope="module")
-def glue_run(glue_dir, small_spm, tmp_path_factory):
+def glue_run(hub, glue_dir, small_spm, tmp_path_factory):
+    """The command on nyu-mll/glue (the local Hub; the command's environment points at it)."""
+    from glue_hub_fixtures import write_glue_repo
+
+    write_glue_repo(hub.repos.root, glue_dir)
     workdir = tmp_path_factory.mktemp("glue_out")
-    result = _run_command(_command(glue_dir, workdir, small_spm))
+    hub.reset()
+    result = _run_command(_command(workdir, small_spm))
     assert result.returncode == 0, result.stderr[-4000:]
+    assert hub.count("resolve") == 17  # each file of the eight tasks once (MNLI: 3), no more
     return workdir, result
 
 
@@ -266,7 +273,9 @@ def test_one_command_writes_all_eight_tasks_and_learns_sst2(glue_run):
         np.mean([results[n]["score"] for n in glue_tasks.GLUE_TASKS])
     )
     assert results["sst2"]["accuracy"] >= 0.9  # the fixture's learnable signal
-    assert "| **average** (8 tasks)" in (workdir / "glue_results.md").read_text()
+    table = (workdir / "glue_results.md").read_text()
+    assert "| **average** (8 tasks)" in table
+    assert f"Data: hf://datasets/nyu-mll/glue@{glue_hub.REVISION}" in table
     assert "| SST-2 | accuracy" in result.stdout
 
 
@@ -286,14 +295,17 @@ def test_rte_starts_from_mnli_and_checkpoints_are_cleaned(glue_run):
 
 
 @pytest.mark.slow
-def test_a_second_call_reruns_nothing_and_other_settings_are_refused(glue_run, glue_dir, small_spm):
+def test_a_second_call_reruns_nothing_and_other_settings_are_refused(glue_run, hub, small_spm):
+    """Nor does it ask the Hub anything: the pinned commit's files are in the cache."""
     workdir, _ = glue_run
     before = (workdir / "glue_results.json").read_text()
-    again = _run_command(_command(glue_dir, workdir, small_spm))
+    hub.reset()
+    again = _run_command(_command(workdir, small_spm))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "GLUE cola lr=" not in again.stdout and "step " not in again.stdout  # no training
     assert (workdir / "glue_results.json").read_text() == before
-    changed = _run_command(_command(glue_dir, workdir, small_spm, "--config.glue.batch_size=8"))
+    assert hub.count() == 0
+    changed = _run_command(_command(workdir, small_spm, "--config.glue.batch_size=8"))
     assert changed.returncode != 0
     assert "written by a run with other settings" in changed.stderr
 

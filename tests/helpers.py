@@ -125,6 +125,21 @@ SHRINK = [
 ]
 
 
+def shrink(config, steps: int):
+    """An in-process run's config shrunk as SHRINK shrinks train.py's: BERT-tiny's width 32, 2
+    heads, batch 8 of 32 tokens, ``steps`` steps with a log each and an eval at the end (one
+    batch), a checkpoint at the end, XLA -O0, no progress bar."""
+    config.batch_size, config.num_train_steps = 8, steps
+    config.data.max_seq_length, config.data.max_predictions, config.data.prefetch = 32, 5, 1
+    config.model.hidden_size, config.model.num_attention_heads = 32, 2
+    config.model.intermediate_size = 64
+    config.optim.warmup_steps = 1
+    config.log_every, config.eval_every, config.eval_batches = 1, steps, 1
+    config.checkpoint_every = 0
+    config.progress_bar, config.fast_compile, config.peak_flops_per_device = False, True, 1e12
+    return config
+
+
 def env(devices=1):
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags(devices)

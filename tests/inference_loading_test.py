@@ -85,3 +85,33 @@ def test_a_task_the_model_has_no_head_for_is_named(workdir):
         predictors.load(workdir, "classify")
     with pytest.raises(ValueError, match=r"--task='sort': one of \('classify'"):
         predictors.load(workdir, "sort")
+
+
+def test_an_embedding_run_s_auto_pooling_is_resolved_as_training_resolved_it(tmp_path):
+    """``config.loss.pooling="auto"`` (the embedding objective's default, embed_tiny's) and an
+    unset normalize: a sentence-transformers init_from's modules, else mean pooling, normalized,
+    as `Embedding.from_config` chose them in training (the docs' `embed --model=WORKDIR` found
+    the loader refusing "auto")."""
+    st = tmp_path / "st"
+    (st / "1_Pooling").mkdir(parents=True)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    (st / "modules.json").write_text(json.dumps(modules))
+    (st / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    auto = {"objective": "embedding", "pooling": "auto", "normalize": None}
+    assert loading.trained_pooling({"loss": auto}) == (("mean",), True)
+    assert loading.trained_pooling({"loss": auto, "init_from": str(st)}) == (("cls",), False)
+    chosen = {"pooling": "cls,max", "normalize": False}
+    assert loading.trained_pooling({"loss": chosen, "init_from": str(st)}) == (
+        ("cls", "max"),
+        False,
+    )
+    with pytest.raises(ValueError, match="each mode must be one of"):
+        loading.trained_pooling({"loss": {"pooling": "avg"}})

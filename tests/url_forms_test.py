@@ -157,10 +157,10 @@ def test_workdirs(place, tmp_path):
 
 def _capped_lanes(store: str):
     """(config overrides, steps an epoch) of configs/bert_tiny.py on ``store``: a batch in lanes of
-    32 rows (the default) and pieces of a few thousand tokens, too few pieces for its lanes, two
-    or more steps an epoch, and an epoch that, as long as its lanes' units (before issue 61), ran
-    past a lane's units in its last step. (The session's tokenizer, so the store, differs from
-    run to run: the sizes are found, not fixed.)"""
+    32 rows (set: the default is 256) and pieces of a few thousand tokens, too few pieces for its
+    lanes, two or more steps an epoch, and an epoch that, as long as its lanes' units (before
+    issue 61), ran past a lane's units in its last step. (The session's tokenizer, so the store,
+    differs from run to run: the sizes are found, not fixed.)"""
     config = trainer.load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs",
                                                    "bert_tiny.py"))  # fmt: skip
     config.data.update(store=store, tokenizer_model="", max_seq_length=32, prefetch=0)
@@ -173,7 +173,8 @@ def _capped_lanes(store: str):
             per_epoch = len(order) // batch
             capped = 1 < order.lanes < batch // 32
             if capped and per_epoch >= 2 and units // batch > per_epoch:
-                return {"batch_size": batch, "data.piece_tokens": piece_tokens}, per_epoch
+                overrides = {"batch_size": batch, "data.piece_tokens": piece_tokens}
+                return dict(overrides, **{"data.lane_rows": 32}), per_epoch
     pytest.fail(f"no batch and piece size over the store {store} make capped lanes")
 
 

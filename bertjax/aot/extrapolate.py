@@ -9,7 +9,7 @@ first and last layer (the first without its attention norm in the ModernBERT sha
 the masked rows only): a layer's report is ``report(a + p) - report(a)``, the real one
 ``report(a) + (L - a) / p`` of that. The collectives, the FLOPs and the arguments come out exact;
 the temporaries do not (the compiler schedules a shallow program's buffers differently):
-benchmarks/results.md measures how far they land from the full compile.
+docs/results/compile.md measures how far they land from the full compile.
 """
 
 from __future__ import annotations

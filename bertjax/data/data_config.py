@@ -24,8 +24,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.store = ""
     # Several stores with sampling weights, ((URL, weight), ...), and weight changes,
     # ((step, (weight, ...)), ...): bertjax/data/mixture.py (the rule for changes on resume)
-    c.mixture = ()
-    c.mixture_changes = ()
+    c.mixture = ()  # ((URL, weight), ...); () = the one store or corpus above
+    c.mixture_changes = ()  # ((step, (weight, ...)), ...): new weights from that step on
     # store: bound of the in-memory caches of blocks of one host, all together: train and eval
     # splits, a mixture's stores and config.data.workers processes (an equal share a process; -1:
     # chosen from the batch's bytes, bertjax/data/read_settings.py)
@@ -50,12 +50,15 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.sample_plan = "nsp"
     # sentence plans: a plan per piece of about this many tokens of whole documents, so start-up
     # and memory do not grow with the store (bertjax/data/plans/piece_plans.py); token_windows:
-    # rows read in windows of pieces of this many tokens
+    # rows read in windows of pieces of this many tokens (at most a quarter of a shard)
     c.piece_tokens = 1 << 20
     # a global batch is cut into lanes of this many rows, each reading its own pieces, so that a
     # host plans and reads about its own rows whatever the host count (bertjax/data/plans/
-    # epoch_order.py; 0 = one lane; lanes only where it divides config.batch_size)
-    c.lane_rows = 32
+    # epoch_order.py; 0 = one lane; lanes only where it divides config.batch_size). Before its
+    # first batch a host plans the 4 pieces of each lane its rows fall in (one host of 256 rows:
+    # 4; in lanes of 32 rows it planned 32, up to 32 M tokens); a host of fewer rows than a lane
+    # plans the lane's pieces as they turn over (results.md, 2026-12-06)
+    c.lane_rows = 256
     c.short_seq_prob = 0.1  # nsp/sop/mlm: chance a document targets a random shorter length
     # "token" | "whole_word" | "ngram" | "diffusion" | "pert" (PERT: n-gram selection, a share
     # of it shuffled, targets are positions; needs config.loss.objective="pert") | "causal" (no
@@ -104,7 +107,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.read_threads = -1  # threads sending one read's ranges on a synchronous filesystem (gcsfuse)
     c.read_gap_bytes = -1  # bytes read between two needed blocks of a shard rather than a range
     # processes computing prefetched batches instead (0 = threads of this process); each opens
-    # the store itself: more cores for planning and masking (benchmarks/reader_throughput.py)
+    # the store itself: more cores for planning and masking (benchmarks/data/reader_throughput.py)
     c.workers = 0
     # resume from a checkpoint saved with another data plan version (bertjax/data/
     # plan_version.py): the remaining steps then read this bertjax's rows, not the saved run's

@@ -321,13 +321,16 @@ def make_pipeline(
     host_rows(config.batch_size, process_index, process_count)  # fails early, before any work
     per_host = config.batch_size // process_count
     if c.store:  # a sharded store: nothing is tokenized, each host reads its rows' bytes
+        from bertjax.data.store.shard_format import read_manifest
         from bertjax.data.store.shard_reader import ShardedStore
 
-        tokenizer = store_config.store_tokenizer(config)
+        manifest = read_manifest(c.store)  # once: a line a shard, read and parsed on every host
+        tokenizer = store_config.store_tokenizer(config, manifest)
         # Opened from the manifest alone: token_windows rows are computed by index, the
         # sentence plans read the index of the pieces their rows fall in (piece_plans.py).
         store, eval_store = (
-            ShardedStore(c.store, s, tokenizer, index=False) for s in (split, "eval")
+            ShardedStore(c.store, s, tokenizer, index=False, manifest=manifest)
+            for s in (split, "eval")
         )
         reads = read_settings.choose(
             c, sharded=True, host_rows=per_host, block_bytes=store.blocks.block_bytes

@@ -21,7 +21,8 @@ of requests in flight and makes each round count:
   config.data.workers worker processes, and in a process one share holds the blocks of every
   split (train, eval) and every store of a mixture, least recently used evicted first
   (store/cache_budget.py). (Before issue 61 each split of each process had the whole of it.)
-Measured: benchmarks/reader_throughput.py, results.md "Data preparation and the sharded store".
+Measured: benchmarks/data/reader_throughput.py, docs/results/data.md "Data preparation and the
+sharded store".
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ reports (higher than the end-of-training number, so not comparable with publishe
 The learning rate is chosen on the dev medians either way (BERT's and ELECTRA's practice).
 
 Each run is an ordinary fine-tuning run (``config.loss.objective="classification"``, task data
-from ``glue:NAME`` in a GLUE directory or from TFDS ``glue/NAME``) in OUT/runs/TASK/lrLR_seedS.
+from ``glue:NAME``: the Hub's ``nyu-mll/glue`` parquet by default, or a GLUE directory; or from
+TFDS ``glue/NAME``) in OUT/runs/TASK/lrLR_seedS. From the Hub, every task's files are downloaded
+(or found in the Hugging Face cache) before the first run, and the revision is resolved to its
+commit SHA, which each run's config carries (a branch that moves later is not mixed in).
 When it ends, its dev metrics go to result.json there, and a later call skips it (a run stopped
 half-way resumes from its own checkpoints); a result.json written under other settings stops
 the harness rather than being mixed in. ``config.glue.from_mnli`` tasks start from the encoder of
@@ -30,7 +33,7 @@ from ml_collections import config_dict
 
 from bertjax import paths
 from bertjax.evaluation import glue_report
-from bertjax.tasks import glue_tasks, tasks
+from bertjax.tasks import glue_hub, glue_tasks, tasks
 from bertjax.training.run_config import resolve_paths
 from bertjax.training.trainer import train_and_evaluate
 
@@ -44,6 +47,8 @@ TASK_KEYS = {
     "layerwise_lr_decay": float,
 }
 REPORTS = ("last", "best_on_dev")
+# Where the tasks come from: the Hub's nyu-mll/glue parquet, a GLUE directory, prepared TFDS.
+SOURCES = ("hub", "dir", "tfds")
 
 
 def default_glue_config() -> ml_collections.ConfigDict:
@@ -104,15 +109,19 @@ def task_hparams(glue: ml_collections.ConfigDict, name: str) -> dict:
     return {key: glue[key] if own[key] is None else own[key] for key in TASK_KEYS}
 
 
-def _run_config(config, name: str, glue_dir: str, hp: dict, lr: float, seed: int, init_from):
-    """The fine-tuning run config of one (task, learning rate, seed); steps set by the caller."""
+def _run_config(config, name: str, source: dict, hp: dict, lr: float, seed: int, init_from):
+    """The fine-tuning run config of one (task, learning rate, seed); steps set by the caller.
+    ``source``: {"kind": one of SOURCES, "glue_dir": ..., "revision": the Hub commit SHA}."""
     values = config.to_dict()
     values.pop("glue")
     run = ml_collections.ConfigDict(values)
     task = glue_tasks.TASKS[name]
-    run.task.source = f"glue:{name}" if glue_dir else f"tfds:glue/{name}"
-    run.task.glue_dir = glue_dir
-    run.task.labels = task.labels if glue_dir else ()  # TFDS labels are already ids
+    tfds = source["kind"] == "tfds"
+    run.task.source = f"tfds:glue/{name}" if tfds else f"glue:{name}"
+    run.task.glue_dir = source["glue_dir"]
+    if source["kind"] == "hub":
+        run.task.glue_revision = source["revision"]
+    run.task.labels = () if tfds else task.labels  # TFDS labels are already ids
     run.task.metric = ""  # the task's GLUE score
     run.loss.objective = "classification"
     run.loss.num_labels = len(task.labels) or 1
@@ -134,20 +143,44 @@ def _fingerprint(run: ml_collections.ConfigDict, report: str) -> str:
 
 
 class GlueHarness:
-    """The runs of ``config.glue`` over ``glue_dir`` (or TFDS when empty) into ``workdir``."""
+    """The runs of ``config.glue`` into ``workdir``, their tasks from ``source`` (one of
+    SOURCES; "": "dir" when ``glue_dir`` is given, else "hub")."""
 
-    def __init__(self, config: ml_collections.ConfigDict, glue_dir: str, workdir: str):
+    def __init__(
+        self, config: ml_collections.ConfigDict, glue_dir: str, workdir: str, source: str = ""
+    ):
         validate_glue_config(config.glue)
         # Every path resolved here, once (config.init_from, task files, caches; relative to the
         # current directory, ~ expanded): a missing one stops before the first of many runs.
         config = resolve_paths(config)
         glue_dir = paths.resolve(glue_dir, "--glue_dir")
+        source = source or ("dir" if glue_dir else "hub")
+        if source not in SOURCES:
+            raise ValueError(f"--glue_source={source!r}: one of {SOURCES}")
+        if source == "dir" and not glue_dir:
+            raise ValueError("--glue_source=dir needs --glue_dir=DIR (the GLUE download script's)")
+        if source != "dir" and glue_dir:
+            raise ValueError(
+                f"--glue_dir={glue_dir!r} reads a GLUE directory: not with --glue_source={source}"
+            )
         if glue_dir and not paths.isdir(glue_dir):
             raise paths.MissingPathError(
                 f"--glue_dir={glue_dir!r} is not a directory (the GLUE download script's "
                 "folder: CoLA/, SST-2/, ...)"
             )
         self.config, self.glue_dir = config, glue_dir
+        self.source = {"kind": source, "glue_dir": glue_dir, "revision": ""}
+        self.data = (
+            f"TFDS glue/* ({config.task.tfds_data_dir or 'tfds default'})"
+            if source == "tfds"
+            else glue_dir
+        )
+        if source == "hub":  # every task's files now (or from the cache), before the first run
+            repo, revision = config.task.glue_repo, config.task.glue_revision
+            _, sha = glue_hub.download(config.glue.tasks, repo, revision)
+            self.source["revision"] = sha
+            self.data = f"hf://datasets/{repo}@{sha}"
+        logging.info("GLUE tasks from %s", self.data)
         self.workdir = paths.resolve(workdir, "--workdir")
         self._train_sizes: dict[str, int] = {}
 
@@ -170,7 +203,7 @@ class GlueHarness:
     def run_one(self, name: str, lr: float, seed: int, init_from: str) -> dict:
         """One fine-tuning run's result (read from its result.json when it already finished)."""
         hp = task_hparams(self.config.glue, name)
-        run = _run_config(self.config, name, self.glue_dir, hp, lr, seed, init_from)
+        run = _run_config(self.config, name, self.source, hp, lr, seed, init_from)
         steps_per_epoch = max(1, math.ceil(self._train_size(run) / run.batch_size))
         run.num_train_steps = run.optim.total_steps = max(
             1, math.ceil(float(hp["epochs"]) * steps_per_epoch)
@@ -257,11 +290,14 @@ class GlueHarness:
             if name in self.config.glue.from_mnli:
                 init_from = self.mnli_checkpoint(selected["mnli"])
             selected[name] = self.run_task(name, init_from)
-            glue_report.write_reports(self.workdir, selected, final=False)  # as tasks finish
-        return glue_report.write_reports(self.workdir, selected)
+            glue_report.write_reports(self.workdir, selected, final=False, data=self.data)
+        return glue_report.write_reports(self.workdir, selected, data=self.data)
 
 
-def run_glue(config: ml_collections.ConfigDict, glue_dir: str, workdir: str) -> dict:
-    """Runs GLUE as ``config.glue`` says (``glue_dir`` "" = TFDS glue/*); returns the contents
-    of OUT/glue_results.json."""
-    return GlueHarness(config, glue_dir, workdir).run()
+def run_glue(
+    config: ml_collections.ConfigDict, glue_dir: str, workdir: str, source: str = ""
+) -> dict:
+    """Runs GLUE as ``config.glue`` says, its tasks from ``source`` (`GlueHarness`: by default
+    ``glue_dir`` when given, else the Hub's nyu-mll/glue); returns OUT/glue_results.json's
+    contents."""
+    return GlueHarness(config, glue_dir, workdir, source).run()

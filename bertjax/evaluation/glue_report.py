@@ -103,13 +103,16 @@ def _write_json(path: str, value) -> None:
     os.replace(path + ".tmp", path)
 
 
-def write_reports(workdir: str, selected: dict[str, dict], final: bool = True) -> dict:
+def write_reports(
+    workdir: str, selected: dict[str, dict], final: bool = True, data: str = ""
+) -> dict:
     """Writes glue_results.json, glue_runs.json and glue_results.md into ``workdir`` (``final``
-    False: partial results while tasks still run)."""
+    False: partial results while tasks still run; ``data``: where the tasks came from, a line
+    under the table)."""
     results = glue_results(selected, final)
     _write_json(os.path.join(workdir, "glue_results.json"), results)
     _write_json(os.path.join(workdir, "glue_runs.json"), selected)
-    table = markdown_table(selected, results)
+    table = markdown_table(selected, results) + (f"\nData: {data}\n" if data else "")
     with open(os.path.join(workdir, "glue_results.md"), "w") as f:
         f.write(table)
     return results

@@ -38,7 +38,7 @@ from bertjax.training import runtime
 
 PACKED_ROW = 128  # the shortest packed row (tokens), and row lengths double from it
 # tokens a packed call (perldiag on a 2-core Xeon, interleaved, calls on 2 CPU devices: 512
-# gave 1.1x the texts/s of 1024 and 1.3x of 2048; 256 ~512; benchmarks/results.md 2026-12-05)
+# gave 1.1x the texts/s of 1024 and 1.3x of 2048; 256 ~512; docs/results/inference.md 2026-12-05)
 PACKED_TOKENS_PER_BATCH = 512
 # calls of one shape on the first device before that shape's calls go round every CPU device
 # (each device compiles its own, ~0.8 s for all-MiniLM; a call saves ~30% once spread)
@@ -57,7 +57,7 @@ class Embedder:
     max_seq_length: int = 512
 
     # several texts a row (segment ids; measured ~1.5x the buckets' texts/s on CPU,
-    # benchmarks/predict_throughput.py) where the pooling allows; else length buckets
+    # benchmarks/inference/predict_throughput.py) where the pooling allows; else length buckets
     packed: bool = True
     # dense products: "auto" (bfloat16 on a CPU with bfloat16 instructions, else float32),
     # "float32" or "bfloat16" (bertjax/inference/precision.py)

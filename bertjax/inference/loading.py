@@ -62,6 +62,7 @@ class TrainedModel:
     pooling: tuple[str, ...] = ("mean",)
     normalize: bool = True
     columns: dict = dataclasses.field(default_factory=dict)  # the run's text columns
+    step: int = 0  # a workdir's checkpoint step (0: another form)
 
     @property
     def limit(self) -> int:
@@ -143,7 +144,7 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
             language=data.get("language", "en"),
             lowercase=data.get("lowercase", True),
         )
-        cfg, params = reader.model_config(), reader.params()
+        cfg, params, step = reader.model_config(), reader.params(), int(reader.step)
     finally:
         reader.close()
     if cfg.scan_layers:
@@ -152,10 +153,7 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
         cfg = cfg.replace(scan_layers=False)
         params = unstack_layers(cfg, params)
     loss, task_config = run.get("loss", {}), run.get("task", {})
-    pooling = loss.get("pooling") or "mean"
-    if isinstance(pooling, str):
-        pooling = tuple(p.strip() for p in pooling.split(","))
-    normalize = loss.get("normalize")
+    pooling, normalize = trained_pooling(run)
     columns = {
         "text_column": task_config.get("text_column", "text"),
         "text_pair_column": task_config.get("text_pair_column", ""),
@@ -170,10 +168,37 @@ def _load_workdir(path: str, key: str) -> TrainedModel:
         _OBJECTIVE_TASKS.get(loss.get("objective", "mlm"), "fill_mask"),
         data.get("max_seq_length", 512),
         run=run,
-        pooling=check_pooling(pooling),
-        normalize=True if normalize is None else bool(normalize),
+        pooling=pooling,
+        normalize=normalize,
         columns=columns,
+        step=step,
     )
+
+
+def trained_pooling(run: dict) -> tuple[tuple[str, ...], bool]:
+    """(pooling modes, normalize) a run trained with, resolved as the embedding objective resolved
+    them (`Embedding.from_config`): "auto" and an unset normalize are a sentence-transformers
+    ``init_from``'s modules, else mean pooling, normalized."""
+    loss = run.get("loss", {})
+    pooling, normalize = loss.get("pooling") or "mean", loss.get("normalize")
+    init = run.get("init_from") or ""
+    if pooling == "auto" or normalize is None:
+        modules = None
+        if init and st_files.is_sentence_transformers_dir(init):
+            modules = st_files.read_modules(init)
+        elif init and not paths.exists(init):
+            logging.warning(
+                "config.init_from=%r, which the run's pooling or normalization came from, is not "
+                "there: taking mean pooling, normalized",
+                init,
+            )
+        if pooling == "auto":
+            pooling = modules.pooling if modules else ("mean",)
+        if normalize is None:
+            normalize = modules.normalize if modules else True
+    if isinstance(pooling, str):
+        pooling = tuple(p.strip() for p in pooling.split(","))
+    return check_pooling(tuple(pooling)), bool(normalize)
 
 
 def fingerprint(path: str, key: str = "--model") -> str:

@@ -4,11 +4,11 @@
 bfloat16 products that accumulate in float32 (`BertConfig.matmul_dtype`; activations, softmax,
 norms and pooling stay float32) for embeddings on a CPU with bfloat16 instructions (AVX512-BF16
 or AMX-BF16, read from /proc/cpuinfo): ~3x the float32 product rate there, vectors within cosine
-0.9999 of float32 (benchmarks/results.md, tests/real_checkpoint_test.py). It keeps float32 on a
+0.9999 of float32 (docs/results/inference.md, tests/real_checkpoint_test.py). It keeps float32 on a
 CPU without them, on GPUs and TPUs (their own float32 precision applies), and for labels, tags
 and fill-mask scores, whose outputs were not checked in bfloat16. ``--matmul_dtype=float32`` or
 ``bfloat16`` forces either for any task. The activations stay float32 even then: in bfloat16
-XLA:CPU rounds after every elementwise op and no call got faster (benchmarks/results.md,
+XLA:CPU rounds after every elementwise op and no call got faster (docs/results/inference.md,
 2026-12-05 late); `stored_for` keeps the kernels in the products' dtype.
 """
 
@@ -74,7 +74,7 @@ def stored_for(params: dict, products: str | None) -> dict:
     """``params`` with every dense kernel (a leaf named ``*kernel``) stored in the ``products``
     dtype the model reads them in: bfloat16 halves their bytes and saves a float32 -> bfloat16
     convert of each kernel at every call (perldiag, all-MiniLM, one process: ~5% of a call,
-    benchmarks/results.md 2026-12-05 late). Biases, norms and embedding tables are unchanged
+    docs/results/inference.md 2026-12-05 late). Biases, norms and embedding tables are unchanged
     (they enter float32 arithmetic)."""
     if products is None:
         return params

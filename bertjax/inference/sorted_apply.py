@@ -19,7 +19,8 @@ import numpy as np
 
 from bertjax.inference import batching
 
-TOKENS_PER_BATCH = 4096  # measured on CPU (benchmarks/predict_throughput.py): 2k-8k is flat
+# measured on CPU (benchmarks/inference/predict_throughput.py): 2k-8k is flat
+TOKENS_PER_BATCH = 4096
 WINDOW = 8192  # texts read, sorted and written back at a time (bounds host memory)
 
 

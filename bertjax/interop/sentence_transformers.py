@@ -149,6 +149,21 @@ def save(
         if name == "vocab.txt":  # a tokenizer.json's normalizer says for itself
             tokenizer_config["do_lower_case"] = bool(lowercase)
         _write_json(paths.join(path, "tokenizer_config.json"), tokenizer_config)
+    write_modules(cfg, path, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length)
+
+
+def write_modules(
+    cfg: BertConfig,
+    path: str,
+    *,
+    pooling: tuple[str, ...] = ("mean",),
+    normalize: bool = True,
+    max_seq_length: int = 512,
+) -> None:
+    """The sentence-transformers files of a directory whose root holds the transformer:
+    modules.json, the Pooling module, the Normalize module (with ``normalize``) and
+    sentence_bert_config.json."""
+    pooling = check_pooling(pooling)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {

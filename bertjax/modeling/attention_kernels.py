@@ -11,8 +11,8 @@ and is worth it at these shapes; ``BertConfig.attention_implementation`` forces 
 (`KERNEL_NAMES`) and raises naming the kernel and what it cannot serve. The choice is logged once
 per description.
 
-Where the CPU leaves the dense path (benchmarks/attention_cpu.py --long; results.md): local
-layers take the banded path in blocks of max(half-window, LOCAL_BLOCK) rows from
+Where the CPU leaves the dense path (benchmarks/step/attention_cpu.py --long; docs/results/step.md):
+local layers take the banded path in blocks of max(half-window, LOCAL_BLOCK) rows from
 LOCAL_FROM_BLOCKS blocks on, global layers the blocked one from FLASH_FROM keys, in key blocks
 of FLASH_BLOCK (banded beats dense from T=512; blocked takes less memory from T=1024 but is only
 faster from T=4096, and this path is for speed).

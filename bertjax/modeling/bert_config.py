@@ -104,17 +104,17 @@ MODERN_FIELDS = dict(
 class BertConfig:
     """Architecture of a BERT-family encoder; variants are fields, not subclasses."""
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
+    vocab_size: int = 30522  # V: rows of the word-embedding table (set by the tokenizer)
+    hidden_size: int = 768  # D: the model width
+    num_hidden_layers: int = 12  # encoder layers
+    num_attention_heads: int = 12  # N: heads per attention layer (head size D / N)
+    intermediate_size: int = 3072  # F: feed-forward width (a GLU's: each of its two halves)
     hidden_act: str = "gelu"  # "gelu" is exact erf GELU; "gelu_new"/"gelu_tanh" the tanh form
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
+    hidden_dropout_prob: float = 0.1  # dropout on embeddings and every sublayer's output
+    attention_probs_dropout_prob: float = 0.1  # dropout on the attention probabilities
+    max_position_embeddings: int = 512  # longest row (rows of the position table)
+    type_vocab_size: int = 2  # token types (segments A, B); 0: no token-type table
+    initializer_range: float = 0.02  # std of the weight init (init_scheme: its distribution)
     # Position-table init: "normal" (BERT), "sinusoidal" (Vaswani et al. sin/cos rows scaled to
     # std initializer_range) or "fourier" (cos/sin pairs at the head_dim/2 frequencies
     # pi*(i+1/2)/(head_dim/2) in the first head_dim columns, zeros elsewhere, rows as long as normal
@@ -126,8 +126,8 @@ class BertConfig:
     # query/key kernel rows of the position columns are set so that a head's logit is about
     # local_attention_logit at its offset and about 0 elsewhere. (): BERT's random init.
     local_attention_offsets: tuple = ()
-    local_attention_logit: float = 6.0
-    layer_norm_eps: float = 1e-12
+    local_attention_logit: float = 6.0  # local_attention_offsets: a head's logit there at init
+    layer_norm_eps: float = 1e-12  # added to the variance in every LayerNorm
     pre_layer_norm: bool = False  # False: BERT's post-LN; True: pre-LN with a final LayerNorm
     position_offset: int = 0  # RoBERTa: position ids start at padding_idx + 1 = 2
     embedding_size: int | None = None  # ALBERT factorized embeddings (None: hidden_size)

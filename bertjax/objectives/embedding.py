@@ -35,7 +35,7 @@ def default_pairs_config() -> ml_collections.ConfigDict:
     c.dev_file = ""  # held-out pairs file ("" = a dev_fraction of source, by hash of the query)
     c.dev_fraction = 0.1  # share of pairs held out when dev_file is ""
     c.query_field = "query"  # JSONL / Parquet field names
-    c.positive_field = "positive"
+    c.positive_field = "positive"  # the field of the query's relevant document
     c.negatives_field = "negatives"  # list of hard negatives (optional in the file)
     c.num_negatives = 0  # hard negatives per query (missing ones: random other documents)
     c.max_query_length = 32  # query rows (documents: config.data.max_seq_length)

@@ -22,13 +22,15 @@ from bertjax.modeling.heads import BertForSequenceClassification, BertForTokenCl
 from bertjax.objectives.base import Objective, example_rows
 from bertjax.objectives.fgm import with_fgm
 from bertjax.ops.loss import cross_entropy
+from bertjax.tasks import glue_hub
 from bertjax.tasks.task_data import TaskData
 
 
 def default_task_config() -> ml_collections.ConfigDict:
     """``config.task``: where examples come from and which dev metric picks the best checkpoint."""
     c = ml_collections.ConfigDict()
-    # "builtin:NAME" | "files" | "glue:NAME" (a GLUE directory) | "tfds:glue/NAME" (no download)
+    # "builtin:NAME" | "files" | "glue:NAME" (the Hub's nyu-mll/glue parquet, or glue_dir) |
+    # "tfds:glue/NAME" (prepared TFDS, no download)
     c.source = "builtin:stdlib_families"
     # source="files": .tsv/.csv/.jsonl (tokens: also .conll/.txt) training examples
     c.train_file = ""
@@ -43,7 +45,10 @@ def default_task_config() -> ml_collections.ConfigDict:
     c.dev_fraction = 0.2  # built-in tasks: fraction of documents (by hash of id) in dev
     c.train_examples = 0  # > 0: train on a seeded random subset of this many (low-resource runs)
     c.tfds_data_dir = ""  # tfds: data_dir ("" = tfds default); nothing is downloaded
-    c.glue_dir = ""  # source="glue:NAME": the GLUE download script's folder (CoLA/, SST-2/, ...)
+    c.glue_dir = ""  # source="glue:NAME": the GLUE download script's folder ("": the Hub's)
+    c.glue_repo = glue_hub.REPO  # source="glue:NAME", no glue_dir: the Hub dataset repository
+    # ... at this revision (a commit SHA: downloaded once, then read from the Hugging Face cache)
+    c.glue_revision = glue_hub.REVISION
     # the classifier head over an init_from model ("": the model's own, e.g. ELECTRA "first"; or
     # "pooler" | "cls" | "mean" | "first" | "electra_hf": HF's ELECTRA head, which exports)
     c.classifier_pooling = ""
@@ -103,7 +108,7 @@ class _Finetuning(Objective):
         weights = np.ones(shape, np.float32)
         weights[::4] = 0.0
         if self.tokens:
-            weights = weights * batch["attention_mask"]
+            weights = (weights * batch["attention_mask"]).astype(np.float32)  # as task data
         if self.num_labels == 1:
             labels = rs.randn(*shape).astype(np.float32)
         else:

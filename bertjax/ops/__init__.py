@@ -1,5 +1,5 @@
 """The optional speed layer: hand-written backward passes and cheap random bits, each used where
-it was measured faster (XLA:CPU today; benchmarks/results.md). Each op computes what its plain
+it was measured faster (XLA:CPU today; docs/results/step.md). Each op computes what its plain
 JAX reference computes (the tests compare them); the model and objectives call these, never the
 other way round, and nothing here imports the rest of bertjax.
 

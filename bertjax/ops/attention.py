@@ -34,7 +34,7 @@ def attention(
     saved probabilities. ``chains`` splits the rows into that many independent computations,
     strided (rows c, c + chains, ...) so a row-sharded batch stays local: XLA:CPU runs a batched
     product of 128 x 64 matrices on one core, and independent chains let its executor keep the
-    other cores busy (benchmarks/attention_cpu.py measures each variant).
+    other cores busy (benchmarks/step/attention_cpu.py measures each variant).
     ``mask``: boolean, broadcastable to [B, N, T, S] with a batch axis of 1 or B.
     """
     batch = q_BTNH.shape[0]
@@ -59,7 +59,7 @@ def cpu_chains(batch: int) -> int:
     """How many independent row groups `attention` splits a batch into on the CPU:
     the largest divisor of ``batch`` up to the cores each CPU device has (the cores this process
     may run on over its CPU devices: where calls run side by side on several devices, one chain
-    each was faster, benchmarks/results.md 2026-12-05 late; at most 8; measured on 2 cores)."""
+    each was faster, docs/results/inference.md 2026-12-05 late; at most 8; measured on 2 cores)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     devices = len(jax.local_devices(backend="cpu"))
     cores = min(max((usable or 1) // devices, 1), 8, batch)

@@ -19,8 +19,8 @@ would share one seed.
 
 What is checked without a GPU (tests/attention_kernels_test.py): the call's arguments (rate,
 scale, padding, causal, window), a distinct seed per layer, the refusals, and that the step
-compiles for `h100-8` with the fused call in it (benchmarks/results.md). Not checked here: the
-bits and the numbers cuDNN computes; `benchmarks/gpu_checks.py` compares them on a GPU.
+compiles for `h100-8` with the fused call in it (docs/results/compile.md). Not checked here: the
+bits and the numbers cuDNN computes; `benchmarks/step/gpu_checks.py` compares them on a GPU.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 attention-output projections; `tied_decoder` the MLM decoder against the word-embedding table.
 Both take an optional operand dtype (BertConfig.matmul_dtype): bf16 products that accumulate in
 the activations' dtype. Why each backward is written by hand, and what it saved, is in
-benchmarks/results.md.
+docs/results/step.md.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _dot(a: Array, b: Array, contract: tuple, out_dtype, operand) -> Array:
     """A 2-operand product over ((a's axes), (b's axes)), read in ``operand`` dtype if given.
     On the CPU it accumulates in float32 (or wider) and rounds to ``out_dtype`` after: XLA:CPU
     runs a product with a bfloat16 result as a float32 product of upcast operands, ~6x slower
-    than bfloat16 operands into a float32 result (benchmarks/results.md, 2026-12-05 late)."""
+    than bfloat16 operands into a float32 result (docs/results/inference.md, 2026-12-05 late)."""
     if operand is not None:
         a, b = a.astype(operand), b.astype(operand)
     accumulate = jnp.promote_types(out_dtype, jnp.float32) if platform.on_cpu() else out_dtype

@@ -29,7 +29,7 @@ CPU reproduces it. In jax 0.10, Pallas's interpret mode raises on it (``interpre
 lowering for ``prng_seed``) or returns zeros (``pltpu.InterpretParams``), so a test could not see
 which elements a TPU dropped. The hash costs ~8 vector-ALU operations per score in the forward
 and ~13 in the backward (two decisions per 10-operation hash, plus select), read from libtpu's
-compiled schedule (benchmarks/tpu_attention_schedule.py; benchmarks/results.md).
+compiled schedule (benchmarks/compile/tpu_attention_schedule.py; docs/results/compile.md).
 
 These are not the exact path's bits (it draws `keep_mask` from the same key: a different
 generator, the same distribution). A kernel choice therefore changes which elements drop, not

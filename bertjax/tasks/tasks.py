@@ -1,6 +1,6 @@
-"""Fine-tuning task data: examples from built-in tasks, local TSV/CSV/JSONL/CoNLL files, a GLUE
-directory (bertjax/tasks/glue_tasks.py) or TFDS `glue/*`, encoded once into fixed-shape
-numpy rows.
+"""Fine-tuning task data: examples from built-in tasks, local TSV/CSV/JSONL/CoNLL files, GLUE
+(the Hub's nyu-mll/glue parquet: bertjax/tasks/glue_hub.py; or a GLUE directory:
+bertjax/tasks/glue_tasks.py) or TFDS `glue/*`, encoded once into fixed-shape numpy rows.
 
 Sequence rows are `[CLS] a [SEP] (b [SEP])`, truncated longest-first. Token rows label the first
 piece of each word and give the word's other pieces (and [CLS]/[SEP]/padding) weight 0.
@@ -149,8 +149,13 @@ def load_examples(task, split: str, tokens: bool) -> list[dict]:
 
 def _load_examples(task, split: str, tokens: bool) -> list[dict]:
     source = task.source
-    if source.startswith("glue:"):
-        return glue_tasks.glue_examples(task.glue_dir, source[len("glue:") :], split)
+    if source.startswith("glue:"):  # a GLUE directory when given, else the Hub's parquet
+        name = source[len("glue:") :]
+        if task.glue_dir:
+            return glue_tasks.glue_examples(task.glue_dir, name, split)
+        from bertjax.tasks import glue_hub
+
+        return glue_hub.glue_examples(name, split, task.glue_repo, task.glue_revision)
     if source.startswith("builtin:"):
         return builtin_examples(source[len("builtin:") :], split, float(task.dev_fraction))
     if source.startswith("tfds:"):
@@ -161,8 +166,8 @@ def _load_examples(task, split: str, tokens: bool) -> list[dict]:
             raise ValueError(f"config.task.{split}_file is empty: set it (source='files')")
         return file_examples(path, task, tokens)
     raise ValueError(
-        f"config.task.source={source!r}: expected 'builtin:NAME', 'files', 'glue:NAME' (a GLUE "
-        "directory) or 'tfds:glue/NAME'"
+        f"config.task.source={source!r}: expected 'builtin:NAME', 'files', 'glue:NAME' (the "
+        "Hub's nyu-mll/glue, or config.task.glue_dir) or 'tfds:glue/NAME'"
     )
 
 

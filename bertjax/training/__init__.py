@@ -9,7 +9,10 @@ sharding     the device mesh, logical-axis rules, global batches
 checkpoint   Orbax checkpoints with exact resume (best: WORKDIR/best by a dev metric)
 run_config   the run config's keys and defaults, recipe files
 trainer      train_and_evaluate: the loop, logging, evaluation and checkpoint cadence
-metrics      TensorBoard + metrics.jsonl, model FLOPs and MFU
+metrics      model FLOPs and MFU
+trackers     where metrics go: TensorBoard, metrics.jsonl, W&B (wandb_tracker); run_record: the
+             run's id and hardware (WORKDIR/run.json)
+profiling    a jax.profiler trace of chosen steps (config.profile)
 runtime      process settings applied at start (glibc malloc on huge pages)
 processes    several JAX processes as one run: joining, configs compared, host numbers summed,
              a lost process named

@@ -1,126 +1,15 @@
-"""Run metrics: TensorBoard event files (through tensorboardX, no TensorFlow), metrics.jsonl,
-model FLOPs and MFU."""
+"""Run metrics: model FLOPs and MFU, and means of fetched step metrics (where they are written:
+`bertjax.training.trackers`)."""
 
 from __future__ import annotations
 
 import functools
-import json
-import math
-import sys
 import time
 from collections.abc import Mapping
 
 import numpy as np
 
-from bertjax import paths
 from bertjax.modeling.bert_config import BertConfig
-
-
-class _ObjectFile:
-    """A growing file on an object store (gs://, s3://, ...) written through epath: objects
-    cannot be appended to, so each flush rewrites the object with everything written so far
-    (``initial`` is what the object already held, so a resumed run keeps it)."""
-
-    def __init__(self, path: str, initial: bytes = b""):
-        self.path, self.data, self.dirty = path, bytearray(initial), False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-        self.dirty = True
-
-    def flush(self) -> None:
-        if self.dirty:
-            paths.write_bytes(self.path, bytes(self.data))
-            self.dirty = False
-
-    def close(self) -> None:
-        self.flush()
-
-
-class _EventObjects(_ObjectFile):
-    """An event file on an object store that continues in a new object (``path.1``, ...) once
-    it holds ~1 MB, so a flush never rewrites much; TensorBoard reads every event file."""
-
-    ROLL_BYTES = 1 << 20
-
-    def __init__(self, path: str):
-        super().__init__(path)
-        self.base, self.part = path, 0
-
-    def flush(self) -> None:
-        super().flush()
-        if len(self.data) > self.ROLL_BYTES:
-            self.part += 1
-            self.path, self.data = f"{self.base}.{self.part}", bytearray()
-
-
-class _EventObjectFactory:
-    """tensorboardX's writer factory for a URL scheme: event files through epath."""
-
-    def open(self, path: str) -> _EventObjects:
-        return _EventObjects(path)
-
-    def directory_check(self, path: str) -> None:
-        paths.makedirs(path)
-
-
-def _tensorboardx():
-    """tensorboardX's SummaryWriter and register_writer_factory. Its writer module imports torch
-    when it can, only to name a type in annotations: 2.2 s of every launch on a machine with torch
-    installed (this one: 2.7 s for tensorboardX instead of 0.5 s). A process that has not imported
-    torch imports tensorboardX with torch hidden; later imports of torch are unaffected."""
-    hide = "torch" not in sys.modules
-    if hide:
-        sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's fallback
-    try:
-        from tensorboardX import SummaryWriter
-        from tensorboardX.record_writer import register_writer_factory
-    finally:
-        if hide:
-            del sys.modules["torch"]
-    return SummaryWriter, register_writer_factory
-
-
-class MetricWriter:
-    """Scalars to TensorBoard event files (tensorboardX) and to ``metrics.jsonl``, process 0 only
-    (``enabled``); ``logdir`` may be a URL (both files then go through epath)."""
-
-    def __init__(self, logdir: str, enabled: bool = True):
-        self.enabled = enabled
-        self.logdir = logdir
-        if not enabled:
-            return
-        SummaryWriter, register_writer_factory = _tensorboardx()
-        paths.makedirs(logdir)
-        jsonl = paths.join(logdir, "metrics.jsonl")
-        if paths.is_url(logdir):
-            register_writer_factory(logdir.split("://")[0], _EventObjectFactory())
-            previous = paths.read_bytes(jsonl) if paths.exists(jsonl) else b""
-            self._jsonl = _ObjectFile(jsonl, previous)
-        else:
-            self._jsonl = open(jsonl, "ab")
-        self._events = SummaryWriter(logdir, flush_secs=60)
-
-    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        if not self.enabled:
-            return
-        clean = {k: float(v) for k, v in scalars.items()}
-        for tag, value in clean.items():
-            self._events.add_scalar(tag, value, step)
-        finite = {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}
-        self._jsonl.write((json.dumps({"step": step, **finite}) + "\n").encode())
-        self.flush()
-
-    def flush(self) -> None:
-        if self.enabled:
-            self._events.flush()
-            self._jsonl.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._events.close()
-            self._jsonl.close()
-
 
 # Model FLOPs -----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from bertjax.modeling.bert_config import BertConfig
 from bertjax.objectives.registry import OBJECTIVES, with_objective
 from bertjax.training.phases import plan_phases
 from bertjax.training.step import default_step_config, validate_step_config
+from bertjax.training.trackers import add_tracking_config, validate_tracking_config
 
 # Model fields the tokenizer decides; a run config never sets them.
 _TOKENIZER_FIELDS = (
@@ -92,7 +93,8 @@ def default_run_config() -> ml_collections.ConfigDict:
     # phases run in this order (names in config.phases, each `bertjax.trainer.phase(...)`);
     # () = one phase of num_train_steps (bertjax/training/phases.py)
     config.phase_order = ()
-    config.phases = ml_collections.ConfigDict()
+    config.phases = ml_collections.ConfigDict()  # name -> `bertjax.trainer.phase(...)` entry
+    add_tracking_config(config)  # trackers (TensorBoard, metrics.jsonl, W&B), wandb, profile
     return config
 
 
@@ -167,6 +169,7 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
         positive = key in ("num_train_steps", "batch_size", "log_every")
         if int(config[key]) < 0 or (positive and int(config[key]) == 0):
             raise ValueError(f"config.{key}={config[key]!r}: must be positive")
+    validate_tracking_config(config)
     if config.get("mlm_bias_init", "zeros") not in ("unigram", "zeros"):
         raise ValueError(
             f"config.mlm_bias_init={config.mlm_bias_init!r}: must be 'unigram' or 'zeros'"

@@ -5,7 +5,7 @@ XLA:CPU allocates each executable run's temporaries as one block (~1 GB for a BE
 step at B=32, T=128) from a worker thread; glibc serves it with fresh mmap'd pages and unmaps it
 on free, so every step page-faults its whole working set in again (and, with transparent huge
 pages, sometimes stalls in the kernel compacting memory). PyTorch on CPU does much the same.
-What each tunable saved is measured in benchmarks/results.md:
+What each tunable saved is measured in docs/results/step.md:
 - ``glibc.malloc.hugetlb=1`` (malloc madvises its chunks for 2 MiB pages): fewer, larger faults;
 - plus ``arena_max=1`` (one arena, so worker threads' big blocks come from the main heap, which
   can grow to any size), ``mmap_max=0`` (large blocks from the heap, not mmap) and a 32 GiB
@@ -89,7 +89,7 @@ def cpu_device_per_core(environ=os.environ, most: int = 8) -> None:
     """One JAX CPU device per usable core (up to ``most``) where the user chose no count (neither
     ``jax_num_cpu_devices`` nor XLA_FLAGS' --xla_force_host_platform_device_count): XLA:CPU runs
     calls on different devices side by side, so inference spreads its calls over them (one
-    device keeps 2 cores only ~1.1x as busy as 1; benchmarks/results.md 2026-12-05 late). Call
+    device keeps 2 cores only ~1.1x as busy as 1; docs/results/inference.md 2026-12-05 late). Call
     before JAX starts a backend (the inference commands do)."""
     if "xla_force_host_platform_device_count" in environ.get("XLA_FLAGS", ""):
         return

@@ -37,6 +37,7 @@ from bertjax.training import processes, sharding
 from bertjax.training import step as step_lib
 from bertjax.training.best import BestCheckpoint
 from bertjax.training.checkpoint import Checkpointer
+from bertjax.training.profiling import StepProfile
 from bertjax.training.resume import EarlierCheckpoint, checkpoint_meta, restore_or_init
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
 from bertjax.training.stopping import (
@@ -48,6 +49,7 @@ from bertjax.training.stopping import (
     StopRequests,
     bounded,
 )
+from bertjax.training.trackers import Trackers
 
 
 def _prepare_workdir(workdir: str) -> str:
@@ -141,10 +143,18 @@ class _Run:
     evaluation and checkpoints."""
 
     def __init__(
-        self, config: ml_collections.ConfigDict, workdir: str, phase, stop: StopRequests, planned
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        phase,
+        stop: StopRequests,
+        planned,
+        trackers: Trackers,
+        phases: list,
     ):
         self.stop, self.abandon_reads = stop, False
-        self.data = self.ckpt = self.best = self.writer = self.progress = None
+        self.writer, self.phases = trackers, phases  # the run's: open across its phases
+        self.data = self.ckpt = self.best = self.progress = self.profile = None
         try:
             self._open(config, workdir, phase, stop, planned)
         except BaseException:  # setup failed (a checkpoint set aside, a signal): close its parts
@@ -184,11 +194,9 @@ class _Run:
         self.best = None
         if self.data.dev_metric:
             self.best = BestCheckpoint(workdir, self.data.dev_metric)
-        self.writer = metrics_lib.MetricWriter(workdir, enabled=self.is_chief)
         peak = metrics_lib.peak_flops(float(config.peak_flops_per_device))
         self.window = _LogWindow(config, self.model_cfg, self.objective, peak)
         self.history, self.unchecked, self.summary = [], [], {}
-        self.abandon_reads = False  # stopping: reads ahead that wait to retry give up
 
     def _check_batch_sizes(self) -> None:
         """Every batch size of the run divides over the hosts, the mesh's batch shards and the
@@ -212,6 +220,8 @@ class _Run:
         phase = self.phase
         total = phase.end
         start = int(jax.device_get(self.state.step))
+        self.writer.start(start, phase, self.phases)
+        self.profile = StepProfile(config, self.workdir, start, self._say)
         if self.is_chief and config.progress_bar and start < total:
             from tqdm.auto import tqdm
 
@@ -254,6 +264,7 @@ class _Run:
         """Reads the batch of step ``self.current`` (interruptible: nothing has changed yet) and
         dispatches the step (a signal then waits for its end)."""
         within = self.current - self.phase.start  # the phase's data and plan count from its start
+        self.profile.before(self.current, self.state)  # config.profile: a trace starts
         with self.stop.interruptible():
             host_batch = self.data.batch(within)
         size = self.data.step_batch_size(within) or self.config.batch_size
@@ -263,6 +274,7 @@ class _Run:
         with attention_kernels.recording() if first else contextlib.nullcontext() as traced:
             self.state, step_metrics = self.steps.train(self.state, batch, dropout_rng)
         self.current += 1
+        self.profile.after(self.current, self.state)  # and stops when its last step is done
         if traced and self.is_chief:
             self._say("attention: " + "; ".join(attention_kernels.summary(traced)))
             devices = list(self.mesh.devices.flat)  # a T4 set to bfloat16: what to set
@@ -381,14 +393,17 @@ class _Run:
         self.window.restart()  # eval time is not training throughput
 
     def close(self, setup_failed: bool = False) -> None:
-        """Closes what the run opened. After a stop or an outage nothing waits on storage or on
-        a hung read past a deadline (the run's token is cancelled: reads still waiting out a
-        backoff give up); after a failed setup (a checkpoint set aside: the run is planned
-        again with the same token) the checkpoints are closed within a deadline too."""
+        """Closes what the run opened (the trackers stay open for the next phase: flushed).
+        After a stop or an outage nothing waits on storage or on a hung read past a deadline
+        (the run's token is cancelled: reads still waiting out a backoff give up); after a
+        failed setup (a checkpoint set aside: the run is planned again with the same token) the
+        checkpoints are closed within a deadline too."""
         stopping = self.abandon_reads or self.stop.received is not None
         stopping = stopping or self.stop.token.cancelled()
         if stopping:  # saved: no read is needed
             self.stop.token.cancel()
+        if self.profile is not None:
+            self.profile.close(self.state)
         if self.progress is not None:
             self.progress.close()
         if self.ckpt is not None:
@@ -398,11 +413,10 @@ class _Run:
                 self.ckpt.close()
         if self.best is not None:
             self.best.close()
-        if self.writer is not None:
-            if stopping:
-                bounded(self.writer.close, METRICS_WAIT_S, "closing the metrics", raises=False)
-            else:
-                self.writer.close()
+        if stopping:
+            bounded(self.writer.flush, METRICS_WAIT_S, "writing the metrics", raises=False)
+        else:
+            self.writer.flush()
         if self.data is not None:
             self.data.close()
 
@@ -426,25 +440,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     phases = phases_lib.plan_phases(config)
     token = retry.Cancel()  # this run's: cancelled by its first signal, gone when it returns
     stop = StopRequests(token)
+    trackers = Trackers.open(config, workdir, enabled=jax.process_index() == 0)
     try:
         with retry.scope(token):
-            return _train_retrying(phases, workdir, stop)
+            summary = _train_retrying(phases, workdir, stop, trackers)
+        trackers.finish(summary)
+        return summary
+    except BaseException as error:
+        trackers.fail(error)
+        raise
     finally:
+        if token.cancelled():  # a stop or an outage: the trackers' last writes wait a bound
+            bounded(trackers.close, METRICS_WAIT_S, "closing the trackers", raises=False)
+        else:
+            trackers.close()
         stop.restore()
 
 
-def _train_retrying(phases: list, workdir: str, stop: StopRequests) -> dict:
+def _train_retrying(phases: list, workdir: str, stop: StopRequests, trackers: Trackers) -> dict:
     """`_train_phases`, planned again after a checkpoint was set aside."""
     while True:
         try:
-            return _train_phases(phases, workdir, stop)
+            return _train_phases(phases, workdir, stop, trackers)
         except EarlierCheckpoint:
             if stop.synced:  # JAX's sync point counted from the newer step: a rerun (75)
                 raise
             logging.warning("a checkpoint was set aside: the phases are planned again")
 
 
-def _train_phases(phases: list, workdir: str, stop: StopRequests) -> dict:
+def _train_phases(phases: list, workdir: str, stop: StopRequests, trackers: Trackers) -> dict:
     """Trains the phases not finished yet (all of a one-phase run) from the newest checkpoint."""
     done = None
     if len(phases) > 1 or stop.synced:
@@ -460,7 +484,7 @@ def _train_phases(phases: list, workdir: str, stop: StopRequests) -> dict:
         if len(phases) > 1:
             logging.info("phase %r: steps %d to %d", phase.name, phase.start, phase.end)
         with stop.interruptible():  # preparing data, restoring, compiling: nothing to save
-            run = _Run(phase.config, workdir, phase, stop, planned=done)
+            run = _Run(phase.config, workdir, phase, stop, done, trackers, phases)
         try:
             summary = run.train()
         finally:

@@ -13,8 +13,13 @@ reads its own pieces (every L-th of the epoch's shuffled pieces, from the l-th o
 time, and gives lane_rows rows to every step. A host's rows of a step then fall in about
 (its rows / lane_rows + 1) lanes, whatever the number of hosts, so the pieces it plans and reads
 per step do not grow with the pod (without lanes every host planned every window the whole job
-read). m - L floor(m / L) < L pieces (a different few each epoch) sit an epoch out so that lanes
-have equal lengths. With L = 1 this is the order of issue 51: the same batches.
+read). Before its first batch a host plans WINDOW pieces for each lane its rows fall in, so
+lane_rows trades start-up for per-step work: lanes of 32 rows had a host of 256 rows plan 32
+pieces (all of a store under ~32 pieces, so its start-up grew with the store up to there, issue
+71); lanes of 256 (the default) have it plan 4, and a host of 32 rows plan a lane's windows as
+they turn over at 256 rows a step. m - L floor(m / L) < L pieces (a different few each epoch)
+sit an epoch out so that lanes have equal lengths. With L = 1 this is the order of issue 51: the
+same batches.
 
 Length. The lanes give their rows in turns of L lane_rows positions (lane l: rows
 [l lane_rows, (l + 1) lane_rows) of each turn), so an epoch holds the positions every lane can

@@ -2,11 +2,12 @@
 
 token_windows: the epoch's plan is the token stream cut every T - 2 tokens (samples.py
 `TokenWindows`, rows by index). Its order: a store of up to WINDOW pieces' worth of rows
-(config.data.piece_tokens each) is one keyed `IndexShuffle` of all rows; a larger one is read in
-windows (epoch_order.py `TokenWindowOrder`: pieces of consecutive rows, WINDOW at a time per
-lane, rows shuffled within a window), so the rows of a batch come from a few runs of the store, a
-host's reads coalesce into few ranges, and its first batch reads a few pieces whatever the
-store's size. The sentence plans: per piece of the store (piece_plans.py).
+(config.data.piece_tokens each, at most a quarter of a shard: `window_piece_tokens`) is one
+keyed `IndexShuffle` of all rows; a larger one is read in windows (epoch_order.py
+`TokenWindowOrder`: pieces of consecutive rows, WINDOW at a time per lane, rows shuffled within a
+window), so the rows of a batch come from a few runs of the store, a host's reads coalesce into
+few ranges, and its first batch reads a few pieces whatever the store's size. The sentence
+plans: per piece of the store (piece_plans.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class SplitEpochs:
         self._epochs = OnceCache(4)  # (length, epoch) plans kept
         self._sizes = OnceCache(16)
         self.pieces = None
-        if self.c.sample_plan != "token_windows":
+        if self.c.sample_plan == "token_windows":
+            self._piece_tokens = self.window_piece_tokens()
+        else:
             self.pieces = piece_plans.PieceSplit(
                 store, self.c, self.seed, purpose, lane_rows=lane_rows, batch_size=batch_size,
                 host_rows=host_rows,
@@ -62,9 +65,21 @@ class SplitEpochs:
         plan = samples.make_plan(self.store, c.sample_plan, length, c.short_seq_prob, plan_rng)
         return plan, self._order(self._cut_rows(length), length, epoch), None
 
+    def window_piece_tokens(self) -> int:
+        """Tokens of a token_windows piece: config.data.piece_tokens, and in a store of several
+        shards at most a quarter of its median shard (from the manifest), so that a piece's rows
+        lie in one shard (in two about one time in four) and a host's reads of a piece join into
+        one range. Pieces of piece_tokens spanned several shards of a store of small shards
+        (one shard a small input file): a range each, for every piece of every lane."""
+        tokens = np.asarray(self.store.shard_counts()[1])
+        piece = int(self.c.piece_tokens)
+        if len(tokens) > 1:
+            piece = min(piece, int(np.median(tokens)) // 4)
+        return max(1, piece)
+
     def _order(self, rows: int, length: int, epoch: int):
         """The order of an epoch of ``rows`` token windows."""
-        rows_per_piece = max(1, int(self.c.piece_tokens) // (length - 2))
+        rows_per_piece = max(1, self._piece_tokens // (length - 2))
         pieces = -(-rows // rows_per_piece)
         if pieces <= WINDOW:  # one window: the whole epoch in one shuffle, by index
             purpose = f"{self.purpose}/order/{length}"

@@ -21,7 +21,7 @@ length on epoch 0's first window of lane 0 (units per token, times the store's m
 piece), so an epoch is about one pass over the store: a piece with more units than its share
 leaves the rest for the next epoch's (new) plan, one with fewer repeats some. Deviation from a
 whole-store plan: these piece edges and windows of equal size (measured:
-tests/data_plan_stats_test.py, benchmarks/plan_stats.py). A store of one piece (the built-in
+tests/data_plan_stats_test.py, benchmarks/data/plan_stats.py). A store of one piece (the built-in
 corpus) gives exactly the whole-store plan of samples.py and its permutation. A piece of over
 MAX_PIECE_TOKENS tokens (documents that long) is refused with a message naming token_windows.
 

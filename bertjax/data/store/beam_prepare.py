@@ -158,14 +158,18 @@ def run(config, output: str, beam_args: list[str] = ()) -> dict:
 def main(argv=None) -> None:
     """The command line: --config=FILE --output=URL, every other flag goes to Beam (one that
     Beam does not know either is an error; bad input is one line, bertjax/cli.py)."""
-    from ml_collections import config_flags
+    import sys
 
     from bertjax import cli
 
+    # the command's face reads a recipe as train.py does (recipes import the trainer anyway)
+    from bertjax.training.run_config import check_config_overrides, define_config_flag
+
+    argv = list(sys.argv if argv is None else argv)
+    if any(a == "--config" or a.startswith("--config=") for a in argv[1:]):
+        check_config_overrides(argv, "")  # a misspelled --config.KEY: one line, as train.py
     fv = cli.new_flags(("output", None, "where the store goes: a path or gs://, s3:// URL"))
-    config_flags.DEFINE_config_file(
-        "config", None, "config file (configs/*.py)", flag_values=fv, lock_config=True
-    )
+    define_config_flag("config", None, "config file (configs/*.py)", fv, sys_argv=argv)
 
     def prepare(fv, rest):
         cli.require(fv, "config", "output")

@@ -5,10 +5,12 @@ A fetch groups the blocks it lacks into runs, one per shard stretch: adjacent bl
 at most `gap_blocks` apart with the blocks between them (read, checked and cached as well: a
 range costs a round trip, a few blocks more cost little); each run is one range, plus one range
 of the CRC-32s of its blocks unless the shard's index was loaded. All of a fetch's ranges go in
-one `RangeReader.read`. Blocks another thread is reading are waited for, never read twice; a
-block enters the cache once (its bytes counted once), and is evicted to the bound after every
-insert: the cache's own (`cache_bytes`), or a `CacheBudget` the process's caches share
-(cache_budget.py: the least recently used block of any of them goes first).
+one `RangeReader.read`. Blocks another thread is reading, a gap's blocks included, are waited
+for, never read twice (the reads ahead of a first batch start together and ask for the same
+blocks: each read the same gaps again before, a range each); a block enters the cache once (its
+bytes counted once), and is evicted to the bound after every insert: the cache's own
+(`cache_bytes`), or a `CacheBudget` the process's caches share (cache_budget.py: the least
+recently used block of any of them goes first).
 
 `RangeReader` sends the ranges of one read in flight together: an asynchronous filesystem
 (gcsfs, s3fs: `async_impl`) does so itself in one `cat_ranges` call; a synchronous one (a local
@@ -234,7 +236,9 @@ class BlockCache:
         found: dict[tuple[int, int], bytes] = {}
         waits: dict[int, _Pending] = {}
         mine = _Pending()
+        claimed: list[tuple[int, int]] = []  # blocks this fetch reads: others wait for them
         with self.lock:
+            missing = []
             for key in wanted:
                 data = self.cache.get(key)
                 if data is not None:
@@ -243,17 +247,23 @@ class BlockCache:
                 elif key in self._pending:
                     waits[id(self._pending[key])] = self._pending[key]
                 else:
-                    self._pending[key] = mine
-        missing = [k for k in wanted if k not in found and self._pending.get(k) is mine]
-        if missing:
+                    missing.append(key)
+            runs = self._runs(missing)
+            for shard, first, last in runs:  # a gap's blocks too: read here, never twice
+                for block in range(first, last + 1):
+                    key = (shard, block)
+                    if key not in self.cache and key not in self._pending:
+                        self._pending[key] = mine
+                        claimed.append(key)
+        if runs:
             try:
-                mine.data = self._read(missing)
+                mine.data = self._read(runs)
             except Exception as e:  # the waiters raise it too
                 mine.error = e
                 raise
             finally:
                 with self.lock:
-                    for key in missing:
+                    for key in claimed:
                         self._pending.pop(key, None)
                     if mine.error is None:
                         self._insert(mine.data)
@@ -302,13 +312,13 @@ class BlockCache:
                 runs.append([shard, block, block])
         return [tuple(r) for r in runs]
 
-    def _read(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-        """Reads the runs covering ``keys`` and their checksums in one read; checks each block.
-        A run's checksums (the end of the shard's index region, just before its data) and its
-        blocks are one range when at most `gap_blocks` blocks' bytes lie between them (a run
-        from a shard's first block: always)."""
+    def _read(self, runs: list[tuple[int, int, int]]) -> dict[tuple[int, int], bytes]:
+        """Reads ``runs`` (`_runs`) and their checksums in one read; checks each block. A run's
+        checksums (the end of the shard's index region, just before its data) and its blocks are
+        one range when at most `gap_blocks` blocks' bytes lie between them (a run from a shard's
+        first block: always)."""
         shard_of, paths, starts, ends, parts = [], [], [], [], []
-        for shard, first, last in self._runs(sorted(keys)):
+        for shard, first, last in runs:
             layout = self.layouts[shard]
             begin = layout["index_bytes"] + first * self.block_bytes
             end = min(

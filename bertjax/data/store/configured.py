@@ -92,11 +92,11 @@ def _report_shares(store: str, counts: dict) -> None:
         (logging.warning if suspicious else logging.info)("store %s: %s", store, line)
 
 
-def store_tokenizer(config) -> Tokenizer:
+def store_tokenizer(config, manifest: dict | None = None) -> Tokenizer:
     """The tokenizer of the sharded store config.data.store: the configured one (which must be
-    the store's), else the store's own file."""
+    the store's), else the store's own file; ``manifest``: the store's, read already."""
     c = config.data
-    manifest = shard_format.read_manifest(c.store)
+    manifest = manifest or shard_format.read_manifest(c.store)
     cache = paths.cache_dir(c.cache_dir)
     if c.hf_vocab or c.tokenizer_model:
         tokenizer = load_tokenizer(config, "", 0, 1)

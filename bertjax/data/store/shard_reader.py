@@ -104,18 +104,20 @@ class ShardedStore:
         index: bool = True,
         read_threads: int = 16,
         gap_blocks: int = 0,
+        manifest: dict | None = None,
     ):
         """``index=False`` opens from the manifest alone: the document and sentence index of
         every shard is read on first use of `documents` / `sentences` (the pipeline never asks:
         it reads pieces, `piece_indexes`), the checksums of blocks with the blocks.
         ``read_threads``: threads reading one fetch's ranges on a synchronous filesystem;
         ``gap_blocks``: blocks a fetch reads between two it needs rather than send two ranges
-        (block_cache.py)."""
+        (block_cache.py); ``manifest``: the store's manifest, read already (the pipeline reads
+        it once for the tokenizer and both splits: it grows with the store, a line a shard)."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r}: must be one of {SPLITS}")
         self.url = self.directory = url.rstrip("/")
         self.split = split
-        self.meta = manifest = fmt.read_manifest(self.url)
+        self.meta = manifest = manifest or fmt.read_manifest(self.url)
         fmt.check_tokenizer(self.url, manifest, tokenizer)
         self.vocab_size, block_tokens = manifest["vocab_size"], manifest["block_tokens"]
         dtype = np.dtype(manifest["token_dtype"])

@@ -190,6 +190,13 @@ class Tokenizer:
             "train one with bertjax or add the token to the vocabulary"
         )
 
+    def hf_json(self) -> str | None:
+        """The Hugging Face tokenizer in `tokenizers`' JSON form, padding and truncation off (a
+        vocab.txt's with its case handling); None for a SentencePiece model."""
+        if self._hf is None:
+            return None
+        return getattr(self._hf, "_tokenizer", self._hf).to_str()
+
     @property
     def vocab_size(self) -> int:
         return len(self.pieces)
