@@ -179,3 +179,18 @@ def test_fault_soak_plans_are_seeded_and_cover_every_fault(capsys):
     assert {victim for kind, victim, _ in drawn} == {0, 1, 2} and fault_soak.PROCESSES == 3
     source = open(os.path.join(ROOT, "benchmarks", "faults", "fault_soak.py")).read()
     assert "errors.job_restarts(launch.statuses)" in source  # the table's rule, not its own
+
+
+def test_restart_seconds_alternates_restarts_with_and_without_the_compile_cache(capsys):
+    """The restart benchmark's dry run: a first launch, then restarts that alternate between the
+    cache (train.py's default) and --config.compile_cache=off, every one with the same flags."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "faults"))
+    import restart_seconds
+
+    restart_seconds.main(["--dry_run", "--restarts=4", "--extra=--config.peak_flops_per_device=1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["first"] + [
+        f"restart {i}" for i in (1, 2, 3, 4)
+    ]
+    assert ["compile_cache=off" in line for line in lines] == [False, False, True, False, True]
+    assert all("--config.peak_flops_per_device=1" in line for line in lines)

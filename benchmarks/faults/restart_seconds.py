@@ -49,19 +49,24 @@ def _lines(path: str) -> int:
     return sum(1 for line in open(path) if line.endswith("\n")) if os.path.exists(path) else 0
 
 
+def command(config: str, workdir: str, extra: list[str]) -> list[str]:
+    """The launch's command line: train.py, long enough never to finish, a step logged each."""
+    return [sys.executable, "-c", CHILD, os.path.join(ROOT, "train.py"), f"--config={config}",
+               f"--workdir={workdir}", "--config.num_train_steps=100000",
+               "--config.phases.seq128.steps=100000", "--config.log_every=1",
+               "--config.checkpoint_every=0", "--config.eval_every=0", "--config.budget_flops=0",
+               *extra]  # fmt: skip
+
+
 def launch(config: str, workdir: str, extra: list[str], timeout: float = 600) -> dict:
     """train.py until its first new logged step, then SIGTERM; seconds to that step, compile
     seconds, exit status."""
     metrics = os.path.join(workdir, "metrics.jsonl")
     before = _lines(metrics)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    command = [sys.executable, "-c", CHILD, os.path.join(ROOT, "train.py"), f"--config={config}",
-               f"--workdir={workdir}", "--config.num_train_steps=100000",
-               "--config.phases.seq128.steps=100000", "--config.log_every=1",
-               "--config.checkpoint_every=0", "--config.eval_every=0", "--config.budget_flops=0",
-               *extra]  # fmt: skip
     start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command(config, workdir, extra), cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     while _lines(metrics) <= before:
         if proc.poll() is not None or time.monotonic() - start > timeout:
@@ -82,9 +87,16 @@ def main(argv=None) -> None:
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "bert_base.py:smoke"))
     parser.add_argument("--restarts", type=int, default=6)
     parser.add_argument("--extra", default="", help="more train.py flags, space-separated")
+    parser.add_argument("--dry_run", action="store_true", help="print the launches' flags only")
     args = parser.parse_args(argv)
-    workdir = tempfile.mkdtemp(prefix="restart_seconds_")
     more = args.extra.split()
+    if args.dry_run:
+        for i in range(args.restarts + 1):
+            off = ["--config.compile_cache=off"] if i and i % 2 == 0 else []
+            flags = command(args.config, "WORKDIR", [*more, *off])[4:]
+            print(f"{'first' if not i else f'restart {i}'}: train.py {' '.join(flags)}")
+        return
+    workdir = tempfile.mkdtemp(prefix="restart_seconds_")
     first = launch(args.config, workdir, more)
     print(f"first launch (compiles, fills the cache): {first}")
     rows = {"cache": [], "off": []}
