@@ -267,3 +267,29 @@ def test_a_stopped_run_takes_its_cancel_token_with_it_and_a_plan_change_refuses_
     assert again["step"] == summary["step"] + 1
     meta = os.path.join(workdir, "checkpoints", str(again["step"]), "meta", "metadata")
     assert json.load(open(meta))[plan_version.KEY] == version + 1
+
+
+def test_a_run_whose_setup_fails_closes_what_it_opened(tmp_path, monkeypatch):
+    """Setup that fails after the data and the checkpoints were opened (here restoring: as a
+    checkpoint set aside makes the run plan again) closes both before the error leaves, and
+    leaves the run's retry token uncancelled for the run planned again."""
+    from bertjax import retry, trainer
+    from bertjax.data import pipeline as pipeline_lib
+    from bertjax.training import checkpoint
+    from bertjax.training import trainer as trainer_lib
+
+    closed, tokens = [], []
+    for owner, name in ((pipeline_lib.Pipeline, "pipeline"), (checkpoint.Checkpointer, "ckpt")):
+        close = owner.close
+        monkeypatch.setattr(owner, "close", lambda self, *a, _c=close, _n=name, **k: (
+            closed.append(_n), _c(self, *a, **k))[1])  # fmt: skip
+
+    def restore_fails(*args, **kwargs):
+        tokens.append(retry.current().token)
+        raise RuntimeError("restoring failed")
+
+    monkeypatch.setattr(trainer_lib, "restore_or_init", restore_fails)
+    with pytest.raises(RuntimeError, match="restoring failed"):
+        trainer.train_and_evaluate(_in_process_config(num_train_steps=2), str(tmp_path))
+    assert "pipeline" in closed and "ckpt" in closed
+    assert tokens and not tokens[0].cancelled()
