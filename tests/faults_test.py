@@ -49,7 +49,7 @@ from fault_job import (
 
 pytestmark = pytest.mark.slow
 
-PHASE_STEPS = 8  # each of the two phases
+PHASE_STEPS = 6  # each of the two phases
 STEPS = 2 * PHASE_STEPS
 GRACE_S = 30  # a pod's grace window after SIGTERM (Kubernetes' default)
 STUCK_AT = 2  # the outages: reads fail (hang) from this batch of the launch
