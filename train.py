@@ -8,6 +8,9 @@ Several processes (a TPU pod slice, GPU hosts): run the same command on every ho
 --multihost; JAX finds Cloud TPU, SLURM, Open MPI and Kubernetes jobs by itself, elsewhere give
 --coordinator_address (or JAX_COORDINATOR_ADDRESS), --num_processes and --process_id
 (README: "Cloud storage, TPU pods and clusters").
+Compiled programs are kept in JAX's persistent compilation cache (WORKDIR/compile_cache by
+default, --config.compile_cache=DIR|URL|off; bertjax/training/compile_cache.py), so a restart
+loads them instead of compiling again.
 On Linux it first restarts itself with glibc malloc on transparent huge pages
 (bertjax/training/runtime.py; ~1.3-1.5x faster steps on CPU; BERTJAX_HUGEPAGE_MALLOC=0 turns it
 off).
@@ -120,6 +123,10 @@ def _main(argv):
 
     logging.info("devices: %s", jax.devices())
     with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
+        from bertjax.training import compile_cache
+
+        if (cache := compile_cache.location(_CONFIG.value, _WORKDIR.value)) is not None:
+            compile_cache.enable(cache)  # a restart loads what it compiled before
         try:
             summary = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
         except processes.MismatchError:  # raised by every process: they leave together

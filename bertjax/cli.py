@@ -20,9 +20,12 @@ torchrun, systemd), the same for every command and every process of a run:
 A bad flag, a path that names nothing, a file that is not what it should be (not UTF-8, no
 such column, not a BEIR directory, ...) stops the command with one line on stderr,
 ``error: WHAT``, naming the flag, or the file and line, and exit status 2. The traceback is
-printed only with ``--verbosity=1`` (``-v 1``). Bad input is what bertjax raises for it:
-ValueError and OSError (FileNotFoundError, `bertjax.paths.MissingPathError`), whose messages
-name what and where; anything else keeps its traceback.
+printed only with ``--verbosity=1`` (``-v 1``). What an error is, bertjax/errors.py decides:
+bad input is what bertjax raises for it (ValueError and OSError: FileNotFoundError,
+`bertjax.paths.MissingPathError`, whose messages name what and where) unless its chain holds a
+storage error that may go away (a connection reset, a 503: status 75, rerun) or the runtime's
+(a failed collective); anything else keeps its traceback. README's exit table is
+`bertjax.errors.table_markdown()`.
 
 Faces built on absl flags parse their own `flags.FlagValues` with `run` (so a test can call
 ``main(argv)`` more than once in one process); train.py and bertjax.compile keep absl's global
@@ -38,39 +41,19 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
-FINISHED = 0
-BUG = 1  # an uncaught exception (Python's status)
-BAD_INPUT = 2  # the exit status of every command stopped by bad input
-RETRY = 75  # EX_TEMPFAIL: storage unreachable past its budget, or a lost process; restart
-STOPPED = 128 + 15  # stopped by SIGTERM after saving (or because another process was signalled)
-INPUT_ERRORS = (ValueError, OSError)
-# How the runtime's status codes open an error's text: a collective or a device call that failed
-# (jaxlib raises a Gloo collective's failure as a ValueError, most others as JaxRuntimeError).
-RUNTIME_STATUSES = (
-    "UNKNOWN:", "INTERNAL:", "UNAVAILABLE:", "ABORTED:", "CANCELLED:", "DEADLINE_EXCEEDED:",
-    "FAILED_PRECONDITION:", "RESOURCE_EXHAUSTED:",
-)  # fmt: skip
+from bertjax import errors
 
-
-def runtime_failure(error: BaseException) -> bool:
-    """Whether ``error`` (or one it was raised from) is the runtime's: a failed collective or
-    device call, never bad input; under --multihost possibly a sign of a lost process."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
-            return True
-        if isinstance(error, (ValueError, RuntimeError)):
-            if str(error).startswith(RUNTIME_STATUSES):
-                return True
-        error = error.__cause__ or error.__context__
-    return False
+FINISHED = errors.FINISHED
+BUG = errors.BUG  # an uncaught exception (Python's status)
+BAD_INPUT = errors.BAD_INPUT  # the exit status of every command stopped by bad input
+RETRY = errors.RETRY  # EX_TEMPFAIL: storage unreachable past its budget, or a lost process
+STOPPED = errors.stopped_by(15)  # stopped by SIGTERM after saving (or another was signalled)
 
 
 def stopped_by(signum: int | None) -> int:
     """The exit status of a run stopped by signal ``signum`` after saving (None: another
     process of the run was signalled): 128 + the signal, as a shell reports a signal's kill."""
-    return STOPPED if signum is None else 128 + int(signum)
+    return STOPPED if signum is None else errors.stopped_by(signum)
 
 
 VERBOSE = 1  # the --verbosity from which a stopped command prints its traceback
@@ -96,30 +79,35 @@ def fail(message: str) -> NoReturn:
 
 @contextlib.contextmanager
 def input_errors(verbose: bool) -> Iterator[None]:
-    """Inside: ValueError and OSError stop the command with `fail` (their traceback instead
-    when ``verbose``); `bertjax.retry.Retryable` (StorageUnavailable) with `unavailable`
-    (status RETRY).
+    """Inside, an error ends the command as bertjax/errors.py classifies it: bad input with
+    `fail` (status 2), storage that did not answer (a `Retryable`, or a transient error that
+    reached this far) with `unavailable` (status 75), each as one line; the runtime's failures
+    and bugs keep their traceback (status 1). ``verbose``: every traceback.
     The line ends saying how to get the traceback: the same exception types can come from a
     bug rather than from bad input, and the traceback is what a report needs."""
-    from bertjax.retry import Retryable
-
     try:
         yield
-    except Retryable as error:  # not bad input: restart (RETRY)
-        if verbose:
+    except Exception as error:
+        kind = errors.classify(error)
+        if verbose or kind in (errors.Kind.RUNTIME, errors.Kind.BUG):
             raise
+        if kind is errors.Kind.INPUT:
+            fail(f"{str(error) or type(error).__name__} (--verbosity=1 prints the traceback)")
         unavailable(error)
-    except INPUT_ERRORS as error:
-        if verbose or runtime_failure(error):  # the runtime's failure: its traceback
-            raise
-        fail(f"{str(error) or type(error).__name__} (--verbosity=1 prints the traceback)")
 
 
 def unavailable(error: BaseException) -> NoReturn:
-    """Stops the command: ``error: MESSAGE`` (one line) on stderr, exit status `RETRY`."""
+    """Stops the command: ``error: MESSAGE`` (one line) on stderr, exit status `RETRY`. A
+    transient error that was not retried where it happened says so."""
     line = " ".join(str(error).split())
+    if not isinstance(error, errors.Retryable):
+        cause = errors.transient_cause(error) or error
+        what = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
+        line = (f"storage did not answer ({what}){': ' + line if cause is not error else ''}; "
+                "the object is not known to be bad: rerun the same command when storage "
+                "answers again (the run resumes from its last checkpoint)")  # fmt: skip
     print(f"error: {line}", file=sys.stderr)
-    raise SystemExit(RETRY)
+    raise SystemExit(errors.exit_status(error))
 
 
 def absl_verbose() -> bool:

@@ -128,6 +128,34 @@ def write_bytes(path: str, data: bytes) -> None:
         raise
 
 
+def read_bytes(path: str) -> bytes:
+    """A whole file's bytes (a URL's tried again on transient errors)."""
+    return retry.call(path, Path(path).read_bytes)
+
+
+def remove(path: str) -> None:
+    """Removes a file (tried again on transient errors: a workdir on a URL, a gcsfuse mount)."""
+    retry.call(path, Path(path).unlink)
+
+
+def rmtree(path: str) -> None:
+    """Removes a directory and what it holds (tried again on transient errors)."""
+    retry.call(path, Path(path).rmtree)
+
+
+def rename(path: str, target: str) -> None:
+    """Moves ``path`` to ``target`` (tried again on transient errors; on an object store a
+    directory is moved object by object, so a retried move finishes what the failed try left)."""
+    retry.call(path, _move, path, target)
+
+
+def _move(path: str, target: str) -> None:
+    if Path(path).exists():
+        Path(path).rename(target)
+    elif not Path(target).exists():
+        raise FileNotFoundError(f"{path}: nothing to move to {target}")
+
+
 def write_text(path: str, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 

@@ -1,17 +1,19 @@
 """Storage requests that fail for a while: retried within a time budget, counted, and told.
 
 A request to storage (a store's byte ranges, a manifest, a shard index, a tokenizer file, a file
-of a workdir on a URL) that fails with a transient error (`is_transient`: a connection error, a
-timeout, HTTP 408, 429 or 5xx, as each fsspec backend raises them) is tried again after an
-exponential backoff with full jitter (after its k-th failure a delay drawn uniformly from
+of a workdir on a URL) that fails with a transient error (bertjax/errors.py decides: a connection
+error, a timeout, HTTP 408, 429 or 5xx, as each fsspec backend and huggingface_hub raise them) is
+tried again after an exponential backoff with full jitter (after its k-th failure a delay drawn
+uniformly from
 [0, min(`MOST_DELAY_S`, `FIRST_DELAY_S` x 2^(k-1))], so that a pod's hosts do not retry in step),
 (never less than the server asked for: `server_wait`, a 429's ``Retry-After`` or ``RateLimit``)
 until it succeeds or its time budget (`config.storage_retry_seconds`, `BUDGET_S` by default)
 has passed; then `StorageUnavailable` names the object, the last error, how long and how often
 it was tried. Any other error (not found, permission denied, a bad request) is raised at once,
 as it came. Failures are counted (`COUNTS`, per process: for metrics) and logged at most once
-a minute, not per retry. A process that is stopping (`stop`, from a signal handler) gives up its
-retries at once instead of waiting out the budget.
+a minute, not per retry. A run that is stopping (its `Cancel` token, installed with `scope` and
+cancelled by its first signal) gives up its retries after one more try instead of waiting out
+the budget; the token is the run's, so the next run in the same process retries again.
 
 What each layer under bertjax retries by itself, so that this layer does not multiply it:
 - gcsfs (gs:// through fsspec, and through epath, which uses fsspec when TensorFlow is not
@@ -30,7 +32,8 @@ What each layer under bertjax retries by itself, so that this layer does not mul
   = 32 times, the delay doubling from ``initial_delay`` = 1 s to ``max_delay`` = 32 s plus up to
   1 s of jitter: ~15 minutes before it gives up. bertjax does not wrap orbax's saves and restores
   (a retried save would write its arrays again; TensorStore's own budget already outlasts this
-  one); only the files bertjax reads and writes itself go through this layer.
+  one); only the files bertjax reads, writes, lists, renames and removes itself (checkpoint
+  listings, cleanup and set-aside among them) go through this layer.
 - huggingface_hub (hf:// corpora, bertjax/data/text/hub.py): ranged reads and tree pages retry
   408, 429 and 5xx up to 5 times (1, 2, 4, 8, 8 s apart, or what a 429's RateLimit/Retry-After
   says, plus 1 s); repo info, paths-info and HEADs are not retried there, only here.
@@ -49,115 +52,45 @@ not with `bertjax.cli.BAD_INPUT`. A missing or corrupt object is a different err
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import logging
 import pickle
 import random
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from bertjax import errors
+from bertjax.errors import Retryable
+
+__all__ = ["Retryable", "StorageUnavailable", "Cancel", "Policy", "call", "scope"]
 
 BUDGET_S = 600.0  # default time a request is retried (config.storage_retry_seconds)
 FIRST_DELAY_S = 1.0  # backoff bound after the first failure, doubled after each failure
 MOST_DELAY_S = 60.0  # the backoff bound stops growing here
 LOG_EVERY_S = 60.0  # retries are logged at most this often (per process)
 
-# HTTP statuses worth another try: timeout, too many requests, server errors
-TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504, 509})
-# errnos of a connection or a storage backend that may answer again (EIO, EBUSY, EREMOTEIO: what
-# gcsfuse and s3fs report for storage-side errors)
-TRANSIENT_ERRNOS = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ECONNRESET",
-        "ECONNREFUSED",
-        "ECONNABORTED",
-        "ETIMEDOUT",
-        "EHOSTUNREACH",
-        "ENETUNREACH",
-        "ENETDOWN",
-        "ENETRESET",
-        "EPIPE",
-        "EAGAIN",
-        "EBUSY",
-        "EIO",
-        "EREMOTEIO",
-        "ESHUTDOWN",
-    )  # fmt: skip
-    if hasattr(errno, name)
-)
-# exception types (module.name, anywhere in the class's bases) of the HTTP clients under fsspec
-# that mean the connection failed, not the request
-TRANSIENT_TYPES = frozenset(
-    {
-        "aiohttp.client_exceptions.ClientError",  # a response error has a status: checked first
-        "requests.exceptions.ConnectionError",
-        "requests.exceptions.Timeout",
-        "requests.exceptions.ChunkedEncodingError",
-        "urllib3.exceptions.ProtocolError",
-        "urllib3.exceptions.TimeoutError",
-        "urllib3.exceptions.NewConnectionError",
-        "botocore.exceptions.HTTPClientError",
-        "botocore.exceptions.ConnectionError",
-        "botocore.exceptions.IncompleteReadError",
-        "botocore.exceptions.ResponseStreamingError",
-        "http.client.IncompleteRead",
-        "gcsfs.retry.ChecksumError",  # bytes corrupted in transit
-        "google.auth.exceptions.TransportError",  # the token server did not answer
-        "httpx2.NetworkError",  # huggingface_hub's client: connection errors, timeouts,
-        "httpx2.TimeoutException",  # a connection the server closed mid-answer
-        "httpx2.RemoteProtocolError",
-        "httpx.NetworkError",
-        "httpx.TimeoutException",
-        "httpx.RemoteProtocolError",
-    }
-)
-# exception types that say transient things but are settings: never tried again
-NEVER_TYPES = frozenset({"huggingface_hub.errors.OfflineModeIsEnabled"})  # HF_HUB_OFFLINE=1
-# error codes of S3-style services that are throttling or a server's trouble (any status)
-TRANSIENT_CODES = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-     "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequestsException"}
-)  # fmt: skip
-# what an error without errno or status says when it is one of those (a wrapped HTTP error)
-_TRANSIENT_TEXT = re.compile(
-    r"\b(408|429|5\d\d) (service|too many|internal|bad gateway|gateway|request time|slow)|"
-    r"\b(http|status|code)\W{0,3}(408|429|5\d\d)\b|service unavailable|too many requests|"
-    r"slow ?down|reduce your request rate|internal server error|bad gateway|gateway time-?out|"
-    r"timed out|connection (reset|refused|aborted)|temporarily unavailable",
-    re.IGNORECASE,
-)
-# TensorStore's (orbax's checkpoint arrays) and gRPC's status texts for storage that may answer
-# again: unreachable, out of time, or GCS's "internal error. Please try again" (a 500 that
-# TensorStore's own retries leave out)
-_TRANSIENT_STATUS_TEXT = re.compile(
-    r"\b(UNAVAILABLE|DEADLINE_EXCEEDED):|\bINTERNAL:.*(please try again|internal server error)",
-    re.IGNORECASE | re.DOTALL,
-)
-_NEVER = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-          FileExistsError)  # fmt: skip
-
-
-class Retryable(Exception):
-    """The command stopped for a reason that a rerun of the same command gets past (exit status
-    `bertjax.cli.RETRY`); ``str()`` says what happened."""
-
 
 class StorageUnavailable(Retryable):
-    """Storage did not answer ``target`` within the retry budget; ``str()`` is one line naming
-    the object, the last error, and how long and how often it was tried."""
+    """Storage did not answer ``target`` within the retry budget (or before the run stopped:
+    ``stopping``); ``str()`` is one line naming the object, the last error, and how long and how
+    often it was tried."""
 
-    def __init__(self, target: str, error: BaseException, elapsed_s: float, attempts: int):
+    def __init__(
+        self, target: str, error: BaseException, elapsed_s: float, attempts: int,
+        stopping: bool = False,
+    ):  # fmt: skip
         self.target, self.error = str(target), error
-        self.elapsed_s, self.attempts = float(elapsed_s), int(attempts)
+        self.elapsed_s, self.attempts, self.stopping = float(elapsed_s), int(attempts), stopping
         last = " ".join(f"{type(error).__name__}: {error}".split())[:300]
         if isinstance(error, _Described):
             last = str(error)
+        why = " (not tried again: the run is stopping)" if stopping else ""
         super().__init__(
             f"storage unreachable: {self.target} ({last}) after {self.attempts} tries over "
-            f"{self.elapsed_s:.0f} s; the object is not known to be bad: rerun the same command "
-            "when storage answers again (the run resumes from its last checkpoint)"
+            f"{self.elapsed_s:.0f} s{why}; the object is not known to be bad: rerun the same "
+            "command when storage answers again (the run resumes from its last checkpoint)"
         )
 
     def __reduce__(self):  # crosses process boundaries (data worker processes) whole
@@ -166,56 +99,18 @@ class StorageUnavailable(Retryable):
             pickle.dumps(error)
         except Exception:  # noqa: BLE001  (an HTTP client's error may hold a socket or a lock)
             error = _Described(" ".join(f"{type(error).__name__}: {error}".split())[:300])
-        return type(self), (self.target, error, self.elapsed_s, self.attempts)
+        return type(self), (self.target, error, self.elapsed_s, self.attempts, self.stopping)
 
 
 class _Described(Exception):
     """An error that could not cross a process boundary, as its type and message."""
 
 
-def _status(error: BaseException) -> int | None:
-    """The HTTP status an HTTP client's error carries (gcsfs ``code``, aiohttp ``status``,
-    requests' ``response.status_code``, botocore's response metadata), if any."""
-    response = getattr(error, "response", None)
-    if isinstance(response, dict):  # botocore's ClientError
-        code = response.get("Error", {}).get("Code")
-        if code in TRANSIENT_CODES:
-            return 503
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return status if isinstance(status, int) else None
-    for owner, name in ((error, "status"), (error, "status_code"), (error, "code"),
-                        (response, "status_code")):  # fmt: skip
-        value = getattr(owner, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
-            return value
-    return None
-
-
 def is_transient(error: BaseException) -> bool:
-    """Whether ``error`` may go away if the request is sent again: a connection error or timeout,
-    HTTP 408, 429 or 5xx (also an OSError that says so in its message, with no errno), as gcsfs,
-    s3fs, aiohttp, requests and botocore raise them; TensorStore's UNAVAILABLE and
-    DEADLINE_EXCEEDED (a ValueError). Not found, permission denied, a bad request
-    and everything else: not transient."""
-    if isinstance(error, StorageUnavailable) or isinstance(error, _NEVER):
-        return False
-    names = {f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__}
-    if names & NEVER_TYPES:
-        return False
-    status = _status(error)
-    if status is not None:
-        return status in TRANSIENT_STATUS
-    if isinstance(error, (TimeoutError, ConnectionError)):
-        return True
-    if names & TRANSIENT_TYPES:
-        return True
-    if isinstance(error, OSError):
-        if error.errno is not None:
-            return error.errno in TRANSIENT_ERRNOS
-        return bool(_TRANSIENT_TEXT.search(str(error)))
-    if isinstance(error, (ValueError, RuntimeError)):  # TensorStore raises its statuses so
-        return bool(_TRANSIENT_STATUS_TEXT.search(str(error)))
-    return False
+    """Whether ``error`` may go away if the request is sent again (bertjax/errors.py: a
+    connection error or timeout, HTTP 408, 429 or 5xx, TensorStore's UNAVAILABLE ...; not an
+    error already given up on, `StorageUnavailable`)."""
+    return errors.is_transient(error)
 
 
 _RATE_LIMIT = re.compile(r"\br\s*=\s*0\b.*?\bt\s*=\s*(\d+)")
@@ -239,15 +134,30 @@ def server_wait(error: BaseException) -> float:
 
 
 def transient_cause(error: BaseException) -> BaseException | None:
-    """The first transient error (`is_transient`) in ``error``'s chain of causes, if any: what a
-    wrapping layer (orbax, a "does not fit" message) raised it from."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if is_transient(error):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
+    """The transient error in ``error``'s chain of causes that makes it one (bertjax/errors.py),
+    if it is one: what a wrapping layer (orbax, a "does not fit" message) raised it from."""
+    return errors.transient_cause(error)
+
+
+class Cancel:
+    """A run's stop, for its storage requests: once `cancel` is called (the run's first signal,
+    or another process's preemption notice), a request waiting out a backoff wakes, is tried
+    once more at once (a lone failed request still recovers), and is then given up on
+    (`StorageUnavailable`) instead of waiting out the budget. A run owns one and installs it
+    with `scope` for its duration."""
+
+    def __init__(self):
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleeps up to ``seconds``, waking when cancelled; whether it was."""
+        return self._event.wait(max(0.0, seconds))
 
 
 class Counts:
@@ -307,8 +217,10 @@ COUNTS = Counts()  # this process's
 
 
 class Policy:
-    """How long and how often a request is tried: backoff with full jitter within ``budget_s``.
-    ``clock``, ``sleep`` and ``rng`` are injectable (tests run on a fake clock and never sleep)."""
+    """How long and how often a request is tried: backoff with full jitter within ``budget_s``,
+    given up early when ``token`` (the run's `Cancel`, installed by `scope`) is cancelled.
+    ``clock``, ``sleep`` and ``rng`` are injectable (tests run on a fake clock and never
+    sleep)."""
 
     def __init__(
         self,
@@ -320,12 +232,25 @@ class Policy:
         sleep: Callable[[float], None] | None = None,
         rng: random.Random | None = None,
         counts: Counts | None = None,
+        token: Cancel | None = None,
     ):
         self.budget_s = check_budget(budget_s)
         self.first_delay_s, self.most_delay_s = float(first_delay_s), float(most_delay_s)
-        self.clock, self.sleep = clock, sleep or _sleep
+        self.clock, self.sleep = clock, sleep or self._sleep
         self.rng = rng or random.Random()
         self.counts = counts or COUNTS
+        self.token = token
+
+    def _sleep(self, seconds: float) -> None:
+        token = self.token
+        if token is None:
+            time.sleep(seconds)
+        else:
+            token.wait(seconds)  # wakes early when the run stops
+
+    def cancelled(self) -> bool:
+        token = self.token
+        return token is not None and token.cancelled()
 
     def attempt(self, target: str = "") -> Attempt:
         """The tries of one request (or of one set of ranges: `Attempt.failed` per round)."""
@@ -351,24 +276,32 @@ class Attempt:
         self.policy, self.target = policy, str(target)
         self.start = policy.clock()
         self.tries = 0
+        self.last_try = False  # the run stopped: the try after the one that failed is the last
 
     def failed(self, error: BaseException, target: str = "", requests: int = 1) -> None:
         """After a try failed with ``error`` (``requests`` requests of ``target``): raises it when
-        it is not transient, `StorageUnavailable` once the budget has passed; otherwise counts
-        it and sleeps a backoff (never past the budget) before the caller tries again."""
+        it is not transient, `StorageUnavailable` once the budget has passed (or after one more
+        try once the run is stopping); otherwise counts it and sleeps a backoff (never past the
+        budget, cut short when the run stops) before the caller tries again."""
         policy, target = self.policy, str(target or self.target)
         self.tries += 1
         if not is_transient(error):
             raise error
         now = policy.clock()
         elapsed = now - self.start
-        if elapsed >= policy.budget_s or STOPPING.is_set():
+        if elapsed >= policy.budget_s or self.last_try:
             policy.counts.count(given_up=requests)
-            raise StorageUnavailable(target, error, elapsed, self.tries) from error
+            raise StorageUnavailable(
+                target, error, elapsed, self.tries, stopping=self.last_try
+            ) from error
         policy.counts.failure(target, error, requests, now)
+        if policy.cancelled():  # stopping: one more try at once, then give up
+            self.last_try = True
+            return
         bound = min(policy.most_delay_s, policy.first_delay_s * 2.0 ** min(self.tries - 1, 60))
         delay = max(policy.rng.uniform(0.0, bound), server_wait(error))  # at least as asked
         policy.sleep(min(delay, policy.budget_s - elapsed))
+        self.last_try = policy.cancelled()  # woken by a stop: this coming try is the last
 
     def succeeded(self, requests: int = 1) -> None:
         """After the request succeeded: counted as recovered when it had failed before."""
@@ -386,31 +319,23 @@ def check_budget(seconds) -> float:
     return seconds
 
 
-STOPPING = threading.Event()  # set by `stop`
-
-
-def stop() -> None:
-    """The process is stopping (a signal): retries waiting now give up at once, and a request
-    that fails from now on is not tried again (`StorageUnavailable`), so that no read keeps a
-    stopping process for the rest of its budget."""
-    STOPPING.set()
-
-
-def resume() -> None:
-    """Storage requests are retried again (a new run in a process whose earlier run stopped)."""
-    STOPPING.clear()
-
-
-def _sleep(seconds: float) -> None:
-    STOPPING.wait(seconds)  # wakes early when the process stops
-
-
 POLICY = Policy()  # what this process's storage requests use (`configure` sets its budget)
 
 
 def configure(budget_s: float) -> None:
     """This process's retry budget (config.storage_retry_seconds)."""
     POLICY.budget_s = check_budget(budget_s)
+
+
+@contextlib.contextmanager
+def scope(token: Cancel) -> Iterator[Cancel]:
+    """Inside, storage requests give up early once ``token`` is cancelled (a run's stop); the
+    token is the run's: on leaving, requests are retried for their whole budget again."""
+    previous, POLICY.token = POLICY.token, token
+    try:
+        yield token
+    finally:
+        POLICY.token = previous
 
 
 def current() -> Policy:

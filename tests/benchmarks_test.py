@@ -167,8 +167,9 @@ def test_embed_throughput_prints_the_commands_the_peer_and_bertjax():
 
 def test_fault_soak_plans_are_seeded_and_cover_every_fault(capsys):
     """The soak's dry run prints each seed's faults (no process started): the same for the same
-    seed, every kind drawn over a long plan, a stall only ever of process 1 (a stalled process
-    0, which hosts the coordination service, ends the others through JAX's abort)."""
+    seed, every kind drawn over a long plan, every process hit, a stall never of process 0
+    (which hosts the coordination service: a stall there ends the others through JAX's abort);
+    its supervisor restarts by bertjax's exit table."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks", "faults"))
     import fault_soak
 
@@ -178,6 +179,22 @@ def test_fault_soak_plans_are_seeded_and_cover_every_fault(capsys):
     assert fault_soak.plan(0, 40) == fault_soak.plan(0, 40) != fault_soak.plan(1, 40)
     drawn = fault_soak.plan(0, 40) + fault_soak.plan(1, 40)
     assert {kind for kind, _, _ in drawn} == set(fault_soak.KINDS)
-    assert {victim for kind, victim, _ in drawn if kind == "sigstop"} == {1}
-    assert fault_soak.RESTART([75, -9]) and fault_soak.RESTART([143, 143])
-    assert not fault_soak.RESTART([2, -9]) and not fault_soak.RESTART([0, 0])
+    assert {victim for kind, victim, _ in drawn if kind == "sigstop"} == {1, 2}
+    assert {victim for kind, victim, _ in drawn} == {0, 1, 2} and fault_soak.PROCESSES == 3
+    source = open(os.path.join(ROOT, "benchmarks", "faults", "fault_soak.py")).read()
+    assert "errors.job_restarts(launch.statuses)" in source  # the table's rule, not its own
+
+
+def test_restart_seconds_alternates_restarts_with_and_without_the_compile_cache(capsys):
+    """The restart benchmark's dry run: a first launch, then restarts that alternate between the
+    cache (train.py's default) and --config.compile_cache=off, every one with the same flags."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "faults"))
+    import restart_seconds
+
+    restart_seconds.main(["--dry_run", "--restarts=4", "--extra=--config.peak_flops_per_device=1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["first"] + [
+        f"restart {i}" for i in (1, 2, 3, 4)
+    ]
+    assert ["compile_cache=off" in line for line in lines] == [False, False, True, False, True]
+    assert all("--config.peak_flops_per_device=1" in line for line in lines)

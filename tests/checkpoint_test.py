@@ -144,6 +144,49 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_previous_one_resto
     ckpt.close()
 
 
+def test_a_second_set_aside_of_a_step_keeps_the_first(tmp_path):
+    """A step set aside before (3.unreadable, from an earlier damaged save of step 3) stays when
+    the step saved again is damaged too: the new one is kept as 3.unreadable.2."""
+    abstract = _abstract(_saved_steps(tmp_path))
+    (tmp_path / "3.unreadable").mkdir()
+    (tmp_path / "3.unreadable" / "earlier").write_text("kept")
+    (tmp_path / "3" / "meta" / "metadata").write_text("{not json")  # unreadable metadata
+    ckpt = checkpoint.Checkpointer(str(tmp_path), keep=5)
+    state, _ = ckpt.restore_newest(abstract, check=lambda meta: None)
+    assert int(state.step) == 2 and ckpt.all_steps() == [1, 2]
+    assert (tmp_path / "3.unreadable" / "earlier").read_text() == "kept"
+    assert (tmp_path / "3.unreadable.2" / "meta").is_dir()
+    ckpt.close()
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_restore_that_fails_without_damage_is_tried_again_and_never_set_aside(
+    tmp_path, monkeypatch, times
+):
+    """An error that shows no damage (out of memory: one host's trouble, not the bytes') is
+    tried once more: once, the step restores; twice, the error is reported and every step stays
+    where it was (the run does not quietly train from an older one)."""
+    abstract = _abstract(_saved_steps(tmp_path))
+    restore, calls = checkpoint.Checkpointer.restore, []
+
+    def fail_first(self, abstract_state, step=None):
+        calls.append(step)
+        if len(calls) <= times:
+            raise MemoryError("out of host memory while restoring")
+        return restore(self, abstract_state, step)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "restore", fail_first)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), keep=5)
+    if times == 1:
+        state, _ = ckpt.restore_newest(abstract, check=lambda meta: None)
+        assert int(state.step) == 3 and calls == [3, 3]
+    else:
+        with pytest.raises(MemoryError):
+            ckpt.restore_newest(abstract, check=lambda meta: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
+    ckpt.close()
+
+
 @pytest.mark.parametrize("stage", ["meta", "state"])
 def test_a_checkpoint_storage_does_not_serve_is_not_set_aside(tmp_path, monkeypatch, stage):
     """TensorStore's UNAVAILABLE (a ValueError, after its own retries) while restoring the newest

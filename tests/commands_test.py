@@ -14,7 +14,7 @@ import pytest
 from helpers import child_env
 from inference_fixtures import write_cased_workdir
 
-from bertjax import cli, embed, export, predict
+from bertjax import cli, embed, errors, export, predict
 from bertjax.data.store import beam_prepare
 from bertjax.objectives import diffusion_sampling
 
@@ -168,8 +168,8 @@ def test_a_failed_collective_is_the_runtime_s_not_bad_input():
                       "reset by peer")  # fmt: skip
     wrapped = RuntimeError("the step failed")
     wrapped.__cause__ = gloo
-    assert cli.runtime_failure(gloo) and cli.runtime_failure(wrapped)
-    assert not cli.runtime_failure(ValueError("corpus.txt line 3: invalid UTF-8"))
+    assert errors.is_runtime(gloo) and errors.is_runtime(wrapped)
+    assert not errors.is_runtime(ValueError("corpus.txt line 3: invalid UTF-8"))
     assert processes.exit_status(gloo) == cli.BUG
     assert processes.exit_status(ValueError("UNKNOWN token [X]")) == cli.BAD_INPUT
     with pytest.raises(ValueError, match="Gloo"), cli.input_errors(verbose=False):
@@ -209,6 +209,13 @@ RAISING = (  # train.py whose training raises the exception named by argv[1]
     "errors = {'bug': RuntimeError('an error bertjax did not expect'),\n"
     "          'storage': StorageUnavailable('gs://b/s/000001-00000.shard',\n"
     "                                        OSError('503 Service Unavailable'), 601.0, 23)}\n"
+    "try:  # a transient error that no retry met, under a message of ours\n"
+    "    try:\n"
+    "        raise ConnectionResetError(104, 'Connection reset by peer')\n"
+    "    except ConnectionResetError as reset:\n"
+    "        raise ValueError(\"workdir 'gs://b/w' is not writable\") from reset\n"
+    "except ValueError as wrapped:\n"
+    "    errors['reset'] = wrapped\n"
     "error = errors[sys.argv.pop(1)]\n"
     "def train_and_evaluate(config, workdir):\n"
     "    raise error\n"
@@ -218,14 +225,17 @@ RAISING = (  # train.py whose training raises the exception named by argv[1]
 )
 
 
-@pytest.mark.parametrize("kind,status", [("bug", cli.BUG), ("storage", cli.RETRY)])
+@pytest.mark.parametrize(
+    "kind,status", [("bug", cli.BUG), ("storage", cli.RETRY), ("reset", cli.RETRY)]
+)
 def test_a_bug_exits_1_with_its_traceback_and_unreachable_storage_75_with_one_line(
     kind, status, tmp_path
 ):
     """The statuses that are not bad input: a bug (1) keeps its traceback for the report;
     storage unreachable past its budget (75: restart, it resumes) is one line naming the
-    object. (0 and 2: every test that runs a command; 128+N: trainer_test.py, stopping_test.py;
-    75 from real faults: faults_test.py.)"""
+    object, as is a connection reset that no retry met (bertjax/errors.py reads the cause
+    under our message). (0 and 2: every test that runs a command; 128+N: trainer_test.py,
+    stopping_test.py; 75 from real faults: faults_test.py.)"""
     command = [sys.executable, "-c", RAISING, kind, os.path.join(ROOT, "train.py"),
                f"--config={TINY}", f"--workdir={tmp_path}"]  # fmt: skip
     env = dict(child_env(), BERTJAX_HUGEPAGE_MALLOC="0")
@@ -235,23 +245,16 @@ def test_a_bug_exits_1_with_its_traceback_and_unreachable_storage_75_with_one_li
     if kind == "bug":
         assert "Traceback (most recent call last)" in result.stderr
         assert lines[-1] == "RuntimeError: an error bertjax did not expect"
+    elif kind == "reset":
+        assert lines == [
+            "error: storage did not answer (ConnectionResetError: [Errno 104] Connection reset "
+            "by peer): workdir 'gs://b/w' is not writable; the object is not known to be bad: "
+            "rerun the same command when storage answers again (the run resumes from its last "
+            "checkpoint)"
+        ]
     else:
         assert lines == [
             "error: storage unreachable: gs://b/s/000001-00000.shard (OSError: 503 Service "
             "Unavailable) after 23 tries over 601 s; the object is not known to be bad: rerun the "
             "same command when storage answers again (the run resumes from its last checkpoint)"
         ]
-
-
-def test_readme_s_exit_status_table_is_cli_s_contract():
-    """README's table (Long runs) lists exactly bertjax/cli.py's statuses, with their meaning."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("## Long runs: faults, stops and exit statuses", 1)[1].split("\n## ")[0]
-    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")]
-    table = {cells[0].strip(): cells[1].strip() for cells in rows[1:]}
-    assert list(table) == [str(cli.FINISHED), str(cli.BUG), str(cli.BAD_INPUT), str(cli.RETRY),
-                           "128+N"]  # fmt: skip
-    assert table["0"] == "finished" and table["1"].startswith("a bug")
-    assert table["2"].startswith("bad input") and "storage unreachable" in table["75"]
-    assert "143: SIGTERM" in table["128+N"] and "130: Ctrl-C" in table["128+N"]
-    assert cli.stopped_by(15) == cli.STOPPED == 143 and cli.stopped_by(2) == 130

@@ -1,7 +1,10 @@
 """The fault tier's job (tests/faults_test.py, benchmarks/faults/fault_soak.py): a two-phase
-pretraining run (configs/phases_tiny.py, shrunk) of 2 real train.py processes
+pretraining run (configs/phases_tiny.py, shrunk) of `PROCESSES` real train.py processes
 (tests/fault_runner.py) over a sharded store read through ``faulty://`` storage
-(tests/faulty_fs.py), started again by a `Supervisor` after each fault, and what each launch did."""
+(tests/faulty_fs.py), started again by a `Supervisor` after each fault, and what each launch did.
+A launch's data is read one batch a round, two batches ahead, in the computing thread
+(read_steps, prefetch, read_threads), so that a fault keyed by batch (faulty_fs) meets every
+process at one step."""
 
 import dataclasses
 import json
@@ -17,18 +20,21 @@ from helpers import QUIET_RUN, ROOT, child_env, free_port
 
 RUNNER = os.path.join(ROOT, "tests", "fault_runner.py")
 RECIPE = os.path.join(ROOT, "configs", "phases_tiny.py")
+PROCESSES = 3  # a pod has 4 or more hosts: a lost one leaves several survivors
+ROWS = 4  # each process's rows of a batch
 HEARTBEAT_S = 5  # the processes' heartbeat timeout (train.py's default: 30 s)
 BUDGET_S = 2  # config.storage_retry_seconds: an outage past it stops the run
 TRANSIENT = {"every": 15}  # every 15th request of a process fails (503)
 
 
-def settings(phase_steps: int, checkpoint_every: int = 2) -> list[str]:
+def settings(phase_steps: int, checkpoint_every: int = 2, processes: int = PROCESSES) -> list[str]:
     """train.py's flags for the job: two phases of ``phase_steps`` steps each."""
     return [
         "--config.phase_order=('pretrain', 'extend')",
         f"--config.phases.pretrain.steps={phase_steps}",
         f"--config.phases.extend.steps={phase_steps}",
-        "--config.batch_size=8",
+        f"--config.batch_size={ROWS * processes}",
+        f"--config.phases.extend.set.batch_size={ROWS * processes}",
         "--config.batch_warmup.tokens=0",
         "--config.model.hidden_size=32",
         "--config.model.intermediate_size=48",
@@ -38,6 +44,9 @@ def settings(phase_steps: int, checkpoint_every: int = 2) -> list[str]:
         f"--config.storage_retry_seconds={BUDGET_S}",
         f"--heartbeat_timeout_seconds={HEARTBEAT_S}",
         *QUIET_RUN,
+        "--config.data.prefetch=2",
+        "--config.data.read_steps=1",
+        "--config.data.read_threads=1",
     ]
 
 
@@ -79,22 +88,28 @@ class Launch:
     logs: list
     resumed_from: list  # the step each process resumed from (None: a fresh start)
     checkpoints_after: list  # the complete checkpoints when it ended
+    wall_s: float = 0.0  # from its start to its end
 
 
 class Supervisor:
-    """Starts the 2 processes of the job on ``workdir``, faults chosen per launch, and keeps
-    what each launch did."""
+    """Starts the processes of the job on ``workdir``, faults chosen per launch, and keeps what
+    each launch did."""
 
-    def __init__(self, workdir, store: str, logs, settings: list[str]):
+    def __init__(self, workdir, store: str, logs, settings: list[str], processes: int = PROCESSES):
         self.workdir, self.store, self.logs = str(workdir), store, logs
-        self.settings = settings
+        self.settings, self.processes = settings, processes
         self.launches: list[Launch] = []
-        self.waited: dict[str, float] = {}  # seconds from a fault to process 0's exit
+        self.waited: dict[str, float] = {}  # seconds from a fault to the survivors' exits
+        self.started: dict[str, float] = {}
 
-    def start(self, name: str, faults=({}, {}), kill_during_save=(None, None)) -> list:
+    def start(self, name: str, faults=None, kill_during_save=None, extra=()) -> list:
+        """The processes of one launch: ``faults``, a faulty_fs plan a process;
+        ``kill_during_save``, a step a process (None: not killed); ``extra``, more flags."""
+        faults = faults or [{}] * self.processes
+        kill_during_save = kill_during_save or [None] * self.processes
         port = free_port()
         procs = []
-        for i in range(2):
+        for i in range(self.processes):
             env = dict(child_env(), BERTJAX_HUGEPAGE_MALLOC="0")
             env["BERTJAX_FAULTS"] = json.dumps(faults[i])
             if kill_during_save[i] is not None:
@@ -102,16 +117,17 @@ class Supervisor:
             command = [
                 sys.executable, RUNNER, os.path.join(ROOT, "train.py"), f"--config={RECIPE}:smoke",
                 f"--workdir={self.workdir}", f"--config.data.store=faulty://{self.store}",
-                "--multihost", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                f"--process_id={i}", *self.settings,
+                "--multihost", f"--coordinator_address=127.0.0.1:{port}",
+                f"--num_processes={self.processes}", f"--process_id={i}", *self.settings, *extra,
             ]  # fmt: skip
             log = open(self.logs / f"{name}{i}.log", "w")
             procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
                                           stderr=subprocess.STDOUT))  # fmt: skip
+        self.started[name] = time.monotonic()
         return procs
 
     def finish(self, name: str, procs: list, timeout: float = 300) -> Launch:
-        """Waits for both processes (killing what is left after ``timeout``); records them."""
+        """Waits for every process (killing what is left after ``timeout``); records them."""
         deadline = time.monotonic() + timeout
         try:
             for p in procs:
@@ -121,11 +137,17 @@ class Supervisor:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        logs = [(self.logs / f"{name}{i}.log").read_text() for i in range(2)]
+        logs = [(self.logs / f"{name}{i}.log").read_text() for i in range(len(procs))]
         resumed = [resumed_from(log) for log in logs]
-        launch = Launch(name, [p.returncode for p in procs], logs, resumed, self.checkpoints())
+        wall = time.monotonic() - self.started.get(name, time.monotonic())
+        statuses = [p.returncode for p in procs]
+        launch = Launch(name, statuses, logs, resumed, self.checkpoints(), wall)
         self.launches.append(launch)
         return launch
+
+    def log(self, name: str, i: int) -> str:
+        path = self.logs / f"{name}{i}.log"
+        return path.read_text() if path.exists() else ""
 
     def run(self, name: str, **faults) -> Launch:
         return self.finish(name, self.start(name, **faults))

@@ -9,6 +9,12 @@ upgrade that moves any of it fails here, loudly, instead of silently in a pod ru
   metadata store (`_use_replica_parallel`, `_array_metadata_store`), copied into the handler
   bertjax registers on CPU hosts (checkpoint_test.py checks what it does with them).
 - bertjax/modeling/attention_kernels.py: cuDNN's version check behind jax.nn.dot_product_attention.
+- bertjax/training/compile_cache.py: JAX's persistent compilation cache object and its lock
+  (`jax._src.compilation_cache._cache`, ``_cache_initialized``, ``_cache_initialized_mutex``,
+  `CacheInterface`), where bertjax puts its atomic cache (compile_cache_test.py checks the hits).
+- bertjax/training/processes.py: the key JAX's preemption sync manager sets when a process gets
+  SIGTERM (TSL's ``RECEIVED_PREEMPTION_NOTICE``, read with ``key_value_try_get``; the fault tier's
+  stop during an outage fails without it).
 """
 
 import inspect
@@ -31,7 +37,7 @@ def test_the_coordination_client_has_what_the_watchdog_and_exchange_call():
 
     client = _jax.DistributedRuntimeClient
     for method in ("get_live_nodes", "key_value_set", "key_value_dir_get", "key_value_delete",
-                   "wait_at_barrier"):  # fmt: skip
+                   "wait_at_barrier", "key_value_try_get"):  # fmt: skip
         assert callable(getattr(client, method, None)), method
     from jax.experimental import multihost_utils
 
@@ -52,3 +58,14 @@ def test_cudnn_s_version_check_is_where_the_kernel_table_imports_it():
     from jax._src.cudnn import fused_attention_stablehlo
 
     assert callable(fused_attention_stablehlo.check_cudnn_version)
+
+
+def test_jax_s_compilation_cache_object_is_where_bertjax_puts_its_own():
+    from jax._src import compilation_cache
+    from jax._src.compilation_cache_interface import CacheInterface
+
+    assert hasattr(compilation_cache, "_cache") and hasattr(compilation_cache, "_cache_initialized")
+    assert callable(compilation_cache.reset_cache)
+    with compilation_cache._cache_initialized_mutex:
+        pass
+    assert {"get", "put"} <= set(vars(CacheInterface))

@@ -190,3 +190,28 @@ def test_ctrl_c_during_the_default_job_s_tokenizer_training(tmp_path):
     assert elapsed < 10, elapsed
     assert err.strip().splitlines()[-1].startswith("stopped by SIGINT")
     assert not os.path.exists(f"{workdir}/tokenizer/spm.model")
+
+
+def test_a_stop_waits_on_a_hung_write_only_as_long_as_its_bound(caplog):
+    """`stopping.bounded`, the stop path's metric writes and the save after an outage: a call
+    that never returns (a write storage does not answer) is left behind after its bound; an
+    error is raised, or logged when the caller goes on regardless."""
+    import threading
+
+    from bertjax.training import stopping
+
+    never = threading.Event()
+    started = time.monotonic()
+    assert stopping.bounded(never.wait, 0.5, "writing the metrics of step 7") is None
+    assert time.monotonic() - started < 5
+    assert "writing the metrics of step 7 did not end within 0.5 s" in caplog.text
+    assert stopping.bounded(lambda: 3, 5, "a quick call") == 3
+
+    def fail():
+        raise OSError("503 Service Unavailable")
+
+    with pytest.raises(OSError, match="503"):
+        stopping.bounded(fail, 5, "a write")
+    assert stopping.bounded(fail, 5, "a write", raises=False) is None
+    assert "a write failed: OSError: 503 Service Unavailable" in caplog.text
+    never.set()

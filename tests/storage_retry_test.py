@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import threading
+import time
 
 import faulty_fs
 import numpy as np
@@ -194,6 +195,34 @@ def test_an_outage_past_the_budget_reaches_the_caller_from_a_worker_process(
     assert "503 Service Unavailable" in str(raised.value.error)
 
 
+def test_a_hung_read_never_holds_close_past_its_deadline(store, plan, tmp_path):
+    """A read that hangs in storage (no error, no answer: a local path, gcsfuse, NFS) inside the
+    range threads: `Pipeline.close` returns within its deadline and leaves the read behind; its
+    thread ends when the read returns."""
+    config, _ = store
+    pipeline = _pipeline(config, prefetch=2, read_steps=1, prefetch_threads=1)
+    pipeline.batch(0)
+    concurrent.futures.wait([future for future, _ in pipeline._prefetch._futures.values()])
+    trigger = tmp_path / "hang"
+    trigger.touch()
+    injected = plan(hang_while_exists=str(trigger), match=".shard")
+    reader = threading.Thread(target=lambda: pipeline.compute_batch(60), daemon=True)
+    reader.start()  # its ranges hang in the range threads
+    deadline = time.monotonic() + 60
+    while injected.hung < 2:
+        assert time.monotonic() < deadline and reader.is_alive()
+        time.sleep(0.05)
+    closing = threading.Thread(target=pipeline.close, kwargs={"timeout_s": 2.0}, daemon=True)
+    started = time.monotonic()
+    closing.start()
+    closing.join(30)
+    took = time.monotonic() - started
+    trigger.unlink()
+    reader.join(60)
+    assert not closing.is_alive() and took < 5, took
+    assert not reader.is_alive()
+
+
 def test_storage_retry_seconds_is_this_process_budget_and_cannot_be_negative(store, fake_time):
     config, _ = store
     run = config.copy_and_resolve_references()
@@ -330,75 +359,18 @@ def test_retries_are_logged_once_a_minute(caplog):
     assert counts.snapshot()["failed"] == 30 and counts.snapshot()["recovered"] == 1
 
 
-def test_the_errors_of_the_real_backends_are_told_apart():
-    """Errors as gcsfs, s3fs (after translating botocore's), aiohttp, requests and botocore
-    raise them: timeouts, dropped connections, 429 and 5xx are transient; not found, permission
-    denied and bad requests are not."""
-    import aiohttp
-    import botocore.exceptions
-    import requests
-    from gcsfs.retry import HttpError
-    from s3fs.errors import translate_boto_error
-
-    def s3(code, status):
-        meta = {
-            "Error": {"Code": code, "Message": code},
-            "ResponseMetadata": {"HTTPStatusCode": status},
-        }
-        return botocore.exceptions.ClientError(meta, "GetObject")
-
-    transient = [
-        HttpError({"code": 503, "message": "Backend Error"}),
-        HttpError({"code": 429, "message": "rate"}),
-        requests.exceptions.ProxyError(),  # gcsfs's 502
-        requests.exceptions.ConnectionError(),
-        aiohttp.ServerDisconnectedError(),
-        aiohttp.ClientResponseError(None, (), status=500),
-        translate_boto_error(s3("SlowDown", 503)),  # OSError(EBUSY)
-        translate_boto_error(s3("InternalError", 500)),  # OSError(EREMOTEIO)
-        translate_boto_error(s3("RequestTimeout", 400)),  # TimeoutError
-        s3("SlowDown", 503),
-        botocore.exceptions.EndpointConnectionError(endpoint_url="https://s3"),
-        botocore.exceptions.ReadTimeoutError(endpoint_url="https://s3"),
-        TimeoutError(),
-        ConnectionResetError(),
-        OSError(errno.ETIMEDOUT, "timed out"),
-        OSError("503 Service Unavailable"),
-        ValueError('UNAVAILABLE: Error reading "gs://b/c/3/state/d/0"'),  # TensorStore's
-        ValueError("DEADLINE_EXCEEDED: Error writing gs://b/c/3"),
-        ValueError(
-            "INTERNAL: Error reading [...]: We encountered an internal error. Please try "
-            "again. [source locations='tensorstore/kvstore/gcs_grpc/gcs_grpc.cc:503']"
-        ),
-    ]
-    permanent = [
-        HttpError({"code": 404, "message": "No such object"}),
-        HttpError({"code": 400, "message": "bad"}),
-        aiohttp.ClientResponseError(None, (), status=404),
-        translate_boto_error(s3("NoSuchKey", 404)),  # FileNotFoundError
-        translate_boto_error(s3("AccessDenied", 403)),  # PermissionError
-        translate_boto_error(s3("InvalidRange", 416)),  # OSError(EINVAL)
-        s3("NoSuchKey", 404),
-        FileNotFoundError("gs://b/o"),
-        OSError("Forbidden: b/shard-503.bin"),  # gcsfs's 403; a number in a name is no status
-        ValueError("Bad Request: b/o"),
-        ValueError('NOT_FOUND: Error opening "zarr" driver'),  # TensorStore's
-        ValueError("INTERNAL: checksum mismatch"),
-        ValueError("the field UNAVAILABLE is not a status"),
-        retry.StorageUnavailable("gs://b/o", TimeoutError(), 600.0, 20),  # given up already
-    ]
-    assert [retry.is_transient(e) for e in transient] == [True] * len(transient)
-    assert [retry.is_transient(e) for e in permanent] == [False] * len(permanent)
-
-
-def test_a_stopping_process_gives_up_its_retries_at_once(monkeypatch):
-    """retry.stop() (a signal): a request sleeping in its backoff wakes and gives up, on the real
-    clock, instead of keeping the process for the rest of its budget."""
-    monkeypatch.setattr(retry, "STOPPING", threading.Event())
-    failed, given_up = threading.Event(), []
-    policy = retry.Policy(600.0, first_delay_s=300.0, rng=random.Random(0), counts=retry.Counts())
+def test_a_stopping_run_gives_up_its_retries_after_one_more_try():
+    """The run's `retry.Cancel` (its first signal): a request sleeping in its backoff wakes, is
+    tried once more, and gives up, on the real clock, instead of keeping the process for the
+    rest of its budget; a lone failure at the stop still recovers on that try. The token is the
+    run's: outside its `scope`, requests retry for their whole budget again."""
+    token = retry.Cancel()
+    policy = retry.Policy(600.0, first_delay_s=300.0, rng=random.Random(0), counts=retry.Counts(),
+                          token=token)  # fmt: skip
+    failed, given_up, tries = threading.Event(), [], []
 
     def request():
+        tries.append(time.monotonic())
         failed.set()
         raise TimeoutError("read timed out")
 
@@ -411,6 +383,19 @@ def test_a_stopping_process_gives_up_its_retries_at_once(monkeypatch):
     thread = threading.Thread(target=read)
     thread.start()
     assert failed.wait(30)
-    retry.stop()
+    token.cancel()
     thread.join(30)
     assert not thread.is_alive() and given_up and given_up[0].elapsed_s < 30
+    assert len(tries) == 2 and "not tried again: the run is stopping" in str(given_up[0])
+    answers = iter([TimeoutError("once"), b"bytes"])
+
+    def flaky():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert policy.call("gs://bucket/object", flaky) == b"bytes"  # one more try: it recovers
+    with retry.scope(token):
+        assert retry.current().cancelled()
+    assert retry.current().token is None and not retry.current().cancelled()

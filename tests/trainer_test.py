@@ -209,24 +209,35 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert _steps(workdir) == [2]
 
 
-def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(tmp_path):
-    """A library caller's run stopped by SIGTERM saves, then makes storage requests still
-    waiting out a backoff give up (`retry.stop`: closing its reads does not wait for them); the
-    next run in the same process retries again."""
+def test_a_stopped_run_takes_its_cancel_token_with_it_and_a_plan_change_refuses_to_resume(
+    tmp_path, monkeypatch
+):
+    """A library caller's run stopped by SIGTERM cancels its own `retry.Cancel` token at the
+    signal (storage requests waiting out a backoff give up: nothing on the way out waits on
+    storage), saves, and takes the token with it when it returns: the next run in the same
+    process retries for its whole budget again (no flag leaks from one run to the next).
+    That next run is of a bertjax whose data plans read other rows (bertjax/data/
+    plan_version.py): it refuses to continue the checkpoint in one line naming both versions
+    and how to go on on purpose; with config.data.allow_plan_change it resumes, and its
+    checkpoint records the new version."""
     import signal
     import threading
     import time
 
     from bertjax import retry, trainer
+    from bertjax.data import pipeline as pipeline_lib
+    from bertjax.data import plan_version
 
     workdir = str(tmp_path)
     metrics = os.path.join(workdir, "metrics.jsonl")
+    seen = {}
 
     def stop_after_the_first_log():
         deadline = time.monotonic() + 120
         while not (os.path.exists(metrics) and os.path.getsize(metrics)):  # a step was logged
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        seen["token"] = retry.current().token  # the run's, installed for its duration
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=stop_after_the_first_log, daemon=True).start()
@@ -234,9 +245,51 @@ def test_a_stopped_run_gives_up_waiting_retries_and_the_next_run_retries_again(t
         _in_process_config(num_train_steps=400, log_every=1, checkpoint_every=0), workdir
     )
     assert summary["stopped_by_signal"] and summary["step"] < 400
-    assert retry.STOPPING.is_set()
+    assert seen["token"] is not None and seen["token"].cancelled()
+    assert retry.current().token is None and not retry.current().cancelled()
     assert _steps(workdir) == [summary["step"]]
-    again = trainer.train_and_evaluate(
-        _in_process_config(num_train_steps=summary["step"] + 1, log_every=1), workdir
+
+    version = plan_version.PLAN_VERSION
+    monkeypatch.setattr(pipeline_lib.Pipeline, "plan_version", version + 1)
+    more = {"num_train_steps": summary["step"] + 1, "log_every": 1}
+    with pytest.raises(ValueError) as refused:
+        trainer.train_and_evaluate(_in_process_config(**more), workdir)
+    (line,) = str(refused.value).splitlines()
+    assert (
+        f"saved with data plan version {version}, this bertjax plans version {version + 1}"
+        in (line)
+        and "--config.data.allow_plan_change=True" in line
     )
-    assert not retry.STOPPING.is_set() and again["step"] == summary["step"] + 1
+    assert _steps(workdir) == [summary["step"]]  # nothing moved or set aside
+    again = trainer.train_and_evaluate(
+        _in_process_config(**more, **{"data.allow_plan_change": True}), workdir
+    )
+    assert again["step"] == summary["step"] + 1
+    meta = os.path.join(workdir, "checkpoints", str(again["step"]), "meta", "metadata")
+    assert json.load(open(meta))[plan_version.KEY] == version + 1
+
+
+def test_a_run_whose_setup_fails_closes_what_it_opened(tmp_path, monkeypatch):
+    """Setup that fails after the data and the checkpoints were opened (here restoring: as a
+    checkpoint set aside makes the run plan again) closes both before the error leaves, and
+    leaves the run's retry token uncancelled for the run planned again."""
+    from bertjax import retry, trainer
+    from bertjax.data import pipeline as pipeline_lib
+    from bertjax.training import checkpoint
+    from bertjax.training import trainer as trainer_lib
+
+    closed, tokens = [], []
+    for owner, name in ((pipeline_lib.Pipeline, "pipeline"), (checkpoint.Checkpointer, "ckpt")):
+        close = owner.close
+        monkeypatch.setattr(owner, "close", lambda self, *a, _c=close, _n=name, **k: (
+            closed.append(_n), _c(self, *a, **k))[1])  # fmt: skip
+
+    def restore_fails(*args, **kwargs):
+        tokens.append(retry.current().token)
+        raise RuntimeError("restoring failed")
+
+    monkeypatch.setattr(trainer_lib, "restore_or_init", restore_fails)
+    with pytest.raises(RuntimeError, match="restoring failed"):
+        trainer.train_and_evaluate(_in_process_config(num_train_steps=2), str(tmp_path))
+    assert "pipeline" in closed and "ckpt" in closed
+    assert tokens and not tokens[0].cancelled()

@@ -1,14 +1,16 @@
 """Soak: the fault tier's job through many random faults, restarted by exit status until it ends.
 
-The job is tests/fault_job.py's (2 real train.py processes of a two-phase pretraining run over a
+The job is tests/fault_job.py's (3 real train.py processes of a two-phase pretraining run over a
 sharded store read through ``faulty://`` storage, every 15th request of each process failing
-with a 503 throughout). Each launch draws one fault, seeded: SIGTERM to one process (a
-preemption), SIGKILL or SIGSTOP of one (a lost or stalled host; the supervisor kills what is
-left, as Kubernetes does with a failed Job's pods), a SIGKILL right after an asynchronous save
-began, the newest checkpoint truncated before the launch, a storage outage past the retry budget
-on one process, or one shorter than the budget (ridden out, then a SIGTERM ends the launch), at
-a random step. The supervisor (README's pod failure policy) restarts the job after any status
-but 0, 1 and 2; a 1 or 2 ends the soak as a failure (a fault told as a bug or as bad input).
+with a 503 throughout; compiled programs from the run's compile cache after the first launch).
+Each launch draws one fault, seeded: SIGTERM to one process (a preemption), SIGKILL or SIGSTOP
+of one (a lost or stalled host; the supervisor kills what is left, as Kubernetes does with a
+failed Job's pods), a SIGKILL right after an asynchronous save began, the newest checkpoint
+truncated before the launch, a storage outage past the retry budget on one process, or one
+shorter than the budget (ridden out, then a SIGTERM ends the launch), at a random step. The
+supervisor restarts the job by bertjax's exit table (`bertjax.errors.job_restarts`, the rule
+launch/'s templates follow); a status the table does not restart (1, 2) ends the soak as a
+failure (a fault told as a bug or as bad input).
 
 Per seed it reports the launches and faults, the storage requests the run counted as failed and
 retried (metrics.jsonl's storage/*), the steps trained again (those after the last checkpoint a
@@ -16,6 +18,7 @@ fault left), the wall time beside the uninterrupted run's, and whether the final
 every logged number equal the uninterrupted run's bit for bit.
 
     python benchmarks/faults/fault_soak.py [--seeds=0,1,2] [--launches=12] [--phase_steps=24]
+        [--compile_cache=off]   # every launch compiles its programs again
     python benchmarks/faults/fault_soak.py --dry_run  # the fault plans only (no process is started)
 """
 
@@ -36,9 +39,11 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the comparisons run on the CPU: no TPU is sought
 
+from bertjax import errors  # noqa: E402  (after the path)
+
 KINDS = ("sigterm", "sigkill", "sigstop", "kill_during_save", "truncated", "outage",
          "short_outage")  # fmt: skip
-RESTART = lambda statuses: not set(statuses) & {0, 1, 2}  # noqa: E731  (README's policy)
+PROCESSES = 3
 
 
 def plan(seed: int, launches: int) -> list[tuple[str, int, int]]:
@@ -47,7 +52,7 @@ def plan(seed: int, launches: int) -> list[tuple[str, int, int]]:
     drawn = []
     for _ in range(launches):
         kind = rng.choice(KINDS)
-        victim = 1 if kind == "sigstop" else rng.randrange(2)  # a stalled process 0: JAX aborts
+        victim = rng.randrange(1 if kind == "sigstop" else 0, PROCESSES)  # a stalled 0: JAX aborts
         drawn.append((kind, victim, rng.randint(0, 3)))
     return drawn
 
@@ -80,11 +85,11 @@ def launch_with(job, name: str, fault: tuple[str, int, int], fj):
     kind, victim, extra = fault
     if kind == "truncated" and not job.checkpoints():
         kind = "sigterm"  # nothing to truncate yet
-    faults = [dict(fj.TRANSIENT), dict(fj.TRANSIENT)]
+    faults = [dict(fj.TRANSIENT) for _ in range(PROCESSES)]
     if kind == "kill_during_save":
         at = max(job.checkpoints() or [0]) + 1 + extra
-        return job.run(name, faults=faults, kill_during_save=[at if i == victim else None
-                                                               for i in range(2)])  # fmt: skip
+        kill = [at if i == victim else None for i in range(PROCESSES)]
+        return job.run(name, faults=faults, kill_during_save=kill)
     if kind == "truncated":
         _truncate_newest(job)
         return job.run(name, faults=faults)
@@ -97,8 +102,10 @@ def launch_with(job, name: str, fault: tuple[str, int, int], fj):
     if kind in ("sigterm", "sigkill", "sigstop"):
         signum = {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}.get(kind, signal.SIGSTOP)
         procs[victim].send_signal(signum)
-        if kind != "sigterm":  # the supervisor sees one end and kills the rest
-            procs[1 - victim].wait(timeout=fj.HEARTBEAT_S + 120)
+        if kind != "sigterm":  # the supervisor sees the others end and kills the rest
+            for i, proc in enumerate(procs):
+                if i != victim:
+                    proc.wait(timeout=fj.HEARTBEAT_S + 120)
             procs[victim].kill()
     elif kind in ("outage", "short_outage"):
         open(trigger, "w").close()
@@ -117,15 +124,16 @@ def soak(seed: int, launches: int, store: str, base: pathlib.Path, settings, fj)
     """The job through ``launches`` faulted launches, then launches without faults to its end."""
     root = base / f"seed{seed}"
     root.mkdir()
-    job = fj.Supervisor(root / "workdir", store, root, settings)
+    job = fj.Supervisor(root / "workdir", store, root, settings, PROCESSES)
     start, kinds, outcome = time.monotonic(), [], "finished"
     for n, fault in enumerate(plan(seed, launches) + [("none", 0, 0)] * 4):
-        launch = (job.run(f"l{n}", faults=(fj.TRANSIENT, fj.TRANSIENT)) if fault[0] == "none"
+        launch = (job.run(f"l{n}", faults=[fj.TRANSIENT] * PROCESSES) if fault[0] == "none"
                   else launch_with(job, f"l{n}", fault, fj))  # fmt: skip
         kinds.append((fault[0], fault[1], launch.statuses))
-        if launch.statuses == [0, 0]:
+        restart = errors.job_restarts(launch.statuses)
+        if restart is None:  # finished
             break
-        if not RESTART(launch.statuses):
+        if not restart:
             outcome = f"stopped: {fault[0]} gave {launch.statuses}"
             print("\n".join(log[-3000:] for log in launch.logs), file=sys.stderr)
             break
@@ -148,6 +156,12 @@ def main(argv=None) -> None:
     parser.add_argument("--launches", type=int, default=12, help="faulted launches a seed")
     parser.add_argument("--phase_steps", type=int, default=24)
     parser.add_argument("--dry_run", action="store_true", help="print the plans only")
+    parser.add_argument(
+        "--compile_cache",
+        default="on",
+        choices=("on", "off"),
+        help="off: every launch compiles (the cache's effect on the wall)",
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.dry_run:
@@ -159,20 +173,22 @@ def main(argv=None) -> None:
     import jax
     import numpy as np
 
-    settings = fj.settings(args.phase_steps)
+    settings = fj.settings(args.phase_steps, processes=PROCESSES)
+    if args.compile_cache == "off":
+        settings.append("--config.compile_cache=off")
     total = 2 * args.phase_steps
     base = pathlib.Path(tempfile.mkdtemp(prefix="fault_soak_"))
     store = fj.build_store(base, _spm(str(base / "spm")))
-    reference = fj.Supervisor(base / "reference", store, base, settings)
+    reference = fj.Supervisor(base / "reference", store, base, settings, PROCESSES)
     began = time.monotonic()
-    assert reference.run("reference").statuses == [0, 0], "the uninterrupted run failed"
+    assert reference.run("reference").statuses == [0] * PROCESSES, "the uninterrupted run failed"
     reference_wall = time.monotonic() - began
     ref_params = fj.params(reference.workdir, total)
     rows = []
     print("| seed | launches | faults (kind@process: statuses) | storage requests failed / "
-          "recovered | steps trained (again) | wall s (x uninterrupted) | params, logged "
-          "numbers | outcome |")  # fmt: skip
-    print("|---:|---:|---|---:|---:|---:|---|---|")
+          "recovered | steps trained (again) | wall s (x uninterrupted) | s a launch (median) "
+          "| params, logged numbers | outcome |")  # fmt: skip
+    print("|---:|---:|---|---:|---:|---:|---:|---|---|")
     for seed in seeds:
         result = soak(seed, args.launches, store, base, settings, fj)
         job = result["job"]
@@ -187,17 +203,19 @@ def main(argv=None) -> None:
         faults = "; ".join(f"{k}@{v}: {s}" for k, v, s in result["kinds"])
         again = len(steps) - total
         rows.append((again, result["wall"] / reference_wall))
-        print(f"| {seed} | {len(job.launches)} | {faults} | {failed} / {recovered} | "
+        per_launch = statistics.median(launch.wall_s for launch in job.launches)
+        print(f"| {seed} | {len(job.launches)} | {faults} | {failed:.0f} / {recovered:.0f} | "
               f"{len(steps)} ({again}) | {result['wall']:.0f} "
-              f"({result['wall'] / reference_wall:.1f}x) | {equal} | {result['outcome']} |",
-              flush=True)  # fmt: skip
+              f"({result['wall'] / reference_wall:.1f}x) | {per_launch:.1f} | {equal} | "
+              f"{result['outcome']} |", flush=True)  # fmt: skip
     again = sorted(r[0] for r in rows)
     ratio = sorted(r[1] for r in rows)
     print(
         f"\nsteps trained again: median {statistics.median(again)} (range {again[0]}-"
         f"{again[-1]}); wall vs the uninterrupted run ({reference_wall:.0f} s): median "
         f"{statistics.median(ratio):.1f}x (range {ratio[0]:.1f}-{ratio[-1]:.1f}x); "
-        f"{len(seeds)} seeds, {total} steps each; workdirs in {base}"
+        f"{len(seeds)} seeds, {total} steps each; the uninterrupted run's launch "
+        f"{reference.launches[0].wall_s:.1f} s; workdirs in {base}"
     )
 
 

@@ -117,6 +117,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # processes computing prefetched batches instead (0 = threads of this process); each opens
     # the store itself: more cores for planning and masking (benchmarks/data/reader_throughput.py)
     c.workers = 0
+    # resume from a checkpoint saved with another data plan version (bertjax/data/
+    # plan_version.py): the remaining steps then read this bertjax's rows, not the saved run's
+    c.allow_plan_change = False
     c.lock()  # a misspelled key is an error, not a new field
     return c
 

@@ -25,11 +25,13 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import time
 
 import numpy as np
 
 from bertjax.data import keys
-from bertjax.data.prefetch import Prefetch
+from bertjax.data.plan_version import PLAN_VERSION
+from bertjax.data.prefetch import CLOSE_WAIT_S, Prefetch
 from bertjax.data.source import DataSource, host_rows
 
 
@@ -69,6 +71,8 @@ def consumed(phases, step: int) -> np.ndarray:
 
 class Mixture(DataSource):
     """This host's rows of each step's global batch, drawn from several stores by weight."""
+
+    plan_version = PLAN_VERSION
 
     def __init__(self, config, pipelines: list, *, process_index: int, process_count: int):
         c = config.data
@@ -181,8 +185,10 @@ class Mixture(DataSource):
                 f">= {step} to config.data.mixture_changes (bertjax/data/mixture.py)"
             )
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Stops its and its stores' background work, within ``timeout_s`` (Pipeline.close)."""
+        deadline = time.monotonic() + timeout_s
         if self._prefetch is not None:
-            self._prefetch.close()
+            self._prefetch.close(timeout_s)
         for p in self.pipelines:
-            p.close()
+            p.close(max(0.0, deadline - time.monotonic()))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -30,10 +31,11 @@ from bertjax import retry
 from bertjax.data import corpus_pin, data_config, read_settings, workers
 from bertjax.data.batch_rows import BatchRows, Located
 from bertjax.data.corruption import causal, masking, similarity
+from bertjax.data.plan_version import PLAN_VERSION
 from bertjax.data.plans.batch_plan import BatchPlan
 from bertjax.data.plans.epochs import SplitEpochs
 from bertjax.data.plans.schedule import LengthSchedule
-from bertjax.data.prefetch import Prefetch
+from bertjax.data.prefetch import CLOSE_WAIT_S, Prefetch
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store import configured as store_config
 from bertjax.data.store.cache_budget import CacheBudget
@@ -45,6 +47,8 @@ from bertjax.data.tokenizer.configured import load_tokenizer
 
 class Pipeline(BatchRows, DataSource):
     """Deterministic, restartable pretraining batches for one host; see the module docstring."""
+
+    plan_version = PLAN_VERSION
 
     def __init__(
         self,
@@ -272,14 +276,17 @@ class Pipeline(BatchRows, DataSource):
         ahead = max(self.reads.prefetch, self.c.workers * self.reads.read_steps)
         self._prefetch = Prefetch(workers.compute_batches, pool, ahead, self.reads.read_steps)
 
-    def close(self):
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Stops background work (prefetch threads or worker processes, the stores' read
-        threads) and drops the stores' cached blocks: a phase of the run ended."""
+        threads) and drops the stores' cached blocks: a phase of the run ended. Returns within
+        ``timeout_s``: a read hung in storage is left behind (its thread ends with the read or
+        with the process)."""
+        deadline = time.monotonic() + timeout_s
         if self._prefetch is not None:
-            self._prefetch.close()
+            self._prefetch.close(timeout_s)
         for store in (self.store, self._eval_store):
             if store is not None:
-                store.close()
+                store.close(max(0.0, deadline - time.monotonic()))
 
 
 def make_pipeline(

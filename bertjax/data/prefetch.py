@@ -9,9 +9,34 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 
+from bertjax import retry
+
 CLOSE_WAIT_S = 10.0  # how long closing waits for the reads running (a hung read is left)
+STOP_READ_WAIT_S = 5.0  # once the run stops, how long the step waiting for its batch still waits
+STOPPED_WAIT_S = 1.0  # closing a stopped run's reads waits at most this long for those running
+POLL_S = 0.25
+
+
+def result(future: concurrent.futures.Future, what: str):
+    """``future.result()``; once the run stops (its `bertjax.retry.Cancel`), waited for at most
+    `STOP_READ_WAIT_S` more (the read gets one more try: a lone failed request still comes),
+    then `bertjax.retry.StorageUnavailable` (a read that hangs, or storage out: the stop must not
+    wait for it)."""
+    policy = retry.current()
+    stopped_at = None
+    while True:
+        try:
+            return future.result(timeout=POLL_S)
+        except concurrent.futures.TimeoutError:
+            pass
+        if stopped_at is None and policy.cancelled():
+            stopped_at = time.monotonic()
+        if stopped_at is not None and time.monotonic() - stopped_at > STOP_READ_WAIT_S:
+            error = TimeoutError(f"no answer within {STOP_READ_WAIT_S:.0f} s of the stop")
+            raise retry.StorageUnavailable(what, error, STOP_READ_WAIT_S, 1, stopping=True)
 
 
 class Prefetch:
@@ -50,13 +75,16 @@ class Prefetch:
         if entry is None:
             return now
         future, i = entry
-        return future.result()[i]
+        return result(future, f"the batch of step {step}")[i]
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Cancels the reads not started and waits up to ``timeout_s`` for those running (at most
-        one a thread); a read that hangs in storage past that is left behind (its thread ends
-        when the read returns, or with the process). When none is left running, the executor's
-        threads or worker processes have ended when this returns."""
+        one a thread; `STOPPED_WAIT_S` once the run stopped: its reads have given up by then, or
+        hang); a read that hangs in storage past that is left behind (its thread ends when the
+        read returns, or with the process). When none is left running, the executor's threads or
+        worker processes have ended when this returns."""
+        if retry.current().cancelled():
+            timeout_s = min(timeout_s, STOPPED_WAIT_S)
         with self._lock:
             running = [future for future, _ in self._futures.values()]
             self._futures.clear()

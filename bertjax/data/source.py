@@ -60,6 +60,9 @@ class DataSource(abc.ABC):
 
     tokenizer = None  # the source's Tokenizer (encode/decode, special ids)
     dev_metric: str | None = None  # a dev metric to keep WORKDIR/best by (fine-tuning)
+    # the version of the plans its rows come from (bertjax/data/plan_version.py), recorded in
+    # every checkpoint and checked on resume; None: rows that no plan version decides
+    plan_version: int | None = None
 
     @property
     @abc.abstractmethod

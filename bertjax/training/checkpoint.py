@@ -9,9 +9,13 @@ What a fault leaves behind is never resumed from:
 - a save killed half-way (SIGKILL, a lost VM during an async save): orbax writes a step into a
   temporary directory and renames it when complete (on object stores, a commit file marks it), so
   it is never listed; the run resumes from the newest complete step and says which;
-- a listed step that cannot be read (a file truncated or lost after the save completed): the
-  run resumes from the newest step that reads (`Checkpointer.restore_newest`), moves the bad one
-  aside (``STEP.unreadable``, kept: nothing is deleted) and says so;
+- a listed step whose bytes are bad (a file truncated or lost after the save completed,
+  metadata that does not parse: bertjax/errors.py `shows_damage`, as every process that failed
+  to read it says): the run resumes from the newest step that reads
+  (`Checkpointer.restore_newest`), moves the bad one aside (``STEP.unreadable``, or
+  ``STEP.unreadable.2`` beside an earlier one: nothing is ever deleted) and says so; a step that
+  failed to read for another reason (memory, a bug, one host's trouble) is tried once more and
+  the error reported, nothing moved;
 - a save that cannot be written (a full disk): one line naming the step, the directory and the
   checkpoint that is intact (`CheckpointWriteError`, an OSError: exit status 2, since restarting
   does not free space); the previous checkpoints are untouched;
@@ -31,10 +35,10 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from bertjax import paths
+from bertjax import errors, paths, retry
 from bertjax.interop.checkpoints import ITEMS
 from bertjax.modeling.bert_config import BertConfig
-from bertjax.retry import StorageUnavailable, transient_cause
+from bertjax.retry import StorageUnavailable
 
 
 def _state_tree(state) -> dict:
@@ -112,7 +116,9 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
         )
-        self._manager = _Manager(self.directory, options=options, item_names=ITEMS)
+        self._manager = retry.call(  # it lists (and creates) the directory
+            self.directory, _Manager, self.directory, options=options, item_names=ITEMS
+        )
         self._pending: int | None = None  # the step of the last save started
 
     def latest_step(self) -> int | None:
@@ -133,7 +139,7 @@ class Checkpointer:
             raise
         except Exception as error:
             text = str(error)
-            if (cause := transient_cause(error)) is not None:  # storage did not answer
+            if (cause := errors.transient_cause(error)) is not None:  # storage did not answer
                 where = f"{self.directory}/{step} (checkpoint save)"
                 raise StorageUnavailable(where, cause, time.monotonic() - start, 1) from error
             if not any(sign in text for sign in _NO_ROOM):
@@ -173,7 +179,7 @@ class Checkpointer:
         leftover = paths.join(self.directory, str(step))
         if jax.process_index() == 0 and paths.exists(leftover):
             logging.warning("removing %s, an unfinished save of step %d", leftover, step)
-            paths.Path(leftover).rmtree()
+            paths.rmtree(leftover)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
@@ -219,44 +225,52 @@ class Checkpointer:
     def restore_newest(self, abstract_state, check: Callable[[dict], None]) -> tuple[Any, dict]:
         """(state, meta) of the newest step that can be read, placed as in `restore`; ``check``
         (meta) raises when a checkpoint does not suit this run (then no older one is tried: they
-        were made by the same run). Newer steps that could not be read are moved aside (kept),
-        and a warning names them; when none reads, the newest one's error is raised."""
+        were made by the same run). A newer step is moved aside (kept) only on evidence that
+        its bytes are bad (bertjax/errors.py `shows_damage`: a missing or truncated chunk,
+        unreadable metadata), as every process that failed to read it says; any other failure is
+        tried once more and then raised (nothing moved), and storage that did not answer is
+        `StorageUnavailable`. A warning names what was moved; when no step reads, the newest
+        one's error is raised."""
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
-        failed: list[tuple[int, BaseException]] = []
+        damaged: list[tuple[int, BaseException]] = []
         for step in steps:  # each process makes the same calls: every decision is agreed on
             where = f"{self.directory}/{step} (checkpoint restore)"
-            meta = _attempt(lambda step=step: self.read_meta(step), step, failed, where)
+            meta = _attempt(lambda step=step: self.read_meta(step), step, damaged, where)
             if meta is None:  # a truncated or lost meta file
                 continue
             check(meta)
             restored = _attempt(
-                lambda step=step: self.restore(abstract_state, step), step, failed, where
+                lambda step=step: self.restore(abstract_state, step), step, damaged, where
             )
             if restored is not None:
                 state, meta = restored
                 break
         else:
-            raise failed[0][1]
-        for bad, error in failed:
+            raise damaged[0][1]
+        for bad, error in damaged:
             self._set_aside(bad, error, step)
         return state, meta
 
     def _set_aside(self, step: int, error: BaseException, resumed: int) -> None:
-        """Moves listed step ``step``, which could not be read, out of the manager's sight."""
+        """Moves listed step ``step``, whose bytes are bad, out of the manager's sight: to
+        ``STEP.unreadable`` (``STEP.unreadable.2``, ... when an earlier one is there: none is
+        ever deleted)."""
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         source = paths.join(self.directory, str(step))
         target = source + UNREADABLE
         if jax.process_index() == 0:
-            if paths.exists(target):
-                paths.Path(target).rmtree()
-            paths.Path(source).rename(target)
+            n = 1
+            while paths.exists(target):
+                n += 1
+                target = f"{source}{UNREADABLE}.{n}"
+            paths.rename(source, target)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
+            from bertjax.training import processes
 
-            multihost_utils.sync_global_devices(f"bertjax-set-aside-{step}")
-        self._manager.reload()
+            target = processes.exchange("set-aside", target)[0]  # process 0's name for it
+        retry.call(self.directory, self._manager.reload)
         logging.warning(
             "checkpoint step %d in %s could not be read (%s: %s); resumed from step %d; the "
             "unreadable one is kept as %s",
@@ -269,30 +283,51 @@ class Checkpointer:
         self._manager.close()
 
 
-def _attempt(read: Callable, step: int, failed: list, where: str):
-    """``read()``, or None (the error added to ``failed``) when it failed on any process;
-    `StorageUnavailable` on every process when storage did not answer one of them (the step is
-    not known to be bad: nothing is set aside)."""
+def _attempt(read: Callable, step: int, damaged: list, where: str):
+    """``read()``, or None (the error added to ``damaged``) when its bytes are bad as every
+    process that failed says; a read that failed for another reason is tried once more, then
+    raised on every process (nothing is set aside); `StorageUnavailable` on every process when
+    storage did not answer one of them (the step is not known to be bad)."""
     start = time.monotonic()
-    try:
-        out, error = read(), None
-    except Exception as caught:
-        out, error = None, caught
-    cause = None if error is None else transient_cause(error)
-    outcome = "ok" if error is None else ("unreachable" if cause is not None else "failed")
+    out, error = _read(read)
+    if error is not None and not _unreachable(error) and not errors.shows_damage(error):
+        out, error = _read(read)  # not evidence of damage: once more (a passing fault)
+    outcome = "ok"
+    if error is not None:
+        outcome = "unreachable" if _unreachable(error) else "failed"
+        outcome = "damaged" if errors.shows_damage(error) else outcome
+    outcomes = [outcome]
     if jax.process_count() > 1:
         from bertjax.training import processes
 
         outcomes = processes.exchange("checkpoint-read", outcome)
-        if cause is None and "unreachable" in outcomes:
-            cause = OSError("storage did not answer another process's read (see its log)")
-        elif error is None and "failed" in outcomes:
-            out, error = None, RuntimeError("another process could not read its part")
-    if cause is not None:
+    if "unreachable" in outcomes:
+        cause = errors.transient_cause(error) if outcome == "unreachable" else None
+        cause = cause or OSError("storage did not answer a process's read (see its log)")
         raise StorageUnavailable(where, cause, time.monotonic() - start, 1) from error
-    if error is not None:
-        failed.append((step, error))
+    if "failed" in outcomes:
+        if outcome == "failed":
+            raise error
+        failed = [i for i, o in enumerate(outcomes) if o == "failed"]
+        raise RuntimeError(
+            f"{where}: process {failed} could not read it for a reason that does not show "
+            "damage (see its log); nothing was set aside"
+        ) from error
+    if "damaged" in outcomes:
+        damaged.append((step, error or RuntimeError("another process found it damaged")))
+        return None
     return out
+
+
+def _read(read: Callable) -> tuple:
+    try:
+        return read(), None
+    except Exception as error:  # noqa: BLE001  (told apart by the caller)
+        return None, error
+
+
+def _unreachable(error: BaseException) -> bool:
+    return errors.classify(error) in (errors.Kind.STORAGE, errors.Kind.RESTART)
 
 
 def check_compatible(

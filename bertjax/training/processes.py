@@ -8,7 +8,8 @@ on, and a lost process named.
 - `exchange`: every process's JSON value, on every process, through the coordination service's
   key-value store (no XLA program to compile); `sum_counters` (host-side counts made global) and
   `check_same` (configs that differ between processes stop the run before its first step,
-  naming the keys) are built on it.
+  naming the keys) are built on it; `gather` is the same with a timeout, for processes that may
+  be stuck elsewhere (a stop during a storage outage).
 - The watchdog: a thread asks the coordination service which processes are still alive (JAX's
   heartbeats, sent by a C++ thread, so a busy Python does not count as lost). When one is gone,
   every other prints one line naming it (host, pid) and what to do, and exits with status
@@ -17,6 +18,12 @@ on, and a lost process named.
   decides. JAX's hook for this (the client's ``missed_heartbeat_callback``) cannot be called
   from Python in jaxlib 0.10 (std::bad_cast). One case stays JAX's: when process 0, which hosts
   the coordination service, dies, the others abort at once with JAX's own message.
+  A process that fails on its own publishes its error and status (bertjax/errors.py); the others
+  stop with that status. A failed collective is no such reason (every survivor of a lost host
+  meets one): a process whose collective failed waits for the watchdog to name the lost one
+  (75, on every survivor, whatever the process count) or for another to say why it failed.
+  The watchdog also passes JAX's preemption notice on (`on_preemption_notice`): a SIGTERM to
+  any process cancels every process's storage retries, so that none waits on storage to stop.
 - `finish`: the processes leave together, process 0 (the service) last.
 """
 
@@ -33,7 +40,7 @@ from collections import Counter
 
 import jax
 
-from bertjax import cli
+from bertjax import cli, errors
 
 HEARTBEAT_TIMEOUT_S = 30  # seconds without a heartbeat before a process counts as lost
 WATCH_INTERVAL_S = 1.0  # how often the watchdog asks which processes are alive
@@ -61,18 +68,13 @@ def _client():
 
 
 def exit_status(error: BaseException) -> int:
-    """The exit status a command ends with for ``error`` (bertjax/cli.py's contract)."""
-    from bertjax.retry import Retryable
-
-    if isinstance(error, Retryable):
-        return cli.RETRY
-    if isinstance(error, cli.INPUT_ERRORS) and not cli.runtime_failure(error):
-        return cli.BAD_INPUT
-    return cli.BUG
+    """The exit status a command ends with for ``error`` (bertjax/errors.py's table)."""
+    return errors.exit_status(error)
 
 
 _FAILED = "bertjax/failed/"  # key-value directory: a process's error, published before it exits
 _RERUN = "the same command on every host: the run resumes from its last complete checkpoint"
+_NOTICE = "RECEIVED_PREEMPTION_NOTICE"  # the key JAX's preemption sync manager sets (TSL's)
 PUBLISHED_CHARS = 2000  # of a failing process's error, in the line each of the others prints
 
 
@@ -87,6 +89,8 @@ class _Group:
         self.failing = threading.Event()  # set: this process fails (its error is published)
         self.failed: dict = {}  # the other processes that published a failure, by index
         self.others_gone = threading.Event()
+        self.listeners: list = []  # called once when a preemption notice reaches the run
+        self.notified = False
         self.watchdog = threading.Thread(target=self._watch, name="bertjax-watchdog", daemon=True)
         self.watchdog.start()
 
@@ -100,6 +104,7 @@ class _Group:
             try:  # returns once every live process has asked (a barrier of the live ones)
                 live = self.client.get_live_nodes(everyone)
                 failed = dict(self.client.key_value_dir_get(_FAILED))
+                self._check_notice()
             except Exception:  # the client is shut down, or the service (process 0) is gone
                 if not self.finishing.is_set() and self.index != 0:  # best effort: JAX aborts
                     self._stop(f"lost {self.describe(0)}, which hosts the run's coordination "
@@ -110,26 +115,45 @@ class _Group:
             failed = {int(key.rsplit("/", 1)[1]): json.loads(v) for key, v in failed.items()}
             failed.pop(self.index, None)
             self.failed = failed
+            lost = gone - set(failed)  # left without saying why
+            # failed on their own (bad input, storage, a stop): not a collective that failed
+            # because a peer was lost, which every survivor meets (then the lost one decides)
+            decided = {
+                i: f for i, f in failed.items() if f.get("kind") != errors.Kind.RUNTIME.value
+            }
             if self.finishing.is_set():
                 if gone == others:
                     self.others_gone.set()
                     return
-            elif self.failing.is_set():  # this process fails too: name only the lost ones
-                if gone - set(failed):
-                    self._stop(", ".join(self.describe(i) for i in sorted(gone - set(failed)))
-                               + " left the run without saying why")  # fmt: skip
-            elif failed:
-                what = "; ".join(f"{self.describe(i)} failed ({f['error']})"
-                                 for i, f in failed.items())  # fmt: skip
-                status = max(f["status"] for f in failed.values())
-                self._stop(what, "Rerun" if status == cli.RETRY else "Fix that, then rerun", status)
-            elif gone:
+            elif lost:
                 self._stop(
-                    ", ".join(self.describe(i) for i in sorted(gone)) + " left the run (it "
+                    ", ".join(self.describe(i) for i in sorted(lost)) + " left the run (it "
                     f"failed, was killed, or its host stopped answering for "
                     f"{self.heartbeat_timeout} s: see its log)"
                 )
+            elif decided and not self.failing.is_set():
+                self._stop_for(decided)
             time.sleep(WATCH_INTERVAL_S)
+
+    def _check_notice(self) -> None:
+        """Calls the preemption listeners once JAX's preemption sync manager has told the
+        coordination service of a notice (a SIGTERM to any process of the run)."""
+        if self.notified or not self.listeners:
+            return
+        try:
+            self.client.key_value_try_get(_NOTICE)
+        except Exception:  # noqa: BLE001  (not set: no notice yet)
+            return
+        self.notified = True
+        for listener in list(self.listeners):
+            listener()
+
+    def _stop_for(self, decided: dict) -> None:
+        """Stops this process for the other processes that failed on their own (``decided``),
+        with the status they end with."""
+        what = "; ".join(f"{self.describe(i)} failed ({f['error']})" for i, f in decided.items())
+        status = max(f["status"] for f in decided.values())
+        self._stop(what, "Fix that, then rerun" if not errors.restarts(status) else "Rerun", status)
 
     def _stop(self, what: str, then: str = "Rerun", status: int = EXIT_PROCESS_LOST) -> None:
         """Prints one line (what happened, what to do) and exits this process with ``status``
@@ -138,7 +162,21 @@ class _Group:
         me = self.describe(self.index)
         sys.stderr.write(f"error: {what}; {me} stops too. {then} {_RERUN}\n")
         sys.stderr.flush()
+        if self.index == 0:  # it hosts the service: the others leave first (or JAX aborts them)
+            self._wait_for_the_others(self.heartbeat_timeout + 10 * WATCH_INTERVAL_S)
         os._exit(status)
+
+    def _wait_for_the_others(self, timeout_s: float) -> None:
+        """Until every other process has left the run (each stops on its own), at most
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if set(self.client.get_live_nodes(list(range(self.count)))) <= {self.index}:
+                    return
+            except Exception:  # noqa: BLE001  (the service is going away: nothing to wait for)
+                return
+            time.sleep(WATCH_INTERVAL_S / 4)
 
     def publish(self, error: BaseException) -> None:
         """Tells the others this process fails with ``error``, and the status it ends with."""
@@ -146,19 +184,24 @@ class _Group:
         if len(first) > PUBLISHED_CHARS:  # the others print it in their one line: whole, or marked
             first = first[:PUBLISHED_CHARS] + " [...]"
         self.failing.set()
-        record = {"error": f"{type(error).__name__}: {first}", "status": exit_status(error)}
+        record = {"error": f"{type(error).__name__}: {first}", "status": exit_status(error),
+                  "kind": errors.classify(error).value}  # fmt: skip
         try:
             self.client.key_value_set(f"{_FAILED}{self.index}", json.dumps(record))
         except Exception:  # the service is gone already
             pass
 
     def settle(self, timeout_s: float) -> None:
-        """Waits until every other process has failed too (a common error: out of memory at
-        the first step) or the watchdog names one that was lost (it exits this process), at
+        """Waits until another process says why it failed (not a collective: bad input,
+        storage, a stop), every other process has failed too (a common error: out of memory at
+        the first step), or the watchdog names one that was lost (it exits this process), at
         most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.others_gone.is_set():
-            if len(self.failed) == self.count - 1:
+            failed = dict(self.failed)
+            if len(failed) == self.count - 1 or any(
+                f.get("kind") != errors.Kind.RUNTIME.value for f in failed.values()
+            ):
                 return
             time.sleep(WATCH_INTERVAL_S / 4)
 
@@ -284,17 +327,53 @@ def check_same(what: str, settings: dict) -> None:
 def on_error(error: BaseException) -> None:
     """Called with the exception that ends this process's run: the others are told this one
     fails (they stop with one line and its status instead of waiting for a heartbeat timeout).
-    A runtime error (a collective that failed) may come from another process that is gone: then
-    this one waits, up to a heartbeat timeout, for the watchdog to name it (it exits this
-    process), unless every other process reports an error of its own first."""
+    A runtime error (a collective that failed) may come from another process that is gone or
+    that failed on its own: then this one waits, up to a heartbeat timeout, for the watchdog to
+    name the lost one (it exits this process, 75) or for the other to say why (this process
+    exits with its status); when every other process met a runtime error too, it is this one's
+    (status 1, its traceback)."""
     global _group
     if _group is None:
         return
     _group.publish(error)
-    if cli.runtime_failure(error):
+    if errors.is_runtime(error):
         _group.settle(_group.heartbeat_timeout + 5 * WATCH_INTERVAL_S)
+        decided = {i: f for i, f in _group.failed.items()
+                   if f.get("kind") != errors.Kind.RUNTIME.value}  # fmt: skip
+        if decided:
+            _group.finishing.set()
+            _group._stop_for(decided)
     group, _group = _group, None
     group.fail(error)
+
+
+def on_preemption_notice(listener) -> None:
+    """Calls ``listener()`` (once, from the watchdog) when a preemption notice reaches the run:
+    a SIGTERM to any of its processes, which JAX's own handler takes (bertjax/training/
+    stopping.py cancels its storage retries so that a process waiting on storage reaches the
+    stop)."""
+    if _group is not None:
+        _group.listeners.append(listener)
+
+
+def gather(name: str, value, timeout_s: float) -> list | None:
+    """Every process's ``value`` (JSON), in process order, when every process gives one within
+    ``timeout_s``; else None. Unlike `exchange`, a process that never calls it (blocked
+    elsewhere) costs the others only the timeout."""
+    client = _client()
+    if client is None or jax.process_count() == 1:
+        return [value]
+    sequence = _sequence[name] = _sequence.get(name, -1) + 1
+    prefix = f"bertjax/{name}/{sequence}/"
+    client.key_value_set(f"{prefix}{jax.process_index()}", json.dumps(value))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        entries = dict(client.key_value_dir_get(prefix))
+        if len(entries) == jax.process_count():
+            return [json.loads(entries[f"{prefix}{i}"]) for i in range(jax.process_count())]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(WATCH_INTERVAL_S / 4)
 
 
 def finish(timeout_s: float = 600) -> None:

@@ -7,6 +7,7 @@ import logging
 
 import jax
 
+from bertjax.data import plan_version
 from bertjax.interop.checkpoints import tokenizer_meta
 from bertjax.objectives.warm_start import warm_start
 from bertjax.retry import Retryable
@@ -20,6 +21,7 @@ def checkpoint_meta(config, model_cfg, data) -> dict:
         "config": config.to_dict(),
         "model_config": model_cfg.to_dict(),
         "data_fingerprint": data.fingerprint,
+        **({} if data.plan_version is None else {plan_version.KEY: data.plan_version}),
         **tokenizer_meta(data.tokenizer),
     }
 
@@ -54,9 +56,14 @@ def restore_or_init(
 
     if ckpt.latest_step() is not None:
         fingerprint = data.tokenizer.fingerprint()
-        state, meta = ckpt.restore_newest(
-            abstract, lambda meta: check_compatible(meta, model_cfg, fingerprint, ckpt.directory)
-        )
+
+        def check(meta):
+            check_compatible(meta, model_cfg, fingerprint, ckpt.directory)
+            if data.plan_version is not None:
+                allow = bool(config.get("data", {}).get("allow_plan_change", False))
+                plan_version.check(meta, data.plan_version, allow, ckpt.directory)
+
+        state, meta = ckpt.restore_newest(abstract, check)
         if planned is not None and int(state.step) != planned:
             raise EarlierCheckpoint(int(state.step))  # a newer one was unreadable: replan
         state = objective.resume_state(state, data, fresh)

@@ -71,6 +71,9 @@ def default_run_config() -> ml_collections.ConfigDict:
     # before the run saves and exits 75 to be restarted (bertjax/retry.py); an outage shorter
     # than this is ridden out
     config.storage_retry_seconds = 600.0
+    # JAX's persistent compilation cache (train.py; bertjax/training/compile_cache.py): "" =
+    # WORKDIR/compile_cache, a directory or URL, or "off"; whoever can write it can run code
+    config.compile_cache = ""
     # new models' MLM decoder bias: "unigram" (log token frequencies) | "zeros" (BERT)
     config.mlm_bias_init = "unigram"
     config.peak_flops_per_device = 0.0  # for MFU; 0 = by device kind, CPU measured at start

@@ -37,13 +37,21 @@ manager does not: bertjax/training/checkpoint.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 
+from bertjax.errors import Retryable
+
 GRACE_S = 2.0  # how long the watcher lets the main thread take a signal before acting itself
+METRICS_WAIT_S = 5.0  # a stop's metric writes wait at most this long on storage (a save follows)
+SAVE_WAIT_S = 60.0  # a save after storage stopped answering, or a close, waits at most this long
+STUCK_WAIT_S = (
+    10.0  # a process stuck at a stop waits this long for the others to say where they are
+)
 
 _command_mode = False
 
@@ -64,6 +72,52 @@ class Interrupted(BaseException):
 
     def __str__(self) -> str:
         return signal.Signals(self.signum).name
+
+
+class StoppedApart(Retryable):
+    """A stop came while this process's batch did not (storage out past the stop, a hung read)
+    and the processes were not all at one step, so none could be saved: exit 143 (restart: the
+    run resumes from the last checkpoint), the others stopping with it."""
+
+    status = 128 + signal.SIGTERM
+
+    def __init__(self, step: int, saved: int, steps: list | None):
+        where = "not every process answered" if steps is None else f"the processes were at {steps}"
+        lost = f"step {step} could not be saved" if step != saved else "nothing was lost"
+        super().__init__(
+            f"stopped while the batch after step {step} did not come (storage did not answer, "
+            f"or a read hung) and {where}: {lost}; rerun the same command to resume from step "
+            f"{saved}"
+        )
+
+
+def bounded(fn: Callable, seconds: float, what: str, raises: bool = True):
+    """``fn()``, waited for at most ``seconds`` (in a thread of its own, left behind when it
+    does not return in time: a write or save that hangs on storage, which a stop must not wait
+    for). Returns its result, or None after a warning when it did not return in time; its
+    error is raised (``raises``) or logged as a warning."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as error:  # noqa: BLE001  (raised in the caller)
+            box["error"] = error
+
+    thread = threading.Thread(target=run, name="bertjax-bounded", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        logging.warning("%s did not end within %g s (storage did not answer): left behind",
+                        what, seconds)  # fmt: skip
+        return None
+    if "error" in box:
+        if raises:
+            raise box["error"]
+        error = box["error"]
+        logging.warning("%s failed: %s: %s", what, type(error).__name__, str(error)[:300])
+        return None
+    return box.get("result")
 
 
 def preemption_sync() -> bool:
@@ -97,10 +151,19 @@ def leave_now(signum: int, why: str) -> None:
 
 class StopRequests:
     """SIGTERM/SIGINT → a stop at the same step on every process (`reached`), or at once outside
-    a step (`interruptible`)."""
+    a step (`interruptible`). The first signal (under several processes: the preemption notice
+    of any of them) cancels ``token``, the run's `bertjax.retry.Cancel`: storage requests
+    waiting out a backoff give up, so that no stop waits on storage."""
 
-    def __init__(self):
+    def __init__(self, token=None):
+        from bertjax import retry
+
+        self.token = token if token is not None else retry.Cancel()
         self.synced = preemption_sync()
+        if self.synced:  # JAX's handler takes SIGTERM: the notice comes through the service
+            from bertjax.training import processes
+
+            processes.on_preemption_notice(self.token.cancel)
         self.received: int | None = None  # the first signal this process got
         self.signals = 0
         # whether trained steps are not yet saved (or a save is being written): the watcher
@@ -125,6 +188,7 @@ class StopRequests:
         first = self.received is None
         if first:
             self.received = signum
+            self.token.cancel()  # backoffs give up: nothing waits on storage from here
         if not first:  # a second signal: now
             if _command_mode:
                 leave_now(signum, "(a second signal)")
@@ -149,6 +213,12 @@ class StopRequests:
             yield
         finally:
             self._interruptible -= 1
+
+    def stopping_together(self) -> bool:
+        """Several processes, and a stop was requested (a preemption notice reached the run):
+        a process that cannot reach the next step (its batch never comes) stops where it is,
+        with the others when they are at the same step (bertjax/training/trainer.py)."""
+        return self.synced and self.token.cancelled()
 
     def reached(self, step: int) -> bool:
         """True when the run stops after ``step`` (the same step on every process). Call it

@@ -194,7 +194,7 @@ class Jsonl(Tracker):
     def __init__(self, logdir: str):
         path = paths.join(logdir, "metrics.jsonl")
         if paths.is_url(logdir):
-            previous = paths.Path(path).read_bytes() if paths.exists(path) else b""
+            previous = paths.read_bytes(path) if paths.exists(path) else b""
             self._file = _ObjectFile(path, previous)
         else:
             self._file = open(path, "ab")

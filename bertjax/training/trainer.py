@@ -13,12 +13,11 @@ checkpoint by a dev metric to be kept (WORKDIR/best).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import math
 import os
-import time
+import signal
 
 import jax
 import ml_collections
@@ -41,7 +40,16 @@ from bertjax.training.checkpoint import Checkpointer
 from bertjax.training.profiling import StepProfile
 from bertjax.training.resume import EarlierCheckpoint, checkpoint_meta, restore_or_init
 from bertjax.training.run_config import model_config, resolve_paths, validate_run_config
-from bertjax.training.stopping import Interrupted, StopRequests
+from bertjax.training.run_metrics import LogWindow, evaluate
+from bertjax.training.stopping import (
+    METRICS_WAIT_S,
+    SAVE_WAIT_S,
+    STUCK_WAIT_S,
+    Interrupted,
+    StoppedApart,
+    StopRequests,
+    bounded,
+)
 from bertjax.training.trackers import Trackers
 
 
@@ -54,81 +62,10 @@ def _prepare_workdir(workdir: str) -> str:
     try:
         paths.makedirs(workdir)
         paths.write_text(probe, "ok")
-        paths.Path(probe).unlink()
-    except (OSError, ValueError) as error:
+        paths.remove(probe)
+    except (OSError, ValueError) as error:  # a transient cause stays one (bertjax/errors.py)
         raise ValueError(f"workdir {workdir!r} is not writable: {error}") from error
     return workdir
-
-
-def evaluate(steps, state, data, mesh, config) -> dict:
-    """Held-out metrics over fixed eval batches: the objective's metrics of the summed loss
-    sums and normalizers (exact averages), what the objective adds from host-side counts summed
-    over the processes (e.g. perplexity, a majority baseline), and task scores of the
-    predictions (every row's, on every process)."""
-    objective = state.spec.objective
-    totals = None
-    counts = collections.Counter()
-    predictions = []
-    for batch in data.eval_batches(int(config.eval_batches)):
-        counts.update(objective.held_out_counts(batch))
-        out = steps.eval(state, sharding.global_batch(batch, mesh, config.batch_size))
-        parts = jax.device_get({"sums": out["sums"], "norms": out["norms"]})
-        if "predictions" in out:  # fine-tuning: task metrics need every dev prediction on host
-            predictions.append(jax.device_get(out["predictions"]))
-        totals = parts if totals is None else jax.tree.map(np.add, totals, parts)
-    if totals is None:
-        return {}
-    report = objective.report(totals["sums"], totals["norms"])
-    counts = processes.sum_counters(counts)  # each host counted its own rows
-    result = objective.held_out_metrics({k: float(v) for k, v in report.items()}, counts)
-    if predictions:
-        result.update(data.score(np.concatenate(predictions)))
-    return result
-
-
-class _LogWindow:
-    """Tokens and model FLOPs of the steps since the last log line, for tokens/s and MFU."""
-
-    def __init__(self, config, model_cfg, objective, peak: float):
-        self.config, self.model_cfg, self.objective, self.peak = config, model_cfg, objective, peak
-        self.num_devices = jax.device_count()
-        self.restart()
-
-    def restart(self) -> None:
-        self.tokens = self.flops = 0.0
-        self.start = time.perf_counter()
-        self.storage = retry.COUNTS.snapshot()
-
-    def add(self, host_batch: dict, batch_size: int) -> None:
-        """Estimates of the global batch from this host's rows (its count x the processes); the
-        mean of the processes' estimates (`scalars`) is the exact global count."""
-        self.tokens += float(np.sum(host_batch["attention_mask"])) * jax.process_count()
-        self.flops += self.objective.batch_flops(
-            self.model_cfg, host_batch, batch_size, metrics_lib.train_flops_per_sequence
-        )
-
-    def scalars(self, steps: int) -> dict:
-        """perf/* of the window's ``steps`` steps, and storage/*: the requests of the processes
-        (the data workers' not counted) that failed in the window and were retried, and those
-        that then succeeded; starts a new window."""
-        elapsed = time.perf_counter() - self.start
-        now = retry.COUNTS.snapshot()
-        failed, recovered = (now[k] - self.storage[k] for k in ("failed", "recovered"))
-        tokens, flops, failed, recovered = processes.sum_numbers(
-            [self.tokens, self.flops, failed, recovered]
-        )
-        tokens, flops = tokens / jax.process_count(), flops / jax.process_count()
-        out = {
-            "perf/tokens_per_second": tokens / elapsed,
-            "perf/steps_per_second": steps / elapsed,
-            "perf/mfu": metrics_lib.mfu(
-                flops / steps, elapsed / steps, self.num_devices, self.peak
-            ),
-            "storage/failed_requests": int(failed),
-            "storage/recovered_requests": int(recovered),
-        }
-        self.restart()
-        return out
 
 
 class _Run:
@@ -145,8 +82,17 @@ class _Run:
         trackers: Trackers,
         phases: list,
     ):
+        self.stop, self.abandon_reads = stop, False
+        self.writer, self.phases = trackers, phases  # the run's: open across its phases
+        self.data = self.ckpt = self.best = self.progress = self.profile = None
+        try:
+            self._open(config, workdir, phase, stop, planned)
+        except BaseException:  # setup failed (a checkpoint set aside, a signal): close its parts
+            self.close(setup_failed=True)
+            raise
+
+    def _open(self, config, workdir: str, phase, stop: StopRequests, planned) -> None:
         self.config, self.workdir, self.stop = config, workdir, stop
-        self.writer, self.phases = trackers, phases
         self.phase = phase or phases_lib.plan_phases(config)[0]
         self.is_chief = jax.process_index() == 0
         self.objective = objectives.make_objective(config)
@@ -187,11 +133,8 @@ class _Run:
         if self.data.dev_metric:
             self.best = BestCheckpoint(workdir, self.data.dev_metric)
         peak = metrics_lib.peak_flops(float(config.peak_flops_per_device))
-        self.window = _LogWindow(config, self.model_cfg, self.objective, peak)
+        self.window = LogWindow(config, self.model_cfg, self.objective, peak)
         self.history, self.unchecked, self.summary = [], [], {}
-        self.progress = None
-        self.profile = None  # config.profile's trace (bertjax/training/profiling.py)
-        self.abandon_reads = False  # stopping: reads ahead that wait to retry give up
 
     def _check_gpu_dropout(self) -> None:
         """On GPUs, whether cuDNN's attention dropout drops in its backward what its forward
@@ -250,10 +193,17 @@ class _Run:
             self._save_unsaved(f"stopped by {signal_stop}")
             stopped = signal_stop.signum
         except StorageUnavailable:  # the batch never came: the state is the last step's
+            stop_requested = self.stop.stopping_together()  # a stop came during the outage
             self.abandon_reads = True
-            if jax.process_count() == 1:  # several: the others wait in the step (processes.py)
-                self._save_unsaved("storage unreachable")
-            raise
+            self.stop.token.cancel()  # nothing on the way out waits on storage any more
+            if stop_requested:  # (several processes; one process stops through Interrupted)
+                stopped = self._stop_where_stuck()
+            elif jax.process_count() == 1:  # several: the others wait in the step (processes.py)
+                bounded(lambda: self._save_unsaved("storage unreachable"), SAVE_WAIT_S,
+                        f"saving step {self.current} after storage stopped answering")  # fmt: skip
+                raise
+            else:
+                raise
         finally:
             self.stop.training = False
         self.summary["step"] = int(jax.device_get(self.state.step))
@@ -284,16 +234,27 @@ class _Run:
         self.history.append(step_metrics)
         self.unchecked.append(step_metrics)
 
+    def _stop_where_stuck(self) -> int:
+        """A stop came while this process's batch did not (storage out, a hung read): when
+        every process is stuck at the same step, they save it together; otherwise the step some
+        process has passed cannot complete, and this one stops without saving
+        (`stopping.StoppedApart`: 143, the others follow)."""
+        steps = processes.gather("stuck", self.current, STUCK_WAIT_S)
+        if steps is None or len(set(steps)) > 1:
+            raise StoppedApart(self.current, self.saved, steps)
+        self._save_unsaved("stopped while storage did not answer")
+        return signal.SIGTERM
+
     def _unsaved(self) -> bool:
         """Steps trained since the last checkpoint, or a checkpoint still being written."""
         return self.current != self.saved or self.ckpt.saving()
 
     def _save_unsaved(self, why: str) -> None:
-        """Saves the state (one process: a stop outside a step) when steps were trained since
-        the last checkpoint, and says so."""
+        """Saves the state (a stop outside a step) when steps were trained since the last
+        checkpoint, and says so; its metrics are written without waiting on storage."""
         if self.current != self.saved:
             if self.history:
-                self._log(self.current)
+                self._log(self.current, stopping=True)
             self._check_finite(self.current)
             self.ckpt.save(self.state, self.meta, force=True)
             self.saved = self.current
@@ -313,7 +274,7 @@ class _Run:
         # later step, so a stop always saves first, and every process stops at the same step.
         stopping = self.stop.reached(done)
         if within % config.log_every == 0 or last or stopping:
-            self._log(done)
+            self._log(done, stopping)
         if self.progress is not None:
             self.progress.update(1)
         if config.eval_every and (within % config.eval_every == 0 or last):
@@ -330,14 +291,20 @@ class _Run:
             )
         return stopping
 
-    def _log(self, done: int) -> None:
+    def _log(self, done: int, stopping: bool = False) -> None:
+        """Logs the steps since the last log line; ``stopping``: the write waits at most
+        `METRICS_WAIT_S` on storage (the save comes next)."""
         fetched = jax.device_get(self.history)
         self.history = []
         skipped = self._check_finite(done)
         scalars = {f"train/{k}": v for k, v in metrics_lib.mean_metrics(fetched).items()}
         scalars["train/skipped_updates"] = skipped
         scalars.update(self.window.scalars(len(fetched)))
-        self.writer.write_scalars(done, scalars)
+        if stopping:
+            bounded(lambda: self.writer.write_scalars(done, scalars), METRICS_WAIT_S,
+                    f"writing the metrics of step {done}", raises=False)  # fmt: skip
+        else:
+            self.writer.write_scalars(done, scalars)
         self.summary.update(scalars)
         if self.progress is not None:
             self.progress.set_postfix(
@@ -376,18 +343,33 @@ class _Run:
             self.best.update(done, result, self.state, self.meta, self.data.write_predictions)
         self.window.restart()  # eval time is not training throughput
 
-    def close(self) -> None:
+    def close(self, setup_failed: bool = False) -> None:
+        """Closes what the run opened (the trackers stay open for the next phase: flushed).
+        After a stop or an outage nothing waits on storage or on a hung read past a deadline
+        (the run's token is cancelled: reads still waiting out a backoff give up); after a
+        failed setup (a checkpoint set aside: the run is planned again with the same token) the
+        checkpoints are closed within a deadline too."""
+        stopping = self.abandon_reads or self.stop.received is not None
+        stopping = stopping or self.stop.token.cancelled()
+        if stopping:  # saved: no read is needed
+            self.stop.token.cancel()
         if self.profile is not None:
             self.profile.close(self.state)
         if self.progress is not None:
             self.progress.close()
-        self.ckpt.close()
-        if self.abandon_reads or self.stop.received is not None:  # saved: no read is needed
-            retry.stop()  # one waiting out a backoff gives up now, not after the budget
+        if self.ckpt is not None:
+            if stopping or setup_failed:
+                bounded(self.ckpt.close, SAVE_WAIT_S, "closing the checkpoints", raises=False)
+            else:
+                self.ckpt.close()
         if self.best is not None:
             self.best.close()
-        self.writer.flush()  # the trackers stay open for the next phase
-        self.data.close()
+        if stopping:
+            bounded(self.writer.flush, METRICS_WAIT_S, "writing the metrics", raises=False)
+        else:
+            self.writer.flush()
+        if self.data is not None:
+            self.data.close()
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -407,25 +389,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate_run_config(config)
     workdir = _prepare_workdir(workdir)
     phases = phases_lib.plan_phases(config)
-    stop = StopRequests()
-    retry.resume()  # an earlier run in this process may have stopped
+    token = retry.Cancel()  # this run's: cancelled by its first signal, gone when it returns
+    stop = StopRequests(token)
     trackers = Trackers.open(config, workdir, enabled=jax.process_index() == 0)
     try:
-        while True:
-            try:
-                summary = _train_phases(phases, workdir, stop, trackers)
-                trackers.finish(summary)
-                return summary
-            except EarlierCheckpoint:
-                if stop.synced:  # JAX's sync point counted from the newer step: a rerun (75)
-                    raise
-                logging.warning("a checkpoint was set aside: the phases are planned again")
+        with retry.scope(token):
+            summary = _train_retrying(phases, workdir, stop, trackers)
+        trackers.finish(summary)
+        return summary
     except BaseException as error:
         trackers.fail(error)
         raise
     finally:
-        trackers.close()
+        if token.cancelled():  # a stop or an outage: the trackers' last writes wait a bound
+            bounded(trackers.close, METRICS_WAIT_S, "closing the trackers", raises=False)
+        else:
+            trackers.close()
         stop.restore()
+
+
+def _train_retrying(phases: list, workdir: str, stop: StopRequests, trackers: Trackers) -> dict:
+    """`_train_phases`, planned again after a checkpoint was set aside."""
+    while True:
+        try:
+            return _train_phases(phases, workdir, stop, trackers)
+        except EarlierCheckpoint:
+            if stop.synced:  # JAX's sync point counted from the newer step: a rerun (75)
+                raise
+            logging.warning("a checkpoint was set aside: the phases are planned again")
 
 
 def _train_phases(phases: list, workdir: str, stop: StopRequests, trackers: Trackers) -> dict:

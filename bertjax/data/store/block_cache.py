@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
+import time
 import zlib
 
 import numpy as np
@@ -105,12 +106,21 @@ class RangeReader:
         with self._lock:
             return self.requests, self.ranges
 
-    def close(self) -> None:
-        """Stops its threads, once the reads running end (a later read starts them again)."""
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Stops its threads, once the reads running end (a later read starts them again), or
+        after ``timeout_s`` (None: no limit): a read hung in storage is left behind, its thread
+        ending when the read returns or with the process. Whether every thread ended."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if pool is None:
+            return True
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in list(getattr(pool, "_threads", ())):  # the executor's own threads
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+        return True
 
 
 def _bodies(cat_ranges, paths: list, starts: list, ends: list) -> list:

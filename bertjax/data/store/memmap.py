@@ -347,7 +347,7 @@ class Store:
         """`piece_index` of each (shard, first, end) of ``pieces``."""
         return [self.piece_index(*piece) for piece in pieces]
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         """Nothing to stop: a memory map has no threads or cache of its own (ShardedStore's
         interface)."""
 

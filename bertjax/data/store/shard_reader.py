@@ -146,9 +146,10 @@ class ShardedStore:
         self.reader.threads = max(1, int(read_threads))
         self.blocks.gap_blocks = int(gap_bytes) // max(1, self.blocks.block_bytes)
 
-    def close(self) -> None:
-        """Stops its read threads and drops its cached blocks (reopened on a later read)."""
-        self.reader.close()
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stops its read threads (a read hung past ``timeout_s`` is left behind) and drops its
+        cached blocks (reopened on a later read)."""
+        self.reader.close(timeout_s)
         self.blocks.release()
 
     def _load_index(self) -> dict:
