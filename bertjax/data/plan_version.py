@@ -10,11 +10,14 @@ is no bump.
 
     1  the first recorded (issue 68); checkpoints saved before record none (0): issue 61's
        epoch order of token_windows rows came without a record, so those are not trusted
+    2  documents numbered by their text, held-out never empty (hub-corpora); lanes of 256 rows
+       and token_windows pieces of at most a quarter of the median shard (data start-up); NSP
+       on a store or piece of one document draws its random B from that document
 """
 
 from __future__ import annotations
 
-PLAN_VERSION = 1  # the one number to bump
+PLAN_VERSION = 2  # the one number to bump
 UNRECORDED = 0  # what a checkpoint saved before versions were recorded stands for
 KEY = "data_plan_version"  # its name in a checkpoint's meta
 
