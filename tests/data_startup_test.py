@@ -116,10 +116,11 @@ def stores(tmp_path_factory, builtin_spm):
     return urls, builtin_spm
 
 
-def _startup(stores, copies: int, plan: str, **data) -> int:
+def _startup(stores, copies: int, plan: str, seed: int = 0, **data) -> int:
     """Requests from `make_pipeline` through the first batch (of 256 rows, T=64)."""
     urls, spm = stores
     config = trainer.default_run_config()
+    config.seed = seed
     config.batch_size = 256
     config.data.update(store=urls[copies], tokenizer_model=spm, max_seq_length=64,
                        max_predictions=8)  # fmt: skip
@@ -135,8 +136,13 @@ def _startup(stores, copies: int, plan: str, **data) -> int:
 
 @pytest.mark.parametrize("plan", list(PLANS))
 def test_start_up_requests_of_a_store_six_times_larger_grow_at_most_1_5_times(stores, plan):
-    small, large = (_startup(stores, copies, plan) for copies in (1, COPIES))
-    assert large <= 1.5 * small, (small, large)
+    """The median over 5 seeds (which pieces a first batch reads is drawn: token_windows' first
+    window reads 4-5 ranges of the small store, whose 8 shards often hold two of its pieces in
+    one range, and 5-7 of the large one; the sentence plans 13 every time)."""
+    counts = {c: [_startup(stores, c, plan, seed) for seed in range(5)] for c in (1, COPIES)}
+    small, large = (sorted(counts[c])[2] for c in (1, COPIES))
+    assert large <= 1.5 * small, counts
+    large = max(counts[COPIES])
     # the manifest, then a window of 4 pieces: their index (2 ranges each), their blocks
     assert large <= 1 + 4 * 3, large
 

@@ -22,7 +22,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     # hf://datasets/OWNER/NAME[@REVISION] without a glob: the files of this subset ("" = the
     # dataset card's default) and split of the card's configs (docs/hub.md)
     c.hf_subset = ""
-    c.hf_split = "train"
+    c.hf_split = "train"  # the card's split of that subset whose files are read
     # Read the corpus's files directly as the batches need them (token_windows rows, tokenized on
     # the fly, each process its own files): no store is prepared; Colab and small runs
     # (bertjax/data/stream/)

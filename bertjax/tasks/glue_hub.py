@@ -70,7 +70,6 @@ def download(names, repo: str = REPO, revision: str = REVISION) -> tuple[str, st
     try:
         from huggingface_hub import constants, snapshot_download
         from huggingface_hub.errors import (
-            HfHubHTTPError,
             LocalEntryNotFoundError,
             RepositoryNotFoundError,
             RevisionNotFoundError,
@@ -104,9 +103,8 @@ def download(names, repo: str = REPO, revision: str = REVISION) -> tuple[str, st
     except (LocalEntryNotFoundError, OSError) as error:  # nothing cached, Hub not reached
         if getattr(error, "errno", None) is not None:  # the local disk's (the cache's) error
             raise
-        cause = retry.transient_cause(error)
-        status = getattr(getattr(cause, "response", None), "status_code", None)
-        if isinstance(cause, HfHubHTTPError) and status and status != 404:  # 429, 5xx
+        cause = retry.transient_cause(error)  # 429, 5xx, a connection that failed
+        if cause is not None:
             raise retry.StorageUnavailable(where, cause, time.monotonic() - start, 1) from error
         offline = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "cannot reach the Hub"
         raise FileNotFoundError(
