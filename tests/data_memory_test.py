@@ -80,7 +80,9 @@ def test_splits_and_stores_share_one_bound_and_close_stops_their_threads(store):
     for step in range(8):
         mixture.batch(step)
         assert caches[0].budget.held == sum(c.cached for c in caches) <= BUDGET
-    assert all(c.cached for c in caches)
+    assert all(c.bytes_read for c in caches)  # both stores read through the one bound (what
+    # each holds at a given moment is the prefetch threads' timing: a store's blocks may all be
+    # evicted just then)
     mixture.close()
     assert _ours(before) == [] and caches[0].budget.held == 0
 

@@ -109,7 +109,7 @@ def faulted(tmp_path_factory, store, job_settings, reference) -> Supervisor:
 
     faults = [{**TRANSIENT, "outage_from_batch": STUCK_AT}, {**TRANSIENT, "hang_from_batch":
               STUCK_AT}, {**TRANSIENT, "outage_from_batch": STUCK_AT}]  # fmt: skip  # 2
-    procs = job.start("stuck", faults=faults, extra=["--config.storage_retry_seconds=120"])
+    procs = job.start("stuck", faults=faults, extra=["--config.storage_retry_seconds=600"])
     marks = [f"faulty_fs: {w} from batch {STUCK_AT} on" for w in ("outage", "hang", "outage")]
     _wait_for_lines(job, "stuck", marks, procs)
     resumed, deadline = max(job.checkpoints()), time.monotonic() + 300

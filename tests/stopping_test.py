@@ -35,7 +35,7 @@ if scenario == "native":  # nothing trained: the watcher ends the process
 elif scenario == "unsaved":  # a trained state: wait for the main thread, which saves
     stop.unsaved = lambda: True
     try:
-        native(3)
+        native(5)
         with stop.interruptible():
             time.sleep(60)
     except stopping.Interrupted as interrupted:
@@ -121,7 +121,7 @@ def test_with_a_trained_state_the_main_thread_saves_before_leaving():
     out = process.stdout.read()
     assert process.returncode == 0, process.stderr.read()
     assert "saved after SIGTERM" in out and "end" in out
-    assert elapsed > GRACE_S, elapsed  # it outlived the grace: the 3-second call returned
+    assert elapsed > GRACE_S, elapsed  # it outlived the grace: the 5-second call returned
 
 
 def test_a_hung_read_is_interrupted_and_a_second_signal_leaves_at_once():
