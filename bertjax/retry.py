@@ -289,10 +289,15 @@ class Attempt:
             raise error
         now = policy.clock()
         elapsed = now - self.start
-        if elapsed >= policy.budget_s or self.last_try:
+        # the budget as a deadline: a backoff cut to ``deadline - now`` reaches it exactly (as
+        # ``budget - elapsed``, rounding could leave the clock a hair short, and a clock that
+        # only moves by the sleeps, as in tests, then never got there)
+        deadline = self.start + policy.budget_s
+        if now >= deadline or self.last_try:
             policy.counts.count(given_up=requests)
+            spent = elapsed if self.last_try else max(elapsed, policy.budget_s)
             raise StorageUnavailable(
-                target, error, elapsed, self.tries, stopping=self.last_try
+                target, error, spent, self.tries, stopping=self.last_try
             ) from error
         policy.counts.failure(target, error, requests, now)
         if policy.cancelled():  # stopping: one more try at once, then give up
@@ -300,7 +305,7 @@ class Attempt:
             return
         bound = min(policy.most_delay_s, policy.first_delay_s * 2.0 ** min(self.tries - 1, 60))
         delay = max(policy.rng.uniform(0.0, bound), server_wait(error))  # at least as asked
-        policy.sleep(min(delay, policy.budget_s - elapsed))
+        policy.sleep(min(delay, deadline - now))
         self.last_try = policy.cancelled()  # woken by a stop: this coming try is the last
 
     def succeeded(self, requests: int = 1) -> None:
