@@ -142,7 +142,7 @@ def test_the_estimate_keeps_far_too_large_candidates_uncompiled_and_never_decide
     assert far.microbatches == 36  # as without the estimate (1, 576, 36, 32 compiled)
     assert 1 not in [t[0] for t in far.tried] and (1, "none", 1) in [r[:3] for r in far.ruled_out]
     assert [t[0] for t in far.tried] == [96, 36, 32]  # where it meets 40, then it scaled by 96's
-    assert "3 compiled, " in far.describe() and "ruled out by their estimate" in far.describe()
+    assert "3 compiled, " in far.describe() and "ruled out by the estimate" in far.describe()
 
     wrong = fit.search(config, measure_of(memory), 40, 8, 8, estimate=estimate_of(1000))
     assert wrong.microbatches == 36  # every candidate ruled out: the cheapest compiled, it fits

@@ -56,7 +56,7 @@ class Choice:
         how = "the config as it is" if not self.changed else "chosen"
         searched = f"{len(self.tried)} compiled"
         if self.ruled_out:
-            searched += f", {len(self.ruled_out)} ruled out by their estimate"
+            searched += f", {len(self.ruled_out)} ruled out by the estimate"
         return (
             f"fit ({how}): {self.microbatches} microbatch{'es' if self.microbatches > 1 else ''} "
             f"of {self.rows} rows a device, remat {self.remat}, fsdp {self.fsdp}: "
