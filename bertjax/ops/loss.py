@@ -17,8 +17,9 @@ def nll(logits: Array, labels: Array) -> Array:
     autodiff's on TPUs. XLA:GPU does not fuse autodiff's backward (the label's term is a
     scatter-add into an fp32 [rows, C] of zeros, then a separate pass for the softmax); the
     hand-written one reads the logits and writes their gradient once, in the logits' dtype,
-    keeping the logits (not an fp32 copy) for the backward. The same formula either way:
-    softmax(logits) - one_hot(label), times the incoming gradient."""
+    keeping the logits (not an fp32 copy) for the backward (BERT-base seq128 compiled for h100-8:
+    16.99 -> 16.70 GiB of HBM traffic a step, docs/results/compile.md). The same formula either
+    way: softmax(logits) - one_hot(label), times the incoming gradient."""
     if platform.current() != "tpu":
         return _nll(logits, labels)
     logits = logits.astype(jnp.float32)
