@@ -164,3 +164,17 @@ def test_a_candidates_remat_reaches_the_model_train_py_built_before_the_fit():
     barriers = {r: lowered(r).count("stablehlo.optimization_barrier") for r in ("none", "full")}
     assert barriers["full"] > barriers["none"]
     assert fit.with_model_remat(model_cfg, fit.with_settings(config, 1, "dots")).remat == "dots"
+
+
+def test_batch_sizes_that_do_not_split_over_the_mesh_are_named():
+    """configs/phases_tiny.py warms its batch up through 4, 8 and 12 rows to 16: on 8 devices
+    the fit names the sizes that do not split (train.py could not shard them either); on 4 each
+    size splits and a microbatch count must divide 1, 2, 3 and 4 rows a device."""
+    from bertjax.aot import search
+
+    config = trainer.load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                   "phases_tiny.py"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"batch size\(s\) \[4, 12\] .* 8 batch shards"):
+        search.rows_per_device(config, 8)
+    assert search.rows_per_device(config, 4) == 1
+    assert search.rows_per_device(config, 2) == 2

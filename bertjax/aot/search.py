@@ -105,13 +105,15 @@ def rows_per_device(config, batch_shards: int) -> int:
     length = int(config.data.max_seq_length) if "data" in config else 1
     plan = BatchPlan.from_config(config, length)
     sizes = {*plan.sizes, plan.final, int(config.batch_size)}
-    rows = [size // batch_shards for size in sizes if size % batch_shards == 0]
-    if len(rows) != len(sizes):
+    uneven = sorted(size for size in sizes if size % batch_shards)
+    if uneven:
         raise ValueError(
-            f"config.batch_size={config.batch_size}: every batch size must split over the "
-            f"{batch_shards} batch shards of the mesh"
+            f"config.batch_size={config.batch_size}: the run's batch size(s) {uneven} (its "
+            f"config.batch_warmup included) do not split over the mesh's {batch_shards} batch "
+            "shards; make every size a multiple of that (config.batch_warmup.quantum) or use "
+            "fewer devices"
         )
-    return math.gcd(*rows)
+    return math.gcd(*(size // batch_shards for size in sizes))
 
 
 def _fsdp_sizes(devices: int, config) -> list[int]:
