@@ -15,7 +15,7 @@ import pytest
 from helpers import final_params
 
 from bertjax import trainer
-from bertjax.aot import fit, plan
+from bertjax.aot import estimate, fit, plan
 from bertjax.training.run_config import model_config
 
 GIB = 1 << 30
@@ -51,6 +51,10 @@ def test_the_fit_chooses_microbatches_and_a_resume_without_them_continues_exactl
 
     one, two = measured(1), measured(2)
     assert one > two  # microbatches need less memory: the budget falls between
+    # the traced estimate (no compile) lands near what the compiler said (ratios 0.97, 1.12)
+    estimated = estimate.Estimator(config, model_cfg, devices)
+    for k, compiled in ((1, one), (2, two)):
+        assert 0.8 < estimated(fit.with_settings(config, k, "none", 1)) / compiled < 1.3
     budget_gib = (one + two) / 2 / (1.0 - fit.HEADROOM) / GIB
     workdir = str(tmp_path / "run")
     summary = trainer.train_and_evaluate(_config(fit_memory_gib=budget_gib), workdir)
@@ -63,7 +67,8 @@ def test_the_fit_chooses_microbatches_and_a_resume_without_them_continues_exactl
     [cached] = os.listdir(os.path.join(workdir, "fit"))
     again = fit.fit_run(_config(fit_memory_gib=budget_gib), model_cfg, workdir)[1]
     assert again.cached and again.microbatches == 2  # a restart does not search again
-    assert [t[0] for t in again.tried] == [1, 4, 2]  # as configured, the most, then halfway
+    # as configured, then where the estimate meets the budget (without it: 1, 4, 2)
+    assert [t[0] for t in again.tried] == [1, 2] and not again.ruled_out
 
     fitted = final_params(workdir, 3)
     shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))
@@ -114,3 +119,62 @@ def test_the_search_takes_microbatches_then_remat_then_fsdp_and_says_when_nothin
     with pytest.raises(fit.DoesNotFit, match="even one row a device") as refused:
         fit.search(config, measure_of(lambda *_: None), 60, 8, 8)
     assert "\n" not in str(refused.value)
+
+
+def test_the_estimate_keeps_far_too_large_candidates_uncompiled_and_never_decides_alone():
+    """A measure and an estimate written out: a recipe that fits costs one compile as before; one
+    far too large is never compiled as configured (the slowest compile, for a "no"); an estimate
+    that rules out what fits is overridden by compiling the cheapest candidate."""
+    config = _config()
+    with config.unlocked():
+        config.batch_size = 4608  # 576 rows a device
+
+    def measure_of(table):
+        return lambda c: table(int(c.optim.grad_accum_steps), c.model.remat, int(c.mesh.fsdp))
+
+    memory = lambda k, remat, fsdp: 10 + 1000 / k  # noqa: E731  (no remat or FSDP effect)
+    estimate_of = lambda ratio: measure_of(lambda *key: ratio * memory(*key))  # noqa: E731
+
+    fitted = fit.search(config, measure_of(memory), 2000, 8, 8, estimate=estimate_of(1.8))
+    assert [t[0] for t in fitted.tried] == [1] and not fitted.changed  # fits: one compile
+
+    far = fit.search(config, measure_of(memory), 40, 8, 8, estimate=estimate_of(1.8))
+    assert far.microbatches == 36  # as without the estimate (1, 576, 36, 32 compiled)
+    assert 1 not in [t[0] for t in far.tried] and (1, "none", 1) in [r[:3] for r in far.ruled_out]
+    assert [t[0] for t in far.tried] == [96, 36, 32]  # where it meets 40, then it scaled by 96's
+    assert "3 compiled, " in far.describe() and "ruled out by the estimate" in far.describe()
+
+    wrong = fit.search(config, measure_of(memory), 40, 8, 8, estimate=estimate_of(1000))
+    assert wrong.microbatches == 36  # every candidate ruled out: the cheapest compiled, it fits
+    with pytest.raises(fit.DoesNotFit):
+        fit.search(config, measure_of(memory), 5, 8, 8, estimate=estimate_of(1000))
+
+
+def test_a_candidates_remat_reaches_the_model_train_py_built_before_the_fit():
+    """train.py builds its BertConfig (remat none) before the fit: a candidate with remat full
+    lowers a rematerialized step (more optimization barriers: `jax.checkpoint`'s)."""
+    config = _config()
+    model_cfg = model_config(config, plan._Ids(int(config.data.vocab_size)))
+    assert model_cfg.remat == "none"
+
+    def lowered(remat):
+        candidate = fit.with_settings(config, 1, remat, 1)
+        return fit.lower_train(candidate, model_cfg, jax.devices()).as_text()
+
+    barriers = {r: lowered(r).count("stablehlo.optimization_barrier") for r in ("none", "full")}
+    assert barriers["full"] > barriers["none"]
+    assert fit.with_model_remat(model_cfg, fit.with_settings(config, 1, "dots")).remat == "dots"
+
+
+def test_batch_sizes_that_do_not_split_over_the_mesh_are_named():
+    """configs/phases_tiny.py warms its batch up through 4, 8 and 12 rows to 16: on 8 devices
+    the fit names the sizes that do not split (train.py could not shard them either); on 4 each
+    size splits and a microbatch count must divide 1, 2, 3 and 4 rows a device."""
+    from bertjax.aot import search
+
+    config = trainer.load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                   "phases_tiny.py"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"batch size\(s\) \[4, 12\] .* 8 batch shards"):
+        search.rows_per_device(config, 8)
+    assert search.rows_per_device(config, 4) == 1
+    assert search.rows_per_device(config, 2) == 2

@@ -168,7 +168,10 @@ def test_hidden_dropout_bits_on_an_accelerator_come_from_a_counter_hash(rate, mo
     """On a GPU or TPU a threefry key's dropout bits are a counter hash of the element's place
     (`elementwise.hashed_words`: no threefry kernel writing words to HBM, only the two seed
     words drawn from the key): the kept fraction is 1 - rate, neighbours, rows and the two
-    halves of a word are uncorrelated, the same key gives the same mask, another key another."""
+    halves of a word are uncorrelated, the same key gives the same mask, another key another.
+    Each element's 16 bits are its word's half taken by shifts (`hashed_halves`), the halves a
+    bitcast to uint16 gives, with no 16-bit array in the program (XLA did not fuse that
+    bitcast: the words went through HBM)."""
     from bertjax.ops import elementwise
 
     monkeypatch.setattr(platform, "on_cpu", lambda: False)
@@ -190,6 +193,11 @@ def test_hidden_dropout_bits_on_an_accelerator_come_from_a_counter_hash(rate, mo
     text = str(jax.make_jaxpr(lambda k: elementwise.keep_mask(k, shape, 1 - rate))(
         jax.random.key(3)))  # fmt: skip
     assert re.findall(r"random_bits\[[^\]]*shape=\(([^)]*)\)", text) == ["2,"], text
+    assert "u16" not in text, text
+    words = elementwise.hashed_words(jax.random.key(3), (*shape[:-1], (shape[-1] + 1) // 2))
+    halves = np.asarray(jax.lax.bitcast_convert_type(words, jnp.uint16))  # [..., 129, 2]
+    halves = halves.reshape(*shape[:-1], -1)[..., : shape[-1]]
+    np.testing.assert_array_equal(keep, halves < round((1 - rate) * 65536))
 
 
 def test_the_hbm_estimate_counts_one_branch_of_a_switch():

@@ -1,6 +1,7 @@
 """The speed layer is per platform: on XLA:CPU the hand-written backward passes, elsewhere the
-fused/autodiff path (checked here on CPU by switching `ops.platform.on_cpu`); dropout bits come
-from the key's own PRNG implementation."""
+fused/autodiff path, but for the loss's on GPUs, whose compiler does not fuse autodiff's (checked
+here on CPU by switching `ops.platform`); dropout bits come from the key's own PRNG
+implementation."""
 
 import jax
 import jax.numpy as jnp
@@ -59,15 +60,23 @@ def _grad_jaxpr(model, params, ids):
     return jax.make_jaxpr(jax.grad(loss))(params)
 
 
-@pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "accelerator"])
-def test_hand_written_backward_passes_run_on_the_cpu_only(tiny, monkeypatch, cpu):
-    monkeypatch.setattr(platform, "on_cpu", lambda: cpu)
+@pytest.mark.parametrize("name", ["cpu", "gpu", "tpu"])
+def test_hand_written_backward_passes_run_on_the_cpu_and_the_loss_on_gpus(tiny, monkeypatch, name):
+    monkeypatch.setattr(platform, "on_cpu", lambda: name == "cpu")
+    monkeypatch.setattr(platform, "on_tpu", lambda: name == "tpu")
     primitives = _primitives(_grad_jaxpr(*tiny))
     custom = primitives & set(CUSTOM)
-    if cpu:  # project, tied decoder, attention, GELU, the loss: hand-written
+    if name == "cpu":  # project, tied decoder, attention, GELU, the loss: hand-written
         assert custom, primitives
-    else:  # XLA sees plain products, gelu and log-softmax and fuses them
+    elif name == "tpu":  # XLA sees plain products, gelu and log-softmax and fuses them
         assert not custom, custom
+    else:  # XLA:GPU does not fuse autodiff's loss backward (a scatter-add): hand-written
+        logits, labels = jnp.zeros((2, 8, 64)), jnp.ones((2, 8), jnp.int32)
+        loss = jax.make_jaxpr(jax.grad(lambda x: cross_entropy(x, labels)[0].sum()))(logits)
+        assert "scatter-add" not in _primitives(loss)
+        monkeypatch.setattr(platform, "on_tpu", lambda: True)
+        loss = jax.make_jaxpr(jax.grad(lambda x: cross_entropy(x, labels)[0].sum()))(logits)
+        assert "scatter-add" in _primitives(loss)  # autodiff's, as on a TPU
 
 
 def test_accelerator_path_gives_the_cpu_paths_values_and_gradients(tiny, monkeypatch):

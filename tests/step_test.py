@@ -81,6 +81,18 @@ def test_cross_entropy_matches_float64_log_softmax_and_argmax_ties():
     grad = jax.grad(lambda z: cross_entropy(z, labels)[0].sum())(logits)
     probs = np.exp(log_probs)
     np.testing.assert_allclose(grad, probs - np.eye(50)[labels], atol=1e-5)
+    # bf16 logits (the model's): the loss in fp32 of their values, the gradient in bf16
+    half = jnp.asarray(logits / 8, jnp.bfloat16)
+    x = np.asarray(half, np.float64)
+    log_probs = x - x.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    nll, _ = cross_entropy(half, labels)
+    want = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(nll, want, rtol=1e-5, atol=1e-5)
+    grad = jax.grad(lambda z: cross_entropy(z, labels)[0].sum())(half)
+    assert grad.dtype == jnp.bfloat16
+    want = np.exp(log_probs) - np.eye(50)[labels]
+    np.testing.assert_allclose(np.asarray(grad, np.float64), want, atol=4e-3)
 
 
 def test_train_step_compiles_once_and_eval_agrees(single):

@@ -96,9 +96,10 @@ def _row(r: dict, p: dict) -> str:
     if fit:  # bertjax.aot.fit: what the phase runs with on this target
         shards = mesh.get("dcn", 1) * mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)
         rows = p["batch"] // shards // fit["microbatches"]  # a microbatch's, a device
+        skipped = f", {len(fit['ruled_out'])} ruled out" if fit.get("ruled_out") else ""
         fit = (
             f"{fit['microbatches']} x {rows} rows, remat {fit['remat']}, fsdp {fit['fsdp']}"
-            f" ({'chosen' if fit['changed'] else 'as is'}, {len(fit['tried'])} tried)"
+            f" ({'chosen' if fit['changed'] else 'as is'}, {len(fit['tried'])} compiled{skipped})"
         )
     else:
         fit = "none fits" if p.get("fit_refused") else "off"
@@ -110,7 +111,7 @@ def _row(r: dict, p: dict) -> str:
         f"{memory} | {p['hbm_per_device'] / 2**30:.0f} GiB | {p['headroom']:.0%} |"
     )
     if "out_of_memory" in p:
-        return head + " does not fit | | | | | | | |"
+        return head + " does not fit | | | | | | | | |"
     roof = p["roofline"]
     kernels = ", ".join(sorted({k.split(":")[0] for k in p["kernels"]}))
     collectives = ", ".join(f"{k} x{c['count']}" for k, c in p["collectives"].items())
@@ -120,7 +121,7 @@ def _row(r: dict, p: dict) -> str:
     return head + (
         f" {p['model_flops']:.2e} | {collectives or 'none'} | {sent} | {kernels} | "
         f"{roof['ceiling_s'] * 1e3:.0f} ms ({roof['bound']}) | {roof['mfu_ceiling']:.0%} | "
-        f"{roof['memory_s'] * 1e3:.0f} ms | {roof['mfu']:.0%} |"
+        f"{roof['memory_s'] * 1e3:.0f} ms | {roof['mfu']:.0%} | {r.get('seconds', 0):.0f} s |"
     )
 
 
@@ -130,7 +131,7 @@ def table(reports: list[dict]) -> str:
         "fit (microbatches x rows a device) | compiled | memory / chip | HBM / chip | headroom | "
         "model FLOPs | collectives | "
         "MiB sent / chip (ICI / DCN) | attention | ceiling (bound) | MFU <= | HBM estimate | "
-        "MFU ~ (with it) |\n|" + "---|" * 18
+        "MFU ~ (with it) | wall (fit + report) |\n|" + "---|" * 19
     )
     rows = [head]
     for r in reports:
@@ -161,7 +162,10 @@ def main():
         flags = {"as_is": [], "scan": ["--config.model.scan_layers=True"], "quick": ["--quick"]}
         report = compile_recipe(name, args, flags[how])
         if args.how == "auto" and "scan_layers" in report.get("error", ""):  # cannot scan
-            report = compile_recipe(name, args, flags["quick"])
+            how = "quick"
+            report = compile_recipe(name, args, flags[how])
+        if how == "quick" and "num_hidden_groups" in report.get("error", ""):  # shared layers
+            report = compile_recipe(name, args, flags["as_is"])
         reports.append(report)
         print(f"{name}: done", file=sys.stderr, flush=True)
         if args.out:

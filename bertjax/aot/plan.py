@@ -33,6 +33,7 @@ from bertjax.aot import devices as devices_lib
 from bertjax.aot import fit as fit_lib
 from bertjax.aot import hlo, roofline
 from bertjax.aot.cache import Compiled, CompiledCache
+from bertjax.aot.estimate import Estimator
 from bertjax.data.batch_spec import pipeline_batch_shapes
 from bertjax.modeling import attention_kernels
 from bertjax.training import metrics, phases, sharding
@@ -315,8 +316,9 @@ class Lowered:
 
 def fit_phases(config, topology, vocab_size, num_slices, cache_dir, quick, memo) -> dict:
     """Each phase's fit for the target (`bertjax.aot.fit.search`: its train step compiled, or
-    with ``quick`` extrapolated, for each candidate): {phase name: Choice, or the one line
-    saying nothing fits}; {} when ``config.fit`` is "off"."""
+    with ``quick`` extrapolated, for each candidate; those far too large by the traced estimate,
+    `bertjax.aot.estimate`, not compiled): {phase name: Choice, or the one line saying nothing
+    fits}; {} when ``config.fit`` is "off"."""
     target = chips_lib.parse_slice(topology, num_slices)
     devices = devices_lib.topology_devices(target)
     out = {}
@@ -333,9 +335,11 @@ def fit_phases(config, topology, vocab_size, num_slices, cache_dir, quick, memo)
 
         additive = objectives.make_objective(phase.config).microbatch_additive
         shards = fit_lib.batch_shards(phase.config, devices)
+        model_cfg = model_config(phase.config, _Ids(int(vocab_size or config.data.vocab_size)))
+        estimate = Estimator(phase.config, model_cfg, devices)
         try:
             out[phase.name] = fit_lib.search(
-                phase.config, measure, budget, len(devices), shards, additive
+                phase.config, measure, budget, len(devices), shards, additive, estimate
             )
         except fit_lib.DoesNotFit as error:
             out[phase.name] = str(error)

@@ -57,6 +57,24 @@ def hashed_words(key: Array, shape: tuple) -> Array:
     row (the leading axes' flat index) as `keep_bits.head_keys` keys a (row, head): k1 =
     mix(mix(row ^ s0) + s1), k2 = mix(k1 ^ golden), word = mix(column + k1, k2). Plain integer
     ops on iotas, so the compiler fuses them into their consumer and partitions them with it."""
+    columns = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+    return jax.lax.bitcast_convert_type(_hash(key, shape, columns), jnp.uint32)
+
+
+def hashed_halves(key: Array, shape: tuple) -> Array:
+    """The 16-bit halves of `hashed_words` of ``shape`` with its last axis halved (rounded up),
+    one an element (int32 in [0, 2^16)): element j of a row takes word j // 2's low half when j
+    is even, its high half when odd, the order `jax.lax.bitcast_convert_type` to uint16 gives.
+    Shifts per element, not that bitcast: XLA does not fuse a bitcast to a narrower type into
+    its consumer, so the words went through HBM (BERT-base seq128 on h100-8: 23 s32
+    [32, 128, 384] arrays a step); this hashes each word twice, in the consumer's own code."""
+    index = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+    words = _hash(key, (*shape[:-1], (shape[-1] + 1) // 2), index >> 1)
+    return jax.lax.shift_right_logical(words, (index & 1) << 4) & 0xFFFF
+
+
+def _hash(key: Array, shape: tuple, columns: Array) -> Array:
+    """mix(columns + k1, k2) (int32) with (k1, k2) of each row of ``shape``'s leading axes."""
     seed = keep_bits.seed_words(key)
     rows = jnp.zeros((*shape[:-1], 1), jnp.int32)
     stride = 1
@@ -67,8 +85,7 @@ def hashed_words(key: Array, shape: tuple) -> Array:
         raise ValueError(f"keep_mask: {stride} rows of random words is more than 2^31")
     k1 = keep_bits.mix(keep_bits.mix(rows ^ seed[0]) + seed[1])
     k2 = keep_bits.mix(k1 ^ keep_bits._int32(keep_bits.GOLDEN))  # noqa: SLF001
-    columns = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
-    return jax.lax.bitcast_convert_type(keep_bits.mix(columns + k1, k2), jnp.uint32)
+    return keep_bits.mix(columns + k1, k2)
 
 
 def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
@@ -84,9 +101,11 @@ def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
     (the last axis halved), which partitions with the activations: a flat counter split in two
     and reshaped would make the compiler move random bits between devices (all-to-alls and
     collective-permutes in a data-parallel step), for nothing. For a threefry key they come from
-    a counter hash there (`hashed_words`), which the compiler fuses into the dropout itself:
-    JAX's threefry on a GPU is a kernel of its own whose u32 words went through HBM (BERT-base
-    seq128 on h100-8: [32, 128, 384] x3 a layer; benchmarks/results.md).
+    a counter hash there, each element's half of its word taken by shifts (`hashed_halves`),
+    which the compiler fuses into the dropout itself: JAX's threefry on a GPU is a kernel of its
+    own, and a bitcast of words to 16-bit halves is not fused, so either way the u32 words went
+    through HBM (BERT-base seq128 on h100-8: [32, 128, 384] x3 a layer;
+    docs/results/compile.md).
     """
     size = int(np.prod(shape))
     threshold = round(keep_prob * 65536)
@@ -96,9 +115,8 @@ def keep_mask(key: Array, shape: tuple, keep_prob: float) -> Array:
         last = shape[-1]
         words = (*shape[:-1], (last + 1) // 2)
         if str(jax.random.key_impl(key)) == "threefry2x32":
-            bits = hashed_words(key, words)
-        else:
-            bits = jax.random.bits(key, words, jnp.uint32)
+            return hashed_halves(key, shape) < threshold
+        bits = jax.random.bits(key, words, jnp.uint32)
         halves = jax.lax.bitcast_convert_type(bits, jnp.uint16)  # [..., last/2, 2]
         halves = halves.reshape(*shape[:-1], -1)[..., :last]
         return halves < jnp.uint16(threshold)

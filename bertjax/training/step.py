@@ -217,11 +217,11 @@ def _microbatches(batch: dict, k: int) -> dict:
     return {key: split(value) for key, value in batch.items()}
 
 
-def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
-    """Whole-batch gradients and loss sums, accumulated over microbatches with lax.scan."""
+def loss_function(state: TrainState, norms: dict) -> Callable:
+    """``loss_fn(params, microbatch, rng) -> (loss, sums)``: what the step differentiates, one
+    microbatch's share of the batch's loss (``norms``: the whole batch's normalizers)."""
     spec = state.spec
     objective = spec.objective
-    norms = objective.norms(batch)
 
     def loss_fn(params, microbatch, microbatch_rng):
         outputs = _forward(
@@ -230,6 +230,15 @@ def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
         sums = objective.sums(outputs, microbatch)
         return objective.loss(sums, norms), sums
 
+    return loss_fn
+
+
+def _gradients(state: TrainState, batch: dict, rng) -> tuple[Any, dict, dict]:
+    """Whole-batch gradients and loss sums, accumulated over microbatches with lax.scan."""
+    spec = state.spec
+    objective = spec.objective
+    norms = objective.norms(batch)
+    loss_fn = loss_function(state, norms)
     # e.g. FGM's second pass, or GradCache's chunked encoder runs
     grad_fn = objective.gradients(jax.grad(loss_fn, has_aux=True), spec.model())
     k = spec.grad_accum_steps

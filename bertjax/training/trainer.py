@@ -111,6 +111,7 @@ class _Run:
         # microbatches, remat and FSDP fitted to these devices' memory (bertjax/aot/fit.py)
         config, self.fit = fit_lib.fit_run(config, self.model_cfg, workdir)
         self.config = config
+        self.model_cfg = fit_lib.with_model_remat(self.model_cfg, config)
         if self.fit is not None and self.is_chief:
             print(self.fit.describe(), flush=True)
         self.mesh = sharding.make_mesh(config.mesh)
