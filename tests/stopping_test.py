@@ -103,6 +103,7 @@ def test_a_signal_while_native_code_runs_ends_the_process_after_a_grace():
     from bertjax.training.stopping import GRACE_S
 
     process = _start("native")
+    time.sleep(1.0)  # inside the C call: a signal before it is a Python-level stop request
     elapsed = _signal_and_time(process, signal.SIGINT)
     assert process.returncode == 128 + signal.SIGINT
     assert GRACE_S - 0.5 < elapsed < GRACE_S + 10, elapsed
