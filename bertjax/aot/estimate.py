@@ -34,6 +34,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.aot import shapes as shapes_lib
+
 
 def _device_bytes(leaf) -> int:
     """Bytes of one device's shard of an abstract array (its sharding's shard shape)."""
@@ -80,12 +82,11 @@ class Estimator:
         key = tuple(sorted(dict(mesh.shape).items()))
         if key not in self._states:
             from bertjax import objectives
-            from bertjax.aot import plan
             from bertjax.training import step as step_lib
 
             state, _, _ = step_lib.abstract_train_state(candidate, self._model_cfg(candidate), mesh)
             objective = objectives.make_objective(candidate)
-            batch = plan.abstract_batch(
+            batch = shapes_lib.abstract_batch(
                 candidate, objective, self.model_cfg, int(candidate.batch_size), False
             )
             self._states[key] = (
@@ -108,13 +109,12 @@ def residual_bytes(config, model_cfg, mesh) -> tuple[int, int]:
     """What the forward of ``config``'s loss keeps for its backward, traced for ``mesh`` at the
     whole batch (one program, no microbatches): (bytes of the residuals shaped like a parameter,
     bytes of the others), the loss's own inputs (parameters, batch) left out."""
-    from bertjax.aot import plan
     from bertjax.training import sharding
     from bertjax.training import step as step_lib
 
     state, _, _ = step_lib.abstract_train_state(config, model_cfg, mesh)
     objective = state.spec.objective
-    batch = plan.abstract_batch(config, objective, model_cfg, int(config.batch_size), False)
+    batch = shapes_lib.abstract_batch(config, objective, model_cfg, int(config.batch_size), False)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
 
     def backward(params, frozen, batch, rng):

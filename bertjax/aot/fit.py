@@ -82,7 +82,7 @@ def lower_train(config, model_cfg, devices: list):
     import jax
 
     from bertjax import objectives
-    from bertjax.aot import plan
+    from bertjax.aot import shapes
     from bertjax.training import sharding
     from bertjax.training import step as step_lib
 
@@ -90,8 +90,8 @@ def lower_train(config, model_cfg, devices: list):
     model_cfg = with_model_remat(model_cfg, config)
     mesh = sharding.make_mesh(config.mesh, devices)
     state, _, _ = step_lib.abstract_train_state(config, model_cfg, mesh)
-    batch = plan.abstract_batch(config, objective, model_cfg, int(config.batch_size), False)
-    batch = plan.with_sharding(batch, sharding.batch_sharding(mesh))
+    batch = shapes.abstract_batch(config, objective, model_cfg, int(config.batch_size), False)
+    batch = shapes.with_sharding(batch, sharding.batch_sharding(mesh))
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding.replicated(mesh))
     steps = step_lib.jit_steps(state, mesh, step_lib.compiler_options(config))
     return steps.train.lower(state, batch, rng)
@@ -100,13 +100,13 @@ def lower_train(config, model_cfg, devices: list):
 def compiled_bytes(lowered) -> int | None:
     """Bytes a device of a lowered program (the compiler's memory analysis); None when the
     compiler refused it for memory."""
-    from bertjax.aot import plan
+    from bertjax.aot import shapes
     from bertjax.aot.roofline import Memory
 
     try:
         compiled = lowered.compile()
     except Exception as error:  # noqa: BLE001  (out of memory: a verdict, not a crash)
-        if plan.out_of_memory(error):
+        if shapes.out_of_memory(error):
             return None
         raise
     return Memory.of(compiled).total

@@ -34,7 +34,7 @@ from bertjax.aot import fit as fit_lib
 from bertjax.aot import hlo, roofline
 from bertjax.aot.cache import Compiled, CompiledCache
 from bertjax.aot.estimate import Estimator
-from bertjax.data.batch_spec import pipeline_batch_shapes
+from bertjax.aot.shapes import AMOUNT, SCALE, abstract_batch, out_of_memory, with_sharding
 from bertjax.modeling import attention_kernels
 from bertjax.training import metrics, phases, sharding
 from bertjax.training import step as step_lib
@@ -54,20 +54,6 @@ class _Ids:
     cls_id: int = 2
     sep_id: int = 3
     mask_id: int = 4
-
-
-def abstract_batch(config, objective, model_cfg, rows: int, held_out: bool) -> dict:
-    length = int(config.data.max_seq_length)
-    if objective.corruptions is not None:  # a pretraining corruption: the pipeline's batch
-        shapes = pipeline_batch_shapes(config.data, rows, length, held_out)
-    else:
-        example = objective.example_batch(model_cfg, 2, length, 0)
-        shapes = {k: ((rows, *v.shape[1:]), v.dtype) for k, v in example.items()}
-    return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
-
-
-def with_sharding(tree: dict, sharding_) -> dict:
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding_), tree)
 
 
 def _collectives_report(found: dict) -> dict:
@@ -121,24 +107,12 @@ def _summarize(compiled: Compiled, model_flops, target, mesh, record) -> dict:
     }
 
 
-_AMOUNT = re.compile(r"\(?([\d.]+)([KMGT])(?:i?B)?\b\)?")
-_SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def out_of_memory(error: Exception) -> str:
-    """The compiler's one-line refusal for want of memory ("" for another error)."""
-    message = str(error)
-    if "RESOURCE_EXHAUSTED" not in message or len(_AMOUNT.findall(message)) < 2:
-        return ""
-    return message.split("RESOURCE_EXHAUSTED: ", 1)[-1].splitlines()[0][:300]
-
-
 def _does_not_fit(compiled: Compiled, target, record) -> dict:
     """The report of a program the compiler refused for want of memory: libtpu says e.g. "Ran
     out of memory on HBM, the total memory required for HLO temporaries (70.42G) exceeds
     available HBM (15.75G)" or "Used 27.62G of 15.75G hbm": what it needs, then what a chip
     has."""
-    amounts = [float(n) * _SCALE[unit] for n, unit in _AMOUNT.findall(compiled.out_of_memory)]
+    amounts = [float(n) * SCALE[unit] for n, unit in AMOUNT.findall(compiled.out_of_memory)]
     needed, usable = amounts[:2]
     return {
         "compile_s": round(compiled.seconds, 1),

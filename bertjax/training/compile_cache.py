@@ -39,7 +39,6 @@ import hashlib
 import logging
 import os
 import struct
-import tempfile
 
 from bertjax import paths, retry
 
@@ -124,8 +123,8 @@ class AtomicCache:
         try:
             if self.url:
                 self.policy.call(file, paths.Path(file).write_bytes, entry)
-            else:
-                _write_local(file, entry)
+            else:  # whole or not at all: beside, synced, renamed
+                paths.write_bytes(file, entry)
         except Exception as error:  # noqa: BLE001  (storage trouble: not kept)
             logging.warning("compile cache: %s not written (%s)", file, error)
             return
@@ -157,21 +156,6 @@ class AtomicCache:
         for name in os.listdir(self.path) if not self.url else ():
             if name.endswith(SUFFIX):
                 os.remove(os.path.join(self.path, name))
-
-
-def _write_local(file: str, entry: bytes) -> None:
-    """``entry`` to ``file`` whole: beside it under a unique name, synced, renamed."""
-    directory = os.path.dirname(file)
-    handle, tmp = tempfile.mkstemp(prefix=".entry-", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(entry)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, file)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def location(config, workdir: str) -> str | None:
