@@ -21,6 +21,7 @@ import ml_collections
 
 from bertjax import paths
 from bertjax.training import run_record
+from bertjax.training.tracker_base import Tracker
 
 TRACKERS = ("tensorboard", "jsonl", "wandb")
 
@@ -71,28 +72,6 @@ def validate_tracking_config(config: ml_collections.ConfigDict) -> None:
         chosen(config)
     if "profile" in config:
         validate_profile_config(config.profile)
-
-
-class Tracker:
-    """What the trainer tells a tracker; each hook's default does nothing."""
-
-    def start(self, step: int, phase, phases: list) -> None:
-        """A phase starts (or resumes) at ``step``; ``phases``: the run's plan."""
-
-    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        """Train or eval scalars of ``step``."""
-
-    def finish(self, summary: dict) -> None:
-        """The run's last metrics (`train_and_evaluate`'s summary), once, when it returns."""
-
-    def fail(self, error: BaseException) -> None:
-        """The call ends with ``error`` instead (a signal stop, storage unreachable, a bug)."""
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class _ObjectFile:

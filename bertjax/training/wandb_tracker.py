@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import ml_collections
 
 from bertjax import paths
-from bertjax.training.trackers import Tracker
+from bertjax.training.tracker_base import Tracker
 
 
 def _local_dir(workdir: str, run_id: str) -> str:
