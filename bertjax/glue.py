@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
             logging.set_verbosity(logging.WARNING)
         with cli.input_errors(cli.absl_verbose()):  # bad input: one line (bertjax/cli.py)
+            from bertjax.training import compile_cache
+
+            if (cache := compile_cache.location(config.value, workdir.value)) is not None:
+                compile_cache.enable(cache)  # a grid's runs of one shape compile it once
             harness = GlueHarness(config.value, glue_dir.value, workdir.value, glue_source.value)
             harness.run()
         with open(os.path.join(harness.workdir, "glue_results.md")) as f:

@@ -104,8 +104,10 @@ def test_where_the_cache_is():
     import ml_collections
 
     config = ml_collections.ConfigDict({"compile_cache": ""})
-    assert compile_cache.location(config, "gs://b/run") == "gs://b/run/compile_cache"
+    assert compile_cache.location(config, "gs://b/run", {}) == "gs://b/run/compile_cache"
+    shared = {compile_cache.ENV: "/sweep/xla"}  # every run that names none
+    assert compile_cache.location(config, "gs://b/run", shared) == "/sweep/xla"
     config.compile_cache = "off"
-    assert compile_cache.location(config, "/w") is None
+    assert compile_cache.location(config, "/w", shared) is None
     config.compile_cache = "gs://b/xla"
-    assert compile_cache.location(config, "/w") == "gs://b/xla"
+    assert compile_cache.location(config, "/w", shared) == "gs://b/xla"

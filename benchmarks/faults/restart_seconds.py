@@ -64,6 +64,7 @@ def launch(config: str, workdir: str, extra: list[str], timeout: float = 600) ->
     metrics = os.path.join(workdir, "metrics.jsonl")
     before = _lines(metrics)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("BERTJAX_COMPILE_CACHE", None)  # the workdir's own cache, train.py's default
     start = time.monotonic()
     proc = subprocess.Popen(command(config, workdir, extra), cwd=ROOT, env=env,
                             stdout=subprocess.PIPE,

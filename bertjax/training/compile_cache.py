@@ -1,9 +1,11 @@
 """JAX's persistent compilation cache for train.py: a restart loads the programs it compiled
 before (the train and eval steps, the init) instead of compiling them again.
 
-Where: ``config.compile_cache`` ("" = WORKDIR/compile_cache, so every restart of a run and every
-host reading that workdir finds it; a local directory or a URL such as gs://BUCKET/xla-cache to
-share it between runs; "off" = no cache). train.py turns it on (`enable`) before anything
+Where: ``config.compile_cache`` ("" = the directory or URL in $BERTJAX_COMPILE_CACHE where that is
+set, which shares one cache between every run that does not name its own, e.g. a sweep's; else
+WORKDIR/compile_cache, so every restart of a run and every host reading that workdir finds it; a
+local directory or a URL such as gs://BUCKET/xla-cache to share it between runs; "off" = no
+cache). train.py turns it on (`enable`) before anything
 compiles; a library caller (a notebook, the tests) keeps JAX's own setting.
 
 JAX's own file cache (jax._src.lru_cache, jax 0.10) writes an entry in place, so a process killed
@@ -47,6 +49,7 @@ SUFFIX = "-cache"
 MIN_COMPILE_S = 0.1  # programs compiling faster than this are not cached
 IO_BUDGET_S = 10.0  # a cache read or write is retried this long, then skipped
 OFF = "off"
+ENV = "BERTJAX_COMPILE_CACHE"  # the default cache of every run that names none
 _HEADER = struct.Struct(">Q32s")  # value length, SHA-256 of the value
 
 
@@ -158,10 +161,10 @@ class AtomicCache:
                 os.remove(os.path.join(self.path, name))
 
 
-def location(config, workdir: str) -> str | None:
-    """The cache directory of a run: config.compile_cache, WORKDIR/compile_cache by default;
-    None when it is "off"."""
-    chosen = str(config.get("compile_cache", "") or "")
+def location(config, workdir: str, environ=os.environ) -> str | None:
+    """The cache directory of a run: config.compile_cache, else $BERTJAX_COMPILE_CACHE, else
+    WORKDIR/compile_cache; None when it is "off"."""
+    chosen = str(config.get("compile_cache", "") or "") or environ.get(ENV, "")
     if chosen == OFF:
         return None
     if chosen:

@@ -72,7 +72,8 @@ def default_run_config() -> ml_collections.ConfigDict:
     # than this is ridden out
     config.storage_retry_seconds = 600.0
     # JAX's persistent compilation cache (train.py; bertjax/training/compile_cache.py): "" =
-    # WORKDIR/compile_cache, a directory or URL, or "off"; whoever can write it can run code
+    # $BERTJAX_COMPILE_CACHE where set, else WORKDIR/compile_cache; a directory or URL, or
+    # "off"; whoever can write it can run code
     config.compile_cache = ""
     # new models' MLM decoder bias: "unigram" (log token frequencies) | "zeros" (BERT)
     config.mlm_bias_init = "unigram"
