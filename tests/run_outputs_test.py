@@ -203,6 +203,33 @@ def test_tensorboard_events_hold_the_config_and_the_scalars(tracked):
         assert '"trackers": "tensorboard,jsonl,wandb"' in text.tensor_proto.string_val[0].decode()
 
 
+def test_tensorboard_events_are_written_without_torch_boto3_or_gcs_imported(tmp_path):
+    """tensorboardX imports torch, boto3 and google.cloud.storage when it can (seconds of every
+    launch); the tracker imports it with them hidden, in a fresh process where all three are
+    installed, and they import normally after."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys\n"
+        "from bertjax.training import trackers\n"
+        "events = trackers.TensorBoard(sys.argv[1], {'k': 1})\n"
+        "events.write_scalars(1, {'train/loss': 2.0})\n"
+        "events.close()\n"
+        "print(sorted(m for m in trackers.TENSORBOARDX_SKIPS if m in sys.modules))\n"
+        "import boto3, torch\n"
+        "from google.cloud import storage\n"
+        "print('imported after')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program, str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["[]", "imported after"], out.stdout
+    assert glob.glob(str(tmp_path / "events.out.tfevents.*")), os.listdir(tmp_path)
+
+
 def test_the_profile_holds_exactly_the_chosen_steps_and_names_their_ops(tracked):
     from jax.profiler import ProfileData
 
