@@ -2,9 +2,11 @@
 pretraining run (configs/phases_tiny.py, shrunk) of `PROCESSES` real train.py processes
 (tests/fault_runner.py) over a sharded store read through ``faulty://`` storage
 (tests/faulty_fs.py), started again by a `Supervisor` after each fault, and what each launch did.
-A launch's data is read one batch a round, two batches ahead, in the computing thread
-(read_steps, prefetch, read_threads), so that a fault keyed by batch (faulty_fs) meets every
-process at one step."""
+A launch's data is read one batch a round, two batches ahead, by one prefetch thread, in the
+computing thread (read_steps, prefetch, prefetch_threads, read_threads), so that a fault keyed
+by batch (faulty_fs counts batches in the order their computing begins: with several prefetch
+threads, two batches begun together could take either number) meets every process at one
+step."""
 
 import dataclasses
 import json
@@ -46,6 +48,7 @@ def settings(phase_steps: int, checkpoint_every: int = 2, processes: int = PROCE
         *QUIET_RUN,
         "--config.data.prefetch=2",
         "--config.data.read_steps=1",
+        "--config.data.prefetch_threads=1",
         "--config.data.read_threads=1",
     ]
 

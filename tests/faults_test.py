@@ -79,7 +79,8 @@ def reference(tmp_path_factory, store, job_settings):
 
 def _stuck_step(resumed: int) -> int:
     """The step launch 2 trains up to before its reads fail: STUCK_AT steps past the checkpoint
-    it resumed from, or the first phase's end where that comes first (the first phase's reads
+    it resumed from (its first batch, computed at once, and the next, read ahead, come before
+    the outage's), or the first phase's end where that comes first (the first phase's reads
     ahead, never used, count among the launch's batches, so the second phase's first batch
     already meets the outage). Where the launch resumes depends on where launch 1's stop landed:
     a loaded machine moves it by a few steps."""
