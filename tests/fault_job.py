@@ -12,12 +12,12 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
 import jax
 import numpy as np
+import warm_python
 from helpers import QUIET_RUN, ROOT, child_env, free_port
 
 RUNNER = os.path.join(ROOT, "tests", "fault_runner.py")
@@ -123,9 +123,8 @@ class Supervisor:
                 "--multihost", f"--coordinator_address=127.0.0.1:{port}",
                 f"--num_processes={self.processes}", f"--process_id={i}", *self.settings, *extra,
             ]  # fmt: skip
-            log = open(self.logs / f"{name}{i}.log", "w")
-            procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
+            log = str(self.logs / f"{name}{i}.log")  # output and errors
+            procs.append(warm_python.popen(command, cwd=ROOT, env=env, stdout=log))
         self.started[name] = time.monotonic()
         return procs
 

@@ -7,11 +7,11 @@ a GLUE directory: README's block, tests/readme_test.py.)"""
 import csv
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import warm_python
 from glue_fixtures import SIZES, write_glue_dir
 from helpers import xla_flags
 
@@ -240,7 +240,7 @@ def _command(workdir, spm, *extra):
 
 def _run_command(args):
     env = dict(os.environ, BERTJAX_HUGEPAGE_MALLOC="0", XLA_FLAGS=xla_flags(1))
-    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return warm_python.run(args, cwd=ROOT, env=env, timeout=900)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 
@@ -162,14 +161,9 @@ def command(workdir, steps=30, every=10, extra=(), config=None):
 
 
 def run(workdir, devices=1, **kwargs):
-    result = subprocess.run(
-        command(workdir, **kwargs),
-        env=env(devices),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    import warm_python
+
+    result = warm_python.run(command(workdir, **kwargs), cwd=ROOT, env=env(devices), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout[result.stdout.index("{") :])
 

@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
@@ -112,14 +111,14 @@ def main(spec_path, process_id, num_processes, port, out_dir) -> None:
 # ---- the test's side: starting processes, waiting on them, reading what they wrote ----
 
 
-def start(command: list, log_path, devices: int) -> subprocess.Popen:
+def start(command: list, log_path, devices: int):
     """``command`` as a JAX process with ``devices`` CPU devices, its output in ``log_path`` (a
     file: a pipe nobody reads would block the process)."""
+    import warm_python
     from helpers import child_env, xla_flags
 
     env = dict(child_env(), XLA_FLAGS=xla_flags(devices))
-    log = open(log_path, "w")
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return warm_python.popen(command, cwd=ROOT, env=env, stdout=str(log_path))
 
 
 def start_worker(runs: list, out, process_id: int, processes: int, port: int, devices: int):

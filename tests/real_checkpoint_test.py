@@ -9,10 +9,10 @@ and pytrec_eval."""
 import json
 import os
 import re
-import subprocess
 
 import numpy as np
 import pytest
+import warm_python
 from helpers import ROOT, assert_tokenizes_as, command, env
 
 minilm = pytest.importorskip(
@@ -203,7 +203,7 @@ def test_fine_tunes_from_the_checkpoint_and_exports_to_transformers(tmp_path):
             "--config.optim.warmup_steps=1",
         ],
     )
-    result = subprocess.run(run, env=env(), capture_output=True, text=True, timeout=600)
+    result = warm_python.run(run, cwd=os.getcwd(), env=env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout[result.stdout.index("{") :])
     assert summary["step"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0

@@ -14,6 +14,7 @@ import subprocess
 import jax
 import numpy as np
 import pytest
+import warm_python
 from helpers import ROOT
 from helpers import command as _command
 from helpers import env as _env
@@ -34,14 +35,10 @@ def runs(tmp_path_factory, gcs_bucket, small_spm):
     resumed; the same tokenizer and seed."""
     extra = (f"--config.data.tokenizer_model={small_spm}",)
     reference = f"file://{tmp_path_factory.mktemp('file_run')}"
-    subprocess.run(
-        _command(reference, steps=STEPS, every=EVERY, extra=extra),
-        env=_env(),
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=600,
+    first = warm_python.run(
+        _command(reference, steps=STEPS, every=EVERY, extra=extra), cwd=ROOT, env=_env()
     )
+    assert first.returncode == 0, first.stderr[-3000:]
     remote = f"{gcs_bucket}/run"
     process = subprocess.Popen(
         _command(remote, steps=STEPS, every=EVERY, extra=extra),
@@ -55,13 +52,8 @@ def runs(tmp_path_factory, gcs_bucket, small_spm):
     _wait_for(lambda: all(paths.exists(path) for path in done), process)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    resumed = subprocess.run(
-        _command(remote, steps=STEPS, every=EVERY, extra=extra),
-        env=_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    resumed = warm_python.run(
+        _command(remote, steps=STEPS, every=EVERY, extra=extra), cwd=ROOT, env=_env()
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return reference, remote

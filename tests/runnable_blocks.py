@@ -29,6 +29,7 @@ import shlex
 import subprocess
 import sys
 
+import warm_python
 from helpers import free_port, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -229,10 +230,7 @@ class Runner:
             elif _same(command, block) in self.done:
                 out.append((command, self.done[_same(command, block)]))
             else:
-                result = subprocess.run(
-                    command, cwd=self.root, env=_env(), capture_output=True, text=True,
-                    timeout=600,
-                )  # fmt: skip
+                result = warm_python.run(command, cwd=self.root, env=_env(), timeout=600)
                 self.done[_same(command, block)] = result
                 out.append((command, result))
             if any(result.returncode != block.status for _, result in out):

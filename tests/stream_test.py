@@ -10,13 +10,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
 import jax
 import numpy as np
 import pytest
+import warm_python
 from helpers import QUIET_RUN, ROOT, child_env, free_port
 
 from bertjax import trainer
@@ -188,9 +188,8 @@ def test_two_processes_killed_mid_epoch_resume_to_the_uninterrupted_batches(
                 f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                 f"--process_id={i}", *flags,
             ]  # fmt: skip
-            log = open(logs / f"{name}{i}.log", "w")
-            procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
+            log = str(logs / f"{name}{i}.log")  # output and errors
+            procs.append(warm_python.popen(command, cwd=ROOT, env=env, stdout=log))
         return procs, batches
 
     logs.mkdir()

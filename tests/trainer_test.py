@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+import warm_python
 from helpers import ROOT, SHRINK
 from helpers import checkpoint_steps as _steps
 from helpers import command as _command
@@ -133,13 +134,8 @@ def test_saved_on_four_devices_resumes_on_two(tmp_path):
 
 
 def test_unknown_config_key_is_rejected(tmp_path):
-    result = subprocess.run(
-        _command(str(tmp_path), extra=["--config.optim.lr=1e-3"]),
-        env=_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = warm_python.run(
+        _command(str(tmp_path), extra=["--config.optim.lr=1e-3"]), cwd=ROOT, env=_env()
     )
     assert result.returncode == 2  # bad input: a supervisor does not restart it
     assert "unknown config key 'config.optim.lr'" in result.stderr

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warm_python
 from helpers import command, env
 
 from bertjax import paths, trainer
@@ -181,7 +182,6 @@ def _capped_lanes(store: str):
 def test_train_py_from_a_file_url_store_without_a_tokenizer(sources, tmp_path):
     """The README's command with file:// for the store and the workdir, no tokenizer given,
     through three epoch ends of a store whose lanes are capped by its pieces."""
-    import subprocess
 
     _, root = sources
     store = f"file://{root}/store"
@@ -198,7 +198,7 @@ def test_train_py_from_a_file_url_store_without_a_tokenizer(sources, tmp_path):
             *(f"--config.{key}={value}" for key, value in capped.items()),
         ],
     )
-    result = subprocess.run(run, env=env(), capture_output=True, text=True, timeout=600)
+    result = warm_python.run(run, cwd=os.getcwd(), env=env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert os.path.isdir(tmp_path / "run" / "checkpoints" / str(steps))
     meta = json.loads(

@@ -169,6 +169,9 @@ def main(argv=None) -> None:
             print(f"seed {seed}: " + ", ".join(f"{k}@p{v}+{e}" for k, v, e in
                                                 plan(seed, args.launches)))  # fmt: skip
         return
+    # Each launch starts its interpreters as a supervisor does (the suite's warm forks,
+    # tests/warm_python.py, would take the imports out of the walls measured here).
+    os.environ.setdefault("BERTJAX_TEST_WARM", "0")
     import fault_job as fj
     import jax
     import numpy as np
