@@ -7,12 +7,12 @@ from CLM to MLM (configs/clm_mlm_tiny.py)."""
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+import warm_python
 from helpers import QUIET_RUN, xla_flags
 
 from bertjax import trainer
@@ -162,9 +162,7 @@ def _train(workdir, small_spm, kill_at=None, config=CONFIG, shrink=SHRINK):
     if kill_at is not None:
         env["BERTJAX_TEST_KILL_AT"] = str(kill_at)
         command = ["-c", KILLER, *command]
-    return subprocess.run(
-        [sys.executable, *command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return warm_python.run([sys.executable, *command], cwd=ROOT, env=env, timeout=600)
 
 
 def _params(workdir, step):

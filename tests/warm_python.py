@@ -1,17 +1,18 @@
 """A warm Python for the suite's command runs: one server process per test worker (and per
 import-time environment) that has imported jax, flax, optax, orbax and bertjax's training code, and
-forks a child for each ``python train.py ...`` / ``python -m bertjax.X ...`` / ``python FILE.py``
-command instead of starting an interpreter that imports them again (~1.6 s of CPU each; the docs
-pages alone run ~50 such commands).
+forks a child for each ``python train.py ...``, ``python -m bertjax.X ...``, ``python FILE.py`` or
+``python -c CODE ...`` command instead of starting an interpreter that imports them again (~1.6 s
+of CPU each; the docs pages alone run ~50 such commands).
 
 The child is the command: it takes the command's working directory, environment, argv and
-``sys.path`` (the script's directory, or the working directory for ``-m``, then PYTHONPATH), runs
-the script or module as ``__main__``, and ends as an interpreter ends (non-daemon threads joined,
-atexit handlers run, output flushed) with the command's exit status. Nothing of a backend exists
-in the server (jax is imported, no device is touched), so the child creates its own CPU client
-from its own XLA_FLAGS. What jax reads from the environment at import (JAX_* variables) is the
-server's: a command whose import-time environment differs from every server's gets a server of its
-own. A command this module cannot run warm (another interpreter, ``-c``) runs as a subprocess.
+``sys.path`` (the script's directory, or the working directory for ``-m`` and ``-c``, then
+PYTHONPATH), runs the script, module or code as ``__main__``, and ends as an interpreter ends
+(non-daemon threads joined, atexit handlers run, output flushed) with the command's exit status.
+Nothing of a backend exists in the server (jax is imported, no device is touched), so the child
+creates its own CPU client from its own XLA_FLAGS. What jax reads from the environment at import
+(JAX_* variables) is the server's: a command whose import-time environment differs from every
+server's gets a server of its own. Another interpreter's command, or ``-m`` of a module outside
+bertjax, runs as a subprocess.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ IMPORT_TIME = ("JAX_", "TF_", "HF_", "PYTHON", "TPU_", "CUDA_", "LD_", "GCSFS_")
 WARM_MODULES = ("bertjax.trainer",)  # defines no absl flag (train.py and compile.py do)
 _SERVERS: dict[tuple, Server] = {}
 _SEEN: set[tuple] = set()
-MAX_SERVERS = 2  # each holds ~0.4 GB
+MAX_SERVERS = 4  # each holds ~0.4 GB; fewer were evicted and started again within a run
 
 
 def _import_env(env: dict) -> tuple:
@@ -52,7 +53,7 @@ def warm(argv: list[str]) -> bool:
         return False
     if argv[1] == "-m":
         return len(argv) > 2 and argv[2].split(".")[0] == "bertjax"
-    return argv[1].endswith(".py") and not argv[1].startswith("-")
+    return argv[1] == "-c" or (argv[1].endswith(".py") and not argv[1].startswith("-"))
 
 
 def run(argv, *, cwd, env, timeout=600) -> subprocess.CompletedProcess:
@@ -249,7 +250,15 @@ def _child(request: dict) -> None:
             os.close(handle)
         argv = request["argv"][1:]
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        if argv[0] == "-m":
+        if argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[:] = ["", *extra, *_BASE_PATH]
+            code_text = argv[1]
+
+            def main():
+                exec(compile(code_text, "<string>", "exec"), {"__name__": "__main__"})
+
+        elif argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             sys.path[:] = [os.getcwd(), *extra, *_BASE_PATH]
             main = lambda: runpy.run_module(argv[1], run_name="__main__", alter_sys=True)  # noqa: E731

@@ -33,14 +33,15 @@ def test_a_warm_child_ends_as_a_fresh_interpreter_would(tmp_path, monkeypatch):
         runs[mode] = [
             warm_python.run([sys.executable, str(script), arg], cwd=str(cwd), env=env)
             for arg in ("3", "raise")
-        ]
+        ] + [warm_python.run([sys.executable, "-c", SCRIPT, "4"], cwd=str(cwd), env=env)]
     assert any(server.process.poll() is None for server in warm_python._SERVERS.values())
     for mode in ("warm", "warm again"):
         for ours, cold in zip(runs[mode], runs["cold"]):
             assert (ours.returncode, ours.stdout) == (cold.returncode, cold.stdout)
             assert ours.stderr.splitlines()[0] == cold.stderr.splitlines()[0] == "to stderr"
             assert ours.stderr.splitlines()[-1] == cold.stderr.splitlines()[-1]
-    exited, raised = runs["warm"]
+    exited, raised, code = runs["warm"]
+    assert code.returncode == 4 and '"argv": ["4"]' in code.stdout and '"path0": ""' in code.stdout
     assert exited.returncode == 3 and raised.returncode == 1
     assert '"argv": ["3"]' in exited.stdout and f'"cwd": "{cwd}"' in exited.stdout
     assert f'"path0": "{tmp_path}"' in exited.stdout and '"env": "yes"' in exited.stdout

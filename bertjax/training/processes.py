@@ -268,17 +268,28 @@ def initialize(
 def exchange(name: str, value) -> list:
     """Every process's ``value`` (JSON), in process order, on every process. A collective: every
     process calls it with the same ``name``, in the same order."""
+    posted = _post(name, value)
+    if posted is None:
+        return [value]
+    client, prefix = posted
+    client.wait_at_barrier(f"{prefix}written", _WAIT_MS)
+    entries = dict(client.key_value_dir_get(prefix))
+    client.wait_at_barrier(f"{prefix}read", _WAIT_MS)  # then each removes its own key
+    client.key_value_delete(f"{prefix}{jax.process_index()}")
+    return [json.loads(entries[f"{prefix}{i}"]) for i in range(jax.process_count())]
+
+
+def _post(name: str, value):
+    """This process's ``value`` (JSON) written under the next key prefix of ``name`` (the n-th
+    call of a name on every process shares one prefix): (the client, the prefix), or None in a
+    run of one process."""
     client = _client()
     if client is None or jax.process_count() == 1:
-        return [value]
+        return None
     sequence = _sequence[name] = _sequence.get(name, -1) + 1
-    prefix = f"bertjax/{name}/{sequence}"
-    client.key_value_set(f"{prefix}/{jax.process_index()}", json.dumps(value))
-    client.wait_at_barrier(f"{prefix}/written", _WAIT_MS)
-    entries = dict(client.key_value_dir_get(f"{prefix}/"))
-    client.wait_at_barrier(f"{prefix}/read", _WAIT_MS)  # then each removes its own key
-    client.key_value_delete(f"{prefix}/{jax.process_index()}")
-    return [json.loads(entries[f"{prefix}/{i}"]) for i in range(jax.process_count())]
+    prefix = f"bertjax/{name}/{sequence}/"
+    client.key_value_set(f"{prefix}{jax.process_index()}", json.dumps(value))
+    return client, prefix
 
 
 _sequence: dict[str, int] = {}
@@ -360,12 +371,10 @@ def gather(name: str, value, timeout_s: float) -> list | None:
     """Every process's ``value`` (JSON), in process order, when every process gives one within
     ``timeout_s``; else None. Unlike `exchange`, a process that never calls it (blocked
     elsewhere) costs the others only the timeout."""
-    client = _client()
-    if client is None or jax.process_count() == 1:
+    posted = _post(name, value)
+    if posted is None:
         return [value]
-    sequence = _sequence[name] = _sequence.get(name, -1) + 1
-    prefix = f"bertjax/{name}/{sequence}/"
-    client.key_value_set(f"{prefix}{jax.process_index()}", json.dumps(value))
+    client, prefix = posted
     deadline = time.monotonic() + timeout_s
     while True:
         entries = dict(client.key_value_dir_get(prefix))
