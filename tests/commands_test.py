@@ -7,10 +7,10 @@ called as ``main(argv)``; train.py and bertjax.compile keep absl's global flags 
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+import warm_python
 from helpers import child_env
 from inference_fixtures import write_cased_workdir
 
@@ -196,7 +196,7 @@ def test_train_and_compile_answer_in_one_line(command, line, files):
     if command[0] == "train.py":
         command = [os.path.join(ROOT, "train.py"), *command[1:], f"--workdir={root}/w"]
     env = dict(child_env(), BERTJAX_HUGEPAGE_MALLOC="0")
-    result = subprocess.run([sys.executable, *command], env=env, capture_output=True, text=True)
+    result = warm_python.run([sys.executable, *command], cwd=os.getcwd(), env=env)
     assert result.returncode == 2, result.stderr[-2000:]
     (only,) = result.stderr.strip().splitlines()  # one line, no traceback
     assert only.startswith(line.format(root=root)), only
@@ -239,7 +239,7 @@ def test_a_bug_exits_1_with_its_traceback_and_unreachable_storage_75_with_one_li
     command = [sys.executable, "-c", RAISING, kind, os.path.join(ROOT, "train.py"),
                f"--config={TINY}", f"--workdir={tmp_path}"]  # fmt: skip
     env = dict(child_env(), BERTJAX_HUGEPAGE_MALLOC="0")
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = warm_python.run(command, cwd=os.getcwd(), env=env, timeout=300)
     assert result.returncode == status, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     if kind == "bug":

@@ -7,7 +7,6 @@ dropout by the flash_dropout kernel, phases that share a program, the report cac
 too large reported as not fitting; plus the target names."""
 
 import os
-import subprocess
 import sys
 import types
 from types import SimpleNamespace
@@ -15,6 +14,7 @@ from types import SimpleNamespace
 import jax
 import numpy as np
 import pytest
+import warm_python
 from jax.sharding import PartitionSpec as P
 
 from bertjax.aot import cache, chips, devices, hlo, plan
@@ -486,7 +486,7 @@ def test_a_program_too_large_is_reported_as_not_fitting():
         "--config.data.max_seq_length=64", "--config.model.max_position_embeddings=64",
         "--config.fit=off",  # as configured (the fit would choose microbatches)
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = warm_python.run(command, cwd=ROOT, env=os.environ, timeout=300)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "DOES NOT FIT" in result.stdout and "--config.optim.grad_accum_steps" in result.stdout
     assert "Traceback" not in result.stderr

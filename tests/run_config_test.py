@@ -3,12 +3,12 @@ config names is resolved once (``~``, relative to the current directory, URLs ke
 one is named in one line; every key of every recipe can be set on the command line."""
 
 import os
-import subprocess
 import sys
 import types
 
 import ml_collections
 import pytest
+import warm_python
 from absl import flags
 from ml_collections import config_dict, config_flags
 
@@ -313,9 +313,7 @@ def test_a_missing_path_is_one_line_from_every_command(command, line, tmp_path):
     for name in ("train.py", "configs", "bertjax"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     env = dict(os.environ, BERTJAX_HUGEPAGE_MALLOC="0")
-    result = subprocess.run(
-        [sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    result = warm_python.run([sys.executable, *command], cwd=tmp_path, env=env)
     expected = line.format(cwd=tmp_path, home=os.path.expanduser("~"))
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr[-2000:]

@@ -71,12 +71,10 @@ def test_sigkill_mid_training_and_mid_save_resumes_bitwise(reference, tmp_path):
         "sys.argv = sys.argv[1:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    result = subprocess.run(
+    result = warm_python.run(
         [sys.executable, "-c", killer] + _command(workdir)[1:],
         env=_env(),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
