@@ -132,3 +132,33 @@ def test_hugging_face_tokenizer_json(tmp_path):
     path = str(tmp_path / "tokenizer.json")
     hf.save(path)
     _check_wordpiece(Tokenizer(path))
+
+
+def test_a_trained_tokenizer_is_reused_by_what_it_was_trained_on(tmp_path, monkeypatch):
+    """Two runs on one corpus file in two workdirs: the second copies the first's model from the
+    cache of trained tokenizers (the same bytes, in its own workdir) instead of training it; a
+    new vocabulary size, or the file rewritten, trains again."""
+    from bertjax import trainer
+    from bertjax.data.text import corpus
+    from bertjax.data.tokenizer import configured, tokenizer
+
+    documents = [d for _, (_, d) in zip(range(200), corpus.iter_documents("builtin"))]
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
+    trained, real = [], tokenizer._train
+    monkeypatch.setattr(tokenizer, "_train", lambda *a: trained.append(a[1:]) or real(*a))
+    config = trainer.default_run_config()
+    config.data.update(corpus=str(text), vocab_size=200, cache_dir=str(tmp_path / "cache"))
+
+    def model(workdir: str) -> bytes:
+        path = configured.load_tokenizer(config, str(tmp_path / workdir)).path
+        assert path == str(tmp_path / workdir / "tokenizer" / "spm.model")
+        return open(path, "rb").read()
+
+    first = model("one")
+    assert model("two") == first and len(trained) == 1
+    config.data.vocab_size = 220
+    assert model("three") != first and len(trained) == 2
+    text.write_text(text.read_text() + "One more sentence, in a new document.\n")
+    model("four")
+    assert len(trained) == 3

@@ -174,14 +174,15 @@ def test_under_multihost_a_second_ctrl_c_leaves_without_jax_s_abort():
 def test_ctrl_c_during_the_default_job_s_tokenizer_training(tmp_path):
     """`python train.py` (the default job): Ctrl-C once SentencePiece is training ends the
     process within 10 s with status 130 and one line, and leaves no tokenizer that a rerun would
-    trust (only the training's own temporary directory)."""
-    workdir = str(tmp_path / "default")
+    trust (only the training's own temporary directory, in the cache of trained tokenizers)."""
+    workdir, cache = str(tmp_path / "default"), str(tmp_path / "cache")  # an empty cache
     process = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "train.py"), f"--workdir={workdir}"],
-        cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env=dict(child_env(), BERTJAX_CACHE_DIR=cache), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 300
-    while not glob.glob(f"{workdir}/tokenizer.tmp-*") and process.poll() is None:
+    while not glob.glob(f"{cache}/tokenizers/trained-*.tmp-*") and process.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     time.sleep(1.0)  # inside the training (its sentences are read in the first ~0.5 s)
@@ -191,6 +192,7 @@ def test_ctrl_c_during_the_default_job_s_tokenizer_training(tmp_path):
     assert elapsed < 10, elapsed
     assert err.strip().splitlines()[-1].startswith("stopped by SIGINT")
     assert not os.path.exists(f"{workdir}/tokenizer/spm.model")
+    assert not glob.glob(f"{cache}/tokenizers/trained-*/spm.model")
 
 
 def test_a_stop_waits_on_a_hung_write_only_as_long_as_its_bound(caplog):

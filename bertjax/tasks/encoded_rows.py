@@ -6,6 +6,7 @@ held-out rows in order, the last batch padded with weight-0 rows."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import jax
 import numpy as np
@@ -48,12 +49,14 @@ class EncodedRows(DataSource):
             return Tokenizer(
                 paths.local_copy(c.hf_vocab or c.tokenizer_model, cache), lowercase=c.lowercase
             )
+        digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
         path = workdir_tokenizer(
             texts,
             self.workdir,
             cache,
             jax.process_index(),
             jax.process_count(),
+            key={"task_texts": digest},
             vocab_size=int(c.vocab_size),
             model_type=c.tokenizer_type,
             seed=int(self.config.seed),

@@ -23,27 +23,18 @@ from bertjax import paths
 from bertjax.data.store import shard_format
 from bertjax.data.store.memmap import FORMAT_VERSION, Store, prepare_store, token_shares
 from bertjax.data.text import corpus as corpus_lib
-from bertjax.data.text import corpus_files
-from bertjax.data.text.sentences import DOCUMENT_IDS, HELDOUT_MIN, CorpusStats
+from bertjax.data.text.sentences import CorpusStats
 from bertjax.data.tokenizer.configured import load_tokenizer
 from bertjax.data.tokenizer.tokenizer import Tokenizer
 
 
 def store_key(c, tokenizer: Tokenizer) -> str:
     """A hash of what a token store is made of (see the module docstring)."""
-    if c.corpus == "builtin" or c.corpus.startswith("tfds:"):
-        files = []
-    else:
-        files = corpus_files.sizes(c.corpus)
     parts = {
         "format": FORMAT_VERSION,
         "tokenizer": tokenizer.fingerprint(),
         "language": tokenizer.language,
-        "corpus": corpus_lib.config_description(c),
-        "document_ids": DOCUMENT_IDS,  # stores named documents by path before: not reused
-        "heldout_min": HELDOUT_MIN,  # the rule that keeps the held-out split non-empty
-        "files": files,
-        "tfds_data_dir": c.tfds_data_dir if c.corpus.startswith("tfds:") else "",
+        **corpus_lib.config_parts(c),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 

@@ -19,6 +19,8 @@ from bertjax import paths
 from bertjax.data.text import builtin_corpus, corpus_files
 from bertjax.data.text.records import decode_line
 from bertjax.data.text.sentences import (
+    DOCUMENT_IDS,
+    HELDOUT_MIN,
     CorpusStats,
     cut_long,
     document_id,
@@ -230,6 +232,22 @@ def config_description(c) -> str:
     """The corpus of a run's ``config.data`` and its held-out fraction, as one line."""
     corpus = describe(c.corpus, c.corpus_format, c.text_feature)
     return f"{corpus} heldout={c.heldout_fraction}"
+
+
+def config_parts(c) -> dict:
+    """What the documents of a run's ``config.data`` and their held-out split are made of, for
+    the keys of what is built from them (the token store, a trained tokenizer): the corpus's
+    description, its files with their sizes and versions (a local file's modification time, an
+    object's generation, a Hub file's commit; none for the built-in corpus and tfds), how
+    documents are named and the rule that keeps the held-out split non-empty."""
+    builtin = c.corpus == "builtin" or c.corpus.startswith("tfds:")
+    return {
+        "corpus": config_description(c),
+        "document_ids": DOCUMENT_IDS,  # stores named documents by path before: not reused
+        "heldout_min": HELDOUT_MIN,
+        "files": [] if builtin else corpus_files.sizes(c.corpus),
+        "tfds_data_dir": c.tfds_data_dir if c.corpus.startswith("tfds:") else "",
+    }
 
 
 def config_documents(c, stats: CorpusStats | None = None):

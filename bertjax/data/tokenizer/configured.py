@@ -2,18 +2,30 @@
 (local or a URL), else a SentencePiece model trained on the training split and kept as
 WORKDIR/tokenizer/spm.model. Process 0 trains it (into the workdir, or locally and uploads it when
 the workdir is on cloud storage); every host then reads that one file, so all hosts tokenize
-alike."""
+alike.
+
+A tokenizer bertjax trains is also kept in the cache (CACHE/tokenizers/trained-KEY), keyed by what
+it was trained on (the corpus's files with their versions and its held-out split, as the token
+store's key; or the task's training text) and how (vocab_size, model type, language, seed,
+SentencePiece's version): a run on the same text in another workdir copies it into its workdir
+instead of training it again (minutes on a large corpus; the same model, so the token store built
+with it is reused too)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
+
+import sentencepiece as spm
 
 from bertjax import paths
 from bertjax.data.text import corpus as corpus_lib
 from bertjax.data.tokenizer.tokenizer import Tokenizer, train_sentencepiece
 
 TOKENIZER_FILE = "spm.model"  # WORKDIR/tokenizer/spm.model when bertjax trains the tokenizer
+TRAINER_VERSION = 1  # of tokenizer._train's settings: a change there makes cached models stale
 
 
 def _barrier(name: str, process_count: int) -> None:
@@ -24,23 +36,45 @@ def _barrier(name: str, process_count: int) -> None:
 
 
 def workdir_tokenizer(
-    sentences, workdir: str, cache: str, process_index: int, process_count: int, **options
+    sentences,
+    workdir: str,
+    cache: str,
+    process_index: int,
+    process_count: int,
+    key: dict | None = None,
+    **options,
 ) -> str:
     """A SentencePiece model trained on ``sentences`` (an iterable, or a callable returning one;
     only consumed when training happens) and kept as WORKDIR/tokenizer/spm.model; a local path
-    to it. ``options``: train_sentencepiece's (vocab_size, model_type, language, seed)."""
+    to it. ``options``: train_sentencepiece's (vocab_size, model_type, language, seed). ``key``:
+    what the sentences are made of (JSON), for the cache of trained tokenizers (None: no cache,
+    the model is trained in the workdir)."""
+    cached = None
+    if key is not None:
+        parts = {**key, **options, "sentencepiece": spm.__version__, "trainer": TRAINER_VERSION}
+        digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+        cached = os.path.join(cache, "tokenizers", f"trained-{digest}")
 
     def train(directory: str) -> str:
         return train_sentencepiece(
             sentences() if callable(sentences) else sentences, directory, **options
         )
 
-    if not paths.is_url(workdir):  # local (or shared) disk: train in place
+    def make(directory: str) -> str:
+        """The model in ``directory``: trained there, or trained into the cache (unless it is
+        there) and copied."""
+        final = os.path.join(directory, TOKENIZER_FILE)
+        if cached is None or os.path.isfile(final):
+            return train(directory)
+        _copy_directory(os.path.dirname(train(cached)), directory)
+        return final
+
+    if not paths.is_url(workdir):  # local (or shared) disk: kept in place
         directory = os.path.join(workdir, "tokenizer")
         if process_count == 1:
-            return train(directory)
+            return make(directory)
         if process_index == 0:
-            train(directory)
+            make(directory)
         _barrier("bertjax-tokenizer", process_count)
         kept = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.isfile(kept):
@@ -52,10 +86,23 @@ def workdir_tokenizer(
         return kept
     kept = paths.join(workdir, "tokenizer", TOKENIZER_FILE)
     if process_index == 0 and not paths.exists(kept):
-        key = hashlib.sha256(kept.encode()).hexdigest()[:16]
-        paths.upload(train(os.path.join(cache, "tokenizers", key)), kept)
+        local = cached or os.path.join(
+            cache, "tokenizers", hashlib.sha256(kept.encode()).hexdigest()[:16]
+        )
+        paths.upload(train(local), kept)
     _barrier("bertjax-tokenizer", process_count)
     return paths.local_copy(kept, cache)
+
+
+def _copy_directory(source: str, directory: str) -> None:
+    """``source``'s files as ``directory`` (written beside it and renamed: whole or absent)."""
+    tmp = f"{directory.rstrip(os.sep)}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    try:
+        os.replace(tmp, directory)
+    except OSError:  # another process finished first: its copy is the same model
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_tokenizer(config, workdir: str, process_index: int = 0, process_count: int = 1):
@@ -74,6 +121,7 @@ def load_tokenizer(config, workdir: str, process_index: int = 0, process_count: 
         cache,
         process_index,
         process_count,
+        key={"train_split_of": corpus_lib.config_parts(c)},
         vocab_size=c.vocab_size,
         model_type=c.tokenizer_type,
         language=c.language,
