@@ -49,14 +49,13 @@ class EncodedRows(DataSource):
             return Tokenizer(
                 paths.local_copy(c.hf_vocab or c.tokenizer_model, cache), lowercase=c.lowercase
             )
-        digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
         path = workdir_tokenizer(
             texts,
             self.workdir,
             cache,
             jax.process_index(),
             jax.process_count(),
-            key={"task_texts": digest},
+            key=lambda: {"task_texts": hashlib.sha256(json.dumps(texts).encode()).hexdigest()},
             vocab_size=int(c.vocab_size),
             model_type=c.tokenizer_type,
             seed=int(self.config.seed),

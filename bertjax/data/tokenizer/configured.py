@@ -41,19 +41,22 @@ def workdir_tokenizer(
     cache: str,
     process_index: int,
     process_count: int,
-    key: dict | None = None,
+    key=None,
     **options,
 ) -> str:
     """A SentencePiece model trained on ``sentences`` (an iterable, or a callable returning one;
     only consumed when training happens) and kept as WORKDIR/tokenizer/spm.model; a local path
     to it. ``options``: train_sentencepiece's (vocab_size, model_type, language, seed). ``key``:
-    what the sentences are made of (JSON), for the cache of trained tokenizers (None: no cache,
-    the model is trained in the workdir)."""
-    cached = None
-    if key is not None:
-        parts = {**key, **options, "sentencepiece": spm.__version__, "trainer": TRAINER_VERSION}
+    a callable returning what the sentences are made of (JSON), called only when the workdir has
+    no model (a resume lists no corpus files), for the cache of trained tokenizers (None: no
+    cache, the model is trained in the workdir)."""
+
+    def cached() -> str | None:
+        if key is None:
+            return None
+        parts = {**key(), **options, "sentencepiece": spm.__version__, "trainer": TRAINER_VERSION}
         digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
-        cached = os.path.join(cache, "tokenizers", f"trained-{digest}")
+        return os.path.join(cache, "tokenizers", f"trained-{digest}")
 
     def train(directory: str) -> str:
         return train_sentencepiece(
@@ -64,9 +67,9 @@ def workdir_tokenizer(
         """The model in ``directory``: trained there, or trained into the cache (unless it is
         there) and copied."""
         final = os.path.join(directory, TOKENIZER_FILE)
-        if cached is None or os.path.isfile(final):
+        if os.path.isfile(final) or key is None:
             return train(directory)
-        _copy_directory(os.path.dirname(train(cached)), directory)
+        _copy_directory(os.path.dirname(train(cached())), directory)
         return final
 
     if not paths.is_url(workdir):  # local (or shared) disk: kept in place
@@ -86,7 +89,7 @@ def workdir_tokenizer(
         return kept
     kept = paths.join(workdir, "tokenizer", TOKENIZER_FILE)
     if process_index == 0 and not paths.exists(kept):
-        local = cached or os.path.join(
+        local = cached() or os.path.join(
             cache, "tokenizers", hashlib.sha256(kept.encode()).hexdigest()[:16]
         )
         paths.upload(train(local), kept)
@@ -121,7 +124,7 @@ def load_tokenizer(config, workdir: str, process_index: int = 0, process_count: 
         cache,
         process_index,
         process_count,
-        key={"train_split_of": corpus_lib.config_parts(c)},
+        key=lambda: {"train_split_of": corpus_lib.config_parts(c)},
         vocab_size=c.vocab_size,
         model_type=c.tokenizer_type,
         language=c.language,
