@@ -119,9 +119,14 @@ def absl_verbose() -> bool:
 
 def parse_flags(argv: list[str], flag_values=None, known_only: bool = False) -> list[str]:
     """``flag_values(argv)`` (absl's global flags by default; pass as `app.run`'s
-    ``flags_parser`` there): a flag that does not exist or does not parse stops with `fail`."""
+    ``flags_parser`` there): a flag that does not exist or does not parse stops with `fail`.
+    Every command starts here, so it also sets the process's garbage collection for tracing
+    (`bertjax.training.runtime.fewer_gc_passes`)."""
     from absl import flags
 
+    from bertjax.training import runtime
+
+    runtime.fewer_gc_passes()
     flag_values = flags.FLAGS if flag_values is None else flag_values
     try:
         return flag_values(argv, known_only=known_only)

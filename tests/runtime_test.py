@@ -1,5 +1,7 @@
-"""bertjax.training.runtime: the restart with glibc malloc on transparent huge pages."""
+"""bertjax.training.runtime: the restart with glibc malloc on transparent huge pages; the garbage
+collection every command sets."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -157,3 +159,27 @@ def test_one_cpu_device_per_core_unless_the_user_chose_a_count(monkeypatch):
     runtime.cpu_device_per_core({}, most=8)
     runtime.cpu_device_per_core({}, most=16)
     assert set_to == [("jax_num_cpu_devices", 8), ("jax_num_cpu_devices", 12)]
+
+
+def test_every_command_collects_young_objects_less_often_and_keeps_a_users_setting():
+    """`fewer_gc_passes` raises Python's young-generation threshold (700 by default) to GC_GEN0;
+    a higher one, or collection switched off by a 0 threshold, stays; a command's flag parsing
+    (the start of train.py and every ``python -m bertjax.X``) calls it."""
+    from absl import flags
+
+    from bertjax import cli
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        runtime.fewer_gc_passes()
+        assert gc.get_threshold() == (runtime.GC_GEN0, 10, 10)
+        for kept in ((50_000, 3, 4), (0, 10, 10)):
+            gc.set_threshold(*kept)
+            runtime.fewer_gc_passes()
+            assert gc.get_threshold() == kept
+        gc.set_threshold(700, 10, 10)
+        assert cli.parse_flags(["train.py"], flags.FlagValues()) == ["train.py"]
+        assert gc.get_threshold()[0] == runtime.GC_GEN0
+    finally:
+        gc.set_threshold(*saved)
