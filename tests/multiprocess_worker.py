@@ -66,8 +66,9 @@ def main(spec_path, process_id, num_processes, port, out_dir) -> None:
     jax.config.update("jax_default_matmul_precision", "highest")
     from bertjax.data.store import configured as store
     from bertjax.data.tokenizer import configured as tokenizer
-    from bertjax.training import processes
+    from bertjax.training import processes, runtime
 
+    runtime.fewer_gc_passes()  # as every command sets it (bertjax/cli.py parse_flags)
     process_id, num_processes = int(process_id), int(num_processes)
     if num_processes > 1:
         processes.initialize(f"127.0.0.1:{port}", num_processes, process_id, 10, 120)
