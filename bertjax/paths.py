@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 
 from etils import epath
@@ -244,6 +245,22 @@ def _download(path: str, cache: str) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
     return target
+
+
+def publish_directory(tmp: str, directory: str) -> bool:
+    """Gives the local directory ``tmp`` (written beside ``directory``) the name ``directory``,
+    its files on disk first (a power cut leaves the whole directory or none of it). False when
+    another process published ``directory`` first: ``tmp`` is removed and theirs stays."""
+    for name in os.listdir(tmp):
+        with open(os.path.join(tmp, name), "rb") as f:
+            os.fsync(f.fileno())
+    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+    try:
+        os.replace(tmp, directory)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    return True
 
 
 def upload(local: str, path: str) -> None:

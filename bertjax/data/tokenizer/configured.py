@@ -98,14 +98,12 @@ def workdir_tokenizer(
 
 
 def _copy_directory(source: str, directory: str) -> None:
-    """``source``'s files as ``directory`` (written beside it and renamed: whole or absent)."""
+    """``source``'s files as ``directory`` (written beside it, on disk, renamed: whole or absent;
+    where another process finished first, its copy is the same model)."""
     tmp = f"{directory.rstrip(os.sep)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source, tmp)
-    try:
-        os.replace(tmp, directory)
-    except OSError:  # another process finished first: its copy is the same model
-        shutil.rmtree(tmp, ignore_errors=True)
+    paths.publish_directory(tmp, directory)
 
 
 def load_tokenizer(config, workdir: str, process_index: int = 0, process_count: int = 1):

@@ -364,14 +364,7 @@ def train_sentencepiece(
             f"config.data.vocab_size={vocab_size}: "
             f"{error}. Change config.data.vocab_size (or use a bigger corpus)"
         ) from error
-    for name in os.listdir(tmp):
-        with open(os.path.join(tmp, name), "rb") as f:
-            os.fsync(f.fileno())
-    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
-    try:
-        os.replace(tmp, directory)
-    except OSError:  # another process finished first: use its model
-        shutil.rmtree(tmp, ignore_errors=True)
+    paths.publish_directory(tmp, directory)  # or another process finished first: its model
     if not os.path.isfile(final):
         raise FileExistsError(
             f"{directory!r} exists but has no spm.model: delete it so the tokenizer can be trained"
