@@ -125,11 +125,37 @@ def test_recipes_run_elsewhere_are_run_there():
     assert glue.DEFAULT_CONFIG.endswith(os.path.join("configs", "glue.py"))
 
 
+@pytest.fixture
+def reads_ahead(monkeypatch) -> list:
+    """[(prefetch, the steps it read ahead)] of every `Prefetch` made while the test runs."""
+    from bertjax.data.prefetch import Prefetch
+
+    made, init = [], Prefetch.__init__
+
+    def recording(self, compute, *args, **kwargs):
+        steps = []
+
+        def compute_recorded(batch_steps):
+            steps.extend(batch_steps)
+            return compute(batch_steps)
+
+        init(self, compute_recorded, *args, **kwargs)
+        made.append((self, steps))
+
+    monkeypatch.setattr(Prefetch, "__init__", recording)
+    return made
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c for c in CONFIGS if c not in RUN_ELSEWHERE])
-def test_config_runs_shrunken(name, zh_files, small_spm, tmp_path):
+def test_config_runs_shrunken(name, zh_files, small_spm, tmp_path, reads_ahead):
+    """A few steps of each phase, held-out metrics; no phase's data read ahead past its last
+    step (the trainer's `end_at`)."""
     config = _smoke(name, zh_files, small_spm)
     summary = trainer.train_and_evaluate(config, str(tmp_path))
+    for prefetch, steps in reads_ahead:
+        if steps:
+            assert prefetch.end is not None and max(steps) < prefetch.end, (prefetch.end, steps)
     if config.budget_flops:  # the budget sets the length: a few steps
         assert 1 <= summary["step"] <= 10
     else:

@@ -104,6 +104,7 @@ class Supervisor:
         self.launches: list[Launch] = []
         self.waited: dict[str, float] = {}  # seconds from a fault to the survivors' exits
         self.started: dict[str, float] = {}
+        self._procs: list = []  # every process started
 
     def start(self, name: str, faults=None, kill_during_save=None, extra=()) -> list:
         """The processes of one launch: ``faults``, a faulty_fs plan a process;
@@ -126,7 +127,16 @@ class Supervisor:
             log = str(self.logs / f"{name}{i}.log")  # output and errors
             procs.append(warm_python.popen(command, cwd=ROOT, env=env, stdout=log))
         self.started[name] = time.monotonic()
+        self._procs += procs
         return procs
+
+    def kill_left(self) -> None:
+        """Kills every process of the job still running (a test that failed mid-launch leaves
+        none behind to retry storage for the rest of the suite)."""
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     def finish(self, name: str, procs: list, timeout: float = 300) -> Launch:
         """Waits for every process (killing what is left after ``timeout``); records them."""

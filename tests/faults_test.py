@@ -68,10 +68,11 @@ def job_settings(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, store, job_settings):
+def reference(request, tmp_path_factory, store, job_settings):
     """The same job, uninterrupted and without faults."""
     base = tmp_path_factory.mktemp("fault_reference")
     job = Supervisor(base / "workdir", store, base, job_settings)
+    request.addfinalizer(job.kill_left)
     launch = job.run("reference")
     assert launch.statuses == [0] * PROCESSES, "\n".join(log[-3000:] for log in launch.logs)
     return job
@@ -80,12 +81,9 @@ def reference(tmp_path_factory, store, job_settings):
 def _stuck_step(resumed: int) -> int:
     """The step launch 2 trains up to before its reads fail: STUCK_AT steps past the checkpoint
     it resumed from (its first batch, computed at once, and the next, read ahead, come before
-    the outage's), or the first phase's end where that comes first (the first phase's reads
-    ahead, never used, count among the launch's batches, so the second phase's first batch
-    already meets the outage). Where the launch resumes depends on where launch 1's stop landed:
-    a loaded machine moves it by a few steps."""
-    if resumed < PHASE_STEPS:
-        return min(resumed + STUCK_AT, PHASE_STEPS)
+    the outage's). A phase reads nothing ahead past its last step (`DataSource.end_at`), so the
+    count runs on through the phase switch; where the launch resumes depends on where launch
+    1's stop landed (a loaded machine moves it by a few steps)."""
     return resumed + STUCK_AT
 
 
@@ -107,11 +105,12 @@ def _wait_all(procs, timeout: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def faulted(tmp_path_factory, store, job_settings, reference) -> Supervisor:
+def faulted(request, tmp_path_factory, store, job_settings, reference) -> Supervisor:
     """The job through the module docstring's six launches (after the reference: its compiled
     programs are in the cache)."""
     base = tmp_path_factory.mktemp("faulted")
     job = Supervisor(base / "workdir", store, base, job_settings)
+    request.addfinalizer(job.kill_left)
     transient = [TRANSIENT] * PROCESSES
 
     procs = job.start("sigterm", faults=transient)  # 1
@@ -121,10 +120,11 @@ def faulted(tmp_path_factory, store, job_settings, reference) -> Supervisor:
 
     faults = [{**TRANSIENT, "outage_from_batch": STUCK_AT}, {**TRANSIENT, "hang_from_batch":
               STUCK_AT}, {**TRANSIENT, "outage_from_batch": STUCK_AT}]  # fmt: skip  # 2
+    resumed = max(job.checkpoints())  # where the launch resumes (later ones: its own saves)
     procs = job.start("stuck", faults=faults, extra=["--config.storage_retry_seconds=600"])
     marks = [f"faulty_fs: {w} from batch {STUCK_AT} on" for w in ("outage", "hang", "outage")]
     _wait_for_lines(job, "stuck", marks, procs)
-    resumed, deadline = max(job.checkpoints()), time.monotonic() + 300
+    deadline = time.monotonic() + 300
     while _stuck_step(resumed) not in job.steps_logged():  # every process trained up to the fault
         assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
         time.sleep(0.1)
@@ -198,10 +198,10 @@ def test_each_line_says_what_happened(faulted):
 
 def _left_at(log: str) -> int:
     """Launch 2: the step a process saved when it stopped, or, when the stop came while another
-    process was still opening the second phase (launch 2 stuck at the first phase's end:
-    `_stuck_step`, the step already saved), the step it says the run resumes from, nothing lost
-    (`bertjax.training.stopping.StoppedApart`, status 143; process 1, whose read hung, names the
-    others' such stops)."""
+    process was still opening the second phase (launch 2 stuck at the first phase's end, the
+    step already saved: a resume two steps before it, `_stuck_step`), the step it says the run
+    resumes from, nothing lost (`bertjax.training.stopping.StoppedApart`, status 143; process 1,
+    whose read hung, names the others' such stops)."""
     line = log.strip().splitlines()[-1]
     if line.startswith("stopped by SIGTERM after saving step "):
         return _stopped(log)
@@ -214,9 +214,9 @@ def _left_at(log: str) -> int:
 
 
 def test_a_stop_during_an_outage_saves_the_step_every_process_is_stuck_at(faulted):
-    """Launch 2: the processes trained two steps past their checkpoint (or to the first phase's
-    end, `_stuck_step`), then their reads failed (0, 2) or hung (1); the stop saved that step on
-    all three within the grace window."""
+    """Launch 2: the processes trained two steps past their checkpoint (`_stuck_step`), then
+    their reads failed (0, 2) or hung (1); the stop saved that step on all three within the
+    grace window."""
     stuck = next(launch for launch in faulted.launches if launch.name == "stuck")
     stuck_at = _stuck_step(stuck.resumed_from[0] or 0)
     assert [_left_at(log) for log in stuck.logs] == [stuck_at] * PROCESSES

@@ -274,7 +274,9 @@ class Pipeline(BatchRows, DataSource):
             make_pipeline, config, workdir, self.process_index, self.process_count
         )
         ahead = max(self.reads.prefetch, self.c.workers * self.reads.read_steps)
-        self._prefetch = Prefetch(workers.compute_batches, pool, ahead, self.reads.read_steps)
+        self._prefetch = Prefetch(
+            workers.compute_batches, pool, ahead, self.reads.read_steps, end=self._end
+        )
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Stops background work (prefetch threads or worker processes, the stores' read

@@ -1,7 +1,9 @@
 """Batches computed ahead of the step that asks: reads of ``group`` consecutive steps each (their
 rows read in one round, bertjax/data/read_settings.py), submitted to an executor (threads, or
-the worker processes of config.data.workers) up to ``ahead`` steps past the step asked for.
-Only whole groups are submitted, so a read always serves ``group`` batches. A step asked for
+the worker processes of config.data.workers) up to ``ahead`` steps past the step asked for, and
+never at or past ``end``, the first step the run will not ask for (a phase's or the run's end:
+reads ahead of it would be requests and masking for nothing). Only whole groups are submitted,
+so a read always serves ``group`` batches, but for the last read before ``end``. A step asked for
 out of order (a restart, a jump) is computed at once and the reads ahead start again after it.
 The batches are the ones computed in order: a batch is a function of the config and its step."""
 
@@ -42,10 +44,15 @@ def result(future: concurrent.futures.Future, what: str):
 class Prefetch:
     """``compute(steps) -> batches`` of the steps ahead, ``group`` steps a call."""
 
-    def __init__(self, compute: Callable, executor, ahead: int, group: int):
+    def __init__(self, compute: Callable, executor, ahead: int, group: int, end: int | None = None):
         self.compute, self.executor = compute, executor
         self.ahead, self.group = int(ahead), max(1, min(int(group), int(ahead)))
+        self.end = end  # no read ahead at or past this step (None: none)
         self._futures: dict[int, tuple[concurrent.futures.Future, int]] = {}
+        # every read submitted and not finished, including one the step waiting for it took
+        # out of _futures: closing waits for (or leaves behind) those
+        self._unfinished: set[concurrent.futures.Future] = set()
+        self._unfinished_lock = threading.Lock()  # (a done callback may run under self._lock)
         self._next: int | None = None  # the first step not submitted
         self._lock = threading.Lock()
 
@@ -66,16 +73,28 @@ class Prefetch:
                 self._next = step + 1
                 while self._next in self._futures:  # still ahead from before a jump back
                     self._next += 1
-            while self._next + self.group - 1 <= step + self.ahead:
-                steps = list(range(self._next, self._next + self.group))
+            while True:
+                stop = self._next + self.group  # the group's steps: [_next, stop)
+                if self.end is not None:
+                    stop = min(stop, self.end)
+                if stop <= self._next or stop - 1 > step + self.ahead:
+                    break
+                steps = list(range(self._next, stop))
                 future = self.executor.submit(self.compute, steps)
+                with self._unfinished_lock:
+                    self._unfinished.add(future)
+                future.add_done_callback(self._finished)
                 for i, s in enumerate(steps):
                     self._futures[s] = (future, i)
-                self._next += self.group
+                self._next = stop
         if entry is None:
             return now
         future, i = entry
         return result(future, f"the batch of step {step}")[i]
+
+    def _finished(self, future: concurrent.futures.Future) -> None:
+        with self._unfinished_lock:
+            self._unfinished.discard(future)
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Cancels the reads not started and waits up to ``timeout_s`` for those running (at most
@@ -85,8 +104,8 @@ class Prefetch:
         worker processes have ended when this returns."""
         if retry.current().cancelled():
             timeout_s = min(timeout_s, STOPPED_WAIT_S)
-        with self._lock:
-            running = [future for future, _ in self._futures.values()]
+        with self._lock, self._unfinished_lock:
+            running = list(self._unfinished)
             self._futures.clear()
         for future in running:
             future.cancel()  # those not started

@@ -63,6 +63,8 @@ class DataSource(abc.ABC):
     # the version of the plans its rows come from (bertjax/data/plan_version.py), recorded in
     # every checkpoint and checked on resume; None: rows that no plan version decides
     plan_version: int | None = None
+    _prefetch = None  # a subclass's reads ahead (bertjax/data/prefetch.py), where it has them
+    _end: int | None = None  # `end_at`'s step
 
     @property
     @abc.abstractmethod
@@ -99,6 +101,13 @@ class DataSource(abc.ABC):
     def check_resume(self, saved_config: dict, step: int) -> None:
         """Raises when resuming at ``step`` a run saved with ``saved_config`` (a dict) would
         change the data of the steps already trained (a mixture's past weights)."""
+
+    def end_at(self, steps: int) -> None:
+        """The run asks for no batch at or past step ``steps`` (its phase ends there): reads
+        ahead stop before it. A batch asked for later is still computed (at once)."""
+        self._end = int(steps)
+        if self._prefetch is not None:
+            self._prefetch.end = self._end
 
     def close(self) -> None:
         """Stops background work (prefetching)."""

@@ -180,6 +180,7 @@ class _Run:
             self.progress = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
         dropout_rng = jax.random.key(config.seed + 1)
         self.window.restart()
+        self.data.end_at(total - phase.start)  # no reads ahead past the phase's last step
         stopped = self.stop.reached(start)  # a request that came before the first step
         self.current = self.saved = start
         self.stop.unsaved, self.stop.training = self._unsaved, True
