@@ -94,6 +94,13 @@ class Launch:
     wall_s: float = 0.0  # from its start to its end
 
 
+def _kill_running(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 class Supervisor:
     """Starts the processes of the job on ``workdir``, faults chosen per launch, and keeps what
     each launch did."""
@@ -133,10 +140,7 @@ class Supervisor:
     def kill_left(self) -> None:
         """Kills every process of the job still running (a test that failed mid-launch leaves
         none behind to retry storage for the rest of the suite)."""
-        for p in self._procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill_running(self._procs)
 
     def finish(self, name: str, procs: list, timeout: float = 300) -> Launch:
         """Waits for every process (killing what is left after ``timeout``); records them."""
@@ -145,10 +149,7 @@ class Supervisor:
             for p in procs:
                 p.wait(timeout=max(1, deadline - time.monotonic()))
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            _kill_running(procs)
         logs = [(self.logs / f"{name}{i}.log").read_text() for i in range(len(procs))]
         resumed = [resumed_from(log) for log in logs]
         wall = time.monotonic() - self.started.get(name, time.monotonic())

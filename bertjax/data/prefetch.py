@@ -52,9 +52,8 @@ class Prefetch:
         # every read submitted and not finished, including one the step waiting for it took
         # out of _futures: closing waits for (or leaves behind) those
         self._unfinished: set[concurrent.futures.Future] = set()
-        self._unfinished_lock = threading.Lock()  # (a done callback may run under self._lock)
         self._next: int | None = None  # the first step not submitted
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (a read's done callback may run under it: a cancel)
 
     def batch(self, step: int, compute_now: Callable):
         """The batch of ``step``: from its read ahead, or ``compute_now(step)`` (then the reads
@@ -81,8 +80,7 @@ class Prefetch:
                     break
                 steps = list(range(self._next, stop))
                 future = self.executor.submit(self.compute, steps)
-                with self._unfinished_lock:
-                    self._unfinished.add(future)
+                self._unfinished.add(future)
                 future.add_done_callback(self._finished)
                 for i, s in enumerate(steps):
                     self._futures[s] = (future, i)
@@ -93,7 +91,7 @@ class Prefetch:
         return result(future, f"the batch of step {step}")[i]
 
     def _finished(self, future: concurrent.futures.Future) -> None:
-        with self._unfinished_lock:
+        with self._lock:
             self._unfinished.discard(future)
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
@@ -104,7 +102,7 @@ class Prefetch:
         worker processes have ended when this returns."""
         if retry.current().cancelled():
             timeout_s = min(timeout_s, STOPPED_WAIT_S)
-        with self._lock, self._unfinished_lock:
+        with self._lock:
             running = list(self._unfinished)
             self._futures.clear()
         for future in running:
