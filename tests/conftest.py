@@ -105,6 +105,25 @@ def session_tokenizer_runs(small_spm):
     SHRINK.remove(f"--config.data.tokenizer_model={small_spm}")
 
 
+def _kill_what_was_left():
+    """Processes started (tests/warm_python.py `popen`) from here to the fixture's end and still
+    running are killed: a test or fixture that failed while train.py processes ran leaves none
+    behind to retry storage, hold a port or slow the rest of the run."""
+    import warm_python
+
+    mark = len(warm_python.STARTED)
+    yield
+    left = warm_python.kill_running(warm_python.STARTED[mark:])
+    del warm_python.STARTED[mark:]
+    if left:
+        print(f"killed {len(left)} process(es) left running: {[p.args for p in left]}")
+
+
+# The module's for those its fixtures start (started before a test's own fixtures are set up).
+_kill_left_by_module = pytest.fixture(scope="module", autouse=True)(_kill_what_was_left)
+_kill_left_by_test = pytest.fixture(autouse=True)(_kill_what_was_left)
+
+
 @pytest.fixture
 def one_device():
     """The test's in-process runs train on one device (`helpers.first_device_only`)."""
@@ -270,3 +289,14 @@ def pytest_collection_modifyitems(config, items):
     config.stash[COLLECTED] = len(items)
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: order within
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """loadscope that survives a crashed worker (tests/xdist_scheduler.py); None: xdist's own
+    for the other --dist modes."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist_scheduler import LoadScopeAfterCrashes
+
+    return LoadScopeAfterCrashes(config, log)

@@ -94,13 +94,6 @@ class Launch:
     wall_s: float = 0.0  # from its start to its end
 
 
-def _kill_running(procs: list) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
 class Supervisor:
     """Starts the processes of the job on ``workdir``, faults chosen per launch, and keeps what
     each launch did."""
@@ -111,7 +104,6 @@ class Supervisor:
         self.launches: list[Launch] = []
         self.waited: dict[str, float] = {}  # seconds from a fault to the survivors' exits
         self.started: dict[str, float] = {}
-        self._procs: list = []  # every process started
 
     def start(self, name: str, faults=None, kill_during_save=None, extra=()) -> list:
         """The processes of one launch: ``faults``, a faulty_fs plan a process;
@@ -134,13 +126,7 @@ class Supervisor:
             log = str(self.logs / f"{name}{i}.log")  # output and errors
             procs.append(warm_python.popen(command, cwd=ROOT, env=env, stdout=log))
         self.started[name] = time.monotonic()
-        self._procs += procs
         return procs
-
-    def kill_left(self) -> None:
-        """Kills every process of the job still running (a test that failed mid-launch leaves
-        none behind to retry storage for the rest of the suite)."""
-        _kill_running(self._procs)
 
     def finish(self, name: str, procs: list, timeout: float = 300) -> Launch:
         """Waits for every process (killing what is left after ``timeout``); records them."""
@@ -149,7 +135,7 @@ class Supervisor:
             for p in procs:
                 p.wait(timeout=max(1, deadline - time.monotonic()))
         finally:
-            _kill_running(procs)
+            warm_python.kill_running(procs)
         logs = [(self.logs / f"{name}{i}.log").read_text() for i in range(len(procs))]
         resumed = [resumed_from(log) for log in logs]
         wall = time.monotonic() - self.started.get(name, time.monotonic())

@@ -72,7 +72,6 @@ def reference(request, tmp_path_factory, store, job_settings):
     """The same job, uninterrupted and without faults."""
     base = tmp_path_factory.mktemp("fault_reference")
     job = Supervisor(base / "workdir", store, base, job_settings)
-    request.addfinalizer(job.kill_left)
     launch = job.run("reference")
     assert launch.statuses == [0] * PROCESSES, "\n".join(log[-3000:] for log in launch.logs)
     return job
@@ -110,7 +109,6 @@ def faulted(request, tmp_path_factory, store, job_settings, reference) -> Superv
     programs are in the cache)."""
     base = tmp_path_factory.mktemp("faulted")
     job = Supervisor(base / "workdir", store, base, job_settings)
-    request.addfinalizer(job.kill_left)
     transient = [TRANSIENT] * PROCESSES
 
     procs = job.start("sigterm", faults=transient)  # 1

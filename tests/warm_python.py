@@ -185,6 +185,9 @@ class Process:
         self.send_signal(signal.SIGTERM)
 
 
+STARTED: list = []  # every process `popen` started (conftest kills those a test left running)
+
+
 def popen(argv, *, cwd, env, stdout: str, stderr: str | None = None):
     """``subprocess.Popen(argv, cwd=cwd, env=env, ...)`` with its output into the file
     ``stdout`` (and its error output into ``stderr``, or ``stdout`` too): a warm `Process` when
@@ -195,15 +198,28 @@ def popen(argv, *, cwd, env, stdout: str, stderr: str | None = None):
         out = open(stdout, "w")
         err = open(stderr, "w") if stderr else subprocess.STDOUT
         try:
-            return subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err)
+            process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err)
         finally:
             out.close()
             if stderr:
                 err.close()
-    open(stdout, "w").close()
-    if stderr:
-        open(stderr, "w").close()
-    return server.start(list(argv), str(cwd), env, stdout, stderr)
+    else:
+        open(stdout, "w").close()
+        if stderr:
+            open(stderr, "w").close()
+        process = server.start(list(argv), str(cwd), env, stdout, stderr)
+    STARTED.append(process)
+    return process
+
+
+def kill_running(processes) -> list:
+    """Kills (SIGKILL) and reaps those of ``processes`` still running; returns them."""
+    running = [p for p in processes if p.poll() is None]
+    for p in running:
+        p.kill()
+    for p in running:
+        p.wait()
+    return running
 
 
 def _send(sock: socket.socket, message: dict) -> None:

@@ -48,3 +48,23 @@ def test_a_warm_child_ends_as_a_fresh_interpreter_would(tmp_path, monkeypatch):
     assert '"main": "__main__"' in exited.stdout
     assert "Traceback (most recent call last)" in raised.stderr
     assert raised.stderr.splitlines()[-1] == "ValueError: from the script"
+
+
+def test_a_process_its_test_left_running_is_killed_when_the_test_ends(tmp_path):
+    """conftest's fixture (each test's and each module's): a process started with `popen`
+    during it and still running at its end is killed; one that ended is left as it was."""
+    import signal
+
+    import conftest
+    import pytest
+
+    fixture = conftest._kill_what_was_left()
+    next(fixture)  # the test starts
+    command = [sys.executable, "-c", "import sys, time; time.sleep(int(sys.argv[1]))"]
+    env = dict(os.environ)
+    left = warm_python.popen([*command, "600"], cwd=str(tmp_path), env=env, stdout=f"{tmp_path}/a")
+    ended = warm_python.popen([*command, "0"], cwd=str(tmp_path), env=env, stdout=f"{tmp_path}/b")
+    assert ended.wait(timeout=60) == 0
+    with pytest.raises(StopIteration):
+        next(fixture)  # the test ends
+    assert left.poll() == -signal.SIGKILL and ended.returncode == 0
