@@ -68,7 +68,7 @@ def job_settings(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(request, tmp_path_factory, store, job_settings):
+def reference(tmp_path_factory, store, job_settings):
     """The same job, uninterrupted and without faults."""
     base = tmp_path_factory.mktemp("fault_reference")
     job = Supervisor(base / "workdir", store, base, job_settings)
@@ -104,7 +104,7 @@ def _wait_all(procs, timeout: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def faulted(request, tmp_path_factory, store, job_settings, reference) -> Supervisor:
+def faulted(tmp_path_factory, store, job_settings, reference) -> Supervisor:
     """The job through the module docstring's six launches (after the reference: its compiled
     programs are in the cache)."""
     base = tmp_path_factory.mktemp("faulted")
