@@ -128,6 +128,47 @@ def test_a_step_s_batch_is_the_same_for_1_and_2_processes_and_after_a_restart(
         p.close()
 
 
+def test_a_resumed_stream_reads_only_the_units_at_its_place_and_eval_only_what_it_needs(
+    hub, repo, small_spm, tmp_path, caplog
+):
+    """The token counts of the units read are kept in the workdir: a pipeline resumed there
+    reads only the units at its step (a fresh workdir: every unit before it too), with the same
+    batch; a count the tokens contradict stops it naming the folder; a file that is no count
+    table is skipped. Held-out batches read a lane's units only until their windows are full:
+    the same batch as from all of its held-out tokens."""
+    config = _config(small_spm)
+    [first] = _pipelines(config, tmp_path / "run", 1)
+    step = 0
+    while len(first.units_read()) < len(first.units):  # until a lane reads its second unit
+        first.batch(step)
+        step += 1
+    expected = first.batch(step)
+    first.close()  # writes the counts
+    [resumed] = _pipelines(config, tmp_path / "run", 1)
+    [fresh] = _pipelines(config, tmp_path / "fresh", 1)
+    _equal(resumed.batch(step), expected)
+    _equal(fresh.batch(step), expected)
+    assert resumed.units_read() < fresh.units_read() == set(range(len(first.units)))
+
+    [folder] = (tmp_path / "run" / "stream_counts").iterdir()
+    (folder / "process-9.json").write_text("not a table")
+    saved = json.loads((folder / "process-0.json").read_text())
+    assert len(saved) == len(first.units)
+    (folder / "process-0.json").write_text(json.dumps({u: n + 1 for u, n in saved.items()}))
+    [damaged] = _pipelines(config, tmp_path / "run", 1)
+    assert "process-9.json is not a table" in caplog.text
+    with pytest.raises(ValueError, match=f"{folder} says"):
+        damaged.batch(step)
+
+    config = _config(small_spm, **{"data.heldout_fraction": 0.3})  # a lane's first unit: enough
+    [few] = _pipelines(config, tmp_path / "eval", 1)
+    [every] = _pipelines(config, tmp_path / "eval-all", 1)
+    _equal(next(few.eval_batches(1)), next(every.eval_batches(1000)))
+    assert few.units_read() < every.units_read() == set(range(len(first.units)))
+    for p in (resumed, fresh, damaged, few, every):
+        p.close()
+
+
 def test_a_burst_of_429s_and_503s_leaves_the_run_s_final_state_equal(
     hub, repo, small_spm, tmp_path, one_device
 ):

@@ -9,8 +9,9 @@ count: a process builds the rows of the lanes its rows fall in, reads only their
 resumed run recomputes where step s's windows start), and every document is read by one lane.
 
 Where a window starts takes the token counts of the units before it in the lane's stream: the
-first epoch counts them as it goes; a run resumed mid-corpus tokenizes the lane's units before
-its position once to count them (kept in memory; the units a step reads are kept too, a few a
+first epoch counts them as it goes, and the workdir keeps them (counts.py); a run resumed
+mid-corpus tokenizes the lane's units before its position once to count them only where the
+workdir lacks their counts (kept in memory; the units a step reads are kept too, a few a
 lane)."""
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class LaneStream:
 
     def __init__(self, lane: int, units: list[int], seed: int, tokenize):
         self.lane, self.units, self.seed, self.tokenize = lane, units, seed, tokenize
-        self.counts: dict[int, int] = {}
+        self.counts: dict[int, int] = {}  # unit -> training tokens (read, or from counts_from)
+        self.counts_from = ""  # where counts read from the workdir came from
         self._kept: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -61,6 +63,12 @@ class LaneStream:
             self._kept.move_to_end(unit)
             return self._kept[unit]
         got = self.tokenize(unit)
+        if self.counts.get(unit, len(got[0])) != len(got[0]):
+            raise ValueError(
+                f"unit {unit} of the streamed corpus holds {len(got[0])} training tokens, but "
+                f"{self.counts_from} says {self.counts[unit]}: the counts there are stale or "
+                "damaged: delete that folder and resume again (its units are counted anew)"
+            )
         self.counts[unit] = len(got[0])
         self._kept[unit] = got
         while len(self._kept) > KEPT_UNITS:

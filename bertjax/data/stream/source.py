@@ -22,13 +22,14 @@ import threading
 
 import numpy as np
 
-from bertjax import paths
+from bertjax import paths, retry
 from bertjax.data import data_config, keys
 from bertjax.data.corruption import causal, masking
 from bertjax.data.plans import rows as rows_lib
 from bertjax.data.prefetch import Prefetch
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store.memmap import encode_chunk
+from bertjax.data.stream import counts as counts_lib
 from bertjax.data.stream.lanes import LaneStream, lane_count, share_out
 from bertjax.data.stream.units import Unit, corpus_units, unit_documents
 from bertjax.data.text.sentences import forced_heldout, is_heldout
@@ -72,6 +73,13 @@ class StreamPipeline(DataSource):
         self.lanes = [
             LaneStream(lane, members[lane], self.seed, self._train_tokens) for lane in range(lanes)
         ]
+        key = counts_lib.key(plan["units"], self.tokenizer.fingerprint(), c.heldout_fraction,
+                             self.forced)  # fmt: skip
+        self._saved_counts = counts_lib.SavedCounts(workdir, key, process_index, len(self.units))
+        known = self._saved_counts.load()
+        for stream in self.lanes:
+            stream.counts.update({u: known[u] for u in stream.units if u in known})
+            stream.counts_from = self._saved_counts.directory
         self.width = int(c.max_seq_length) - 2
         self._special_ids = (self.tokenizer.cls_id, self.tokenizer.sep_id, self.tokenizer.pad_id)
         self._mask_spec = masking.MaskSpec(
@@ -144,7 +152,13 @@ class StreamPipeline(DataSource):
 
     def compute_batches(self, steps: list[int]) -> list[dict]:
         with self._lock:
-            return [self.compute_batch(int(step)) for step in steps]
+            out = [self.compute_batch(int(step)) for step in steps]
+            self._saved_counts.save(self._counts())
+        return out
+
+    def _counts(self) -> dict[int, int]:
+        """The token count of every unit this process knows (its lanes')."""
+        return {u: n for stream in self.lanes for u, n in stream.counts.items()}
 
     def compute_batch(self, step: int) -> dict:
         """This process's rows of global batch ``step``."""
@@ -175,21 +189,27 @@ class StreamPipeline(DataSource):
         return self._prefetch.batch(int(step), lambda s: self.compute_batches([s])[0])
 
     def eval_batches(self, num_batches: int):
-        """Fixed held-out batches: each lane's held-out tokens in corpus order, in windows."""
+        """Fixed held-out batches: each lane's held-out tokens in corpus order, in windows. A
+        lane reads its units in corpus order only until its held-out tokens fill the windows
+        ``num_batches`` batches take (the same windows as from all of its held-out tokens; a
+        lane with fewer reads them all and repeats them)."""
         if self.c.heldout_fraction <= 0:
             raise ValueError(
                 f"config.data.heldout_fraction={self.c.heldout_fraction}: the stream keeps no "
                 "held-out documents: set config.eval_every=0, or a heldout_fraction > 0"
             )
         rows = np.arange(self.host.start, self.host.stop)
+        needed = max(1, num_batches) * self.lane_rows * self.width  # tokens a lane's windows take
         held = {}
         with self._lock:
             for lane in np.unique(rows // self.lane_rows):
-                units = self.lanes[int(lane)].units
-                for unit in units:
+                got = []
+                for unit in self.lanes[int(lane)].units:
                     if unit not in self._eval_tokens:
                         self._train_tokens(unit)
-                got = [self._eval_tokens[u] for u in units]
+                    got.append(self._eval_tokens[unit])
+                    if sum(len(tokens) for tokens, _ in got) >= needed:
+                        break
                 held[int(lane)] = tuple(np.concatenate([g[i] for g in got]) for i in (0, 1))
         for i in range(max(1, num_batches)):
             parts = []
@@ -228,6 +248,9 @@ class StreamPipeline(DataSource):
     def close(self) -> None:
         if self._prefetch is not None:
             self._prefetch.close()
+        if not retry.current().cancelled():  # (a stop does not wait on storage)
+            with self._lock:
+                self._saved_counts.save(self._counts(), now=True)
 
 
 def _tokenizer(config, workdir: str, pipeline: StreamPipeline, index: int, count: int):
