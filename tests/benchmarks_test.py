@@ -198,3 +198,18 @@ def test_restart_seconds_alternates_restarts_with_and_without_the_compile_cache(
     ]
     assert ["compile_cache=off" in line for line in lines] == [False, False, True, False, True]
     assert all("--config.peak_flops_per_device=1" in line for line in lines)
+
+
+def test_stream_resume_reads_fewer_units_with_the_counts_beside_hf_datasets():
+    """benchmarks/data/stream_resume.py's dry run: a resumed stream with the workdir's counts
+    reads fewer units than without them, and the peer's row is there."""
+    import warm_python
+
+    script = os.path.join(ROOT, "benchmarks", "data", "stream_resume.py")
+    result = warm_python.run([sys.executable, script, "--dry-run"], cwd=ROOT, env=child_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r.split("|")[1].strip(): r.split("|")[2:5] for r in result.stdout.splitlines()
+            if r.startswith("| bertjax") or r.startswith("| HF datasets")}  # fmt: skip
+    kept, before = rows["bertjax, counts kept"], rows["bertjax, no counts (before)"]
+    assert int(kept[1]) < int(before[1]) <= int(before[2]), rows
+    assert any(name.startswith("HF datasets") for name in rows), result.stdout
