@@ -136,12 +136,19 @@ def test_a_resumed_stream_reads_only_the_units_at_its_place_and_eval_only_what_i
     batch; a count the tokens contradict stops it naming the folder; a file that is no count
     table is skipped. Held-out batches read a lane's units only until their windows are full:
     the same batch as from all of its held-out tokens."""
+    from bertjax.data.stream import counts
+
     config = _config(small_spm)
     [first] = _pipelines(config, tmp_path / "run", 1)
     step = 0
-    while len(first.units_read()) < len(first.units):  # until a lane reads its second unit
-        first.batch(step)
-        step += 1
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(counts, "SAVE_EVERY_S", 0.0)  # written as units are read, not only at close
+        while len(first.units_read()) < len(first.units):  # until a lane reads its second unit
+            first.batch(step)
+            step += 1
+        first._saved_counts._thread.join()
+    [folder] = (tmp_path / "run" / "stream_counts").iterdir()
+    assert json.loads((folder / "process-0.json").read_text())  # before the close
     expected = first.batch(step)
     first.close()  # writes the counts
     [resumed] = _pipelines(config, tmp_path / "run", 1)
@@ -150,7 +157,6 @@ def test_a_resumed_stream_reads_only_the_units_at_its_place_and_eval_only_what_i
     _equal(fresh.batch(step), expected)
     assert resumed.units_read() < fresh.units_read() == set(range(len(first.units)))
 
-    [folder] = (tmp_path / "run" / "stream_counts").iterdir()
     (folder / "process-9.json").write_text("not a table")
     saved = json.loads((folder / "process-0.json").read_text())
     assert len(saved) == len(first.units)
