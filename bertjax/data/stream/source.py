@@ -26,7 +26,7 @@ from bertjax import paths, retry
 from bertjax.data import data_config, keys
 from bertjax.data.corruption import causal, masking
 from bertjax.data.plans import rows as rows_lib
-from bertjax.data.prefetch import Prefetch
+from bertjax.data.prefetch import CLOSE_WAIT_S, Prefetch
 from bertjax.data.source import DataSource, host_rows
 from bertjax.data.store.memmap import encode_chunk
 from bertjax.data.stream import counts as counts_lib
@@ -248,9 +248,13 @@ class StreamPipeline(DataSource):
     def close(self) -> None:
         if self._prefetch is not None:
             self._prefetch.close()
-        if not retry.current().cancelled():  # (a stop does not wait on storage)
-            with self._lock:
+        # the counts, unless the run was told to stop or a read hangs (a stop, and a close, do
+        # not wait on storage)
+        if not retry.current().cancelled() and self._lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
                 self._saved_counts.save(self._counts(), now=True)
+            finally:
+                self._lock.release()
 
 
 def _tokenizer(config, workdir: str, pipeline: StreamPipeline, index: int, count: int):
