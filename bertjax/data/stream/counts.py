@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from bertjax import paths, retry
 from bertjax.data.plan_version import PLAN_VERSION
@@ -68,12 +69,12 @@ class SavedCounts:
             logging.info("stream: token counts of %d units from %s", len(known), self.directory)
         return known
 
-    def save(self, counts: dict[int, int], *, now: bool = False) -> None:
-        """Writes ``counts`` (this process's) when it knows more than it wrote: ``now`` (the
+    def save(self, counts: Callable[[], dict[int, int]], *, now: bool = False) -> None:
+        """Writes ``counts()`` (this process's) when it knows more than it wrote: ``now`` (the
         pipeline closes: waits for the write), else in a thread of its own, `SAVE_EVERY_S`
         after the last write began and none is in flight (a workdir whose storage is slow or
-        out never holds up the batches); best effort."""
-        if self.directory is None or len(counts) <= self._saved:
+        out never holds up the batches; ``counts`` is not called in between); best effort."""
+        if self.directory is None:
             return
         if self._thread is not None and self._thread.is_alive():
             if not now:
@@ -81,12 +82,15 @@ class SavedCounts:
             self._thread.join(CLOSE_WAIT_S)
         if not now and time.monotonic() - self._last < SAVE_EVERY_S:
             return
+        table = counts()
+        if len(table) <= self._saved:
+            return
         self._last = time.monotonic()
         if now:
-            self._write(dict(counts))
+            self._write(table)
             return
         self._thread = threading.Thread(
-            target=self._write, args=(dict(counts),), name="bertjax-stream-counts", daemon=True
+            target=self._write, args=(table,), name="bertjax-stream-counts", daemon=True
         )
         self._thread.start()
 

@@ -153,7 +153,7 @@ class StreamPipeline(DataSource):
     def compute_batches(self, steps: list[int]) -> list[dict]:
         with self._lock:
             out = [self.compute_batch(int(step)) for step in steps]
-            self._saved_counts.save(self._counts())
+            self._saved_counts.save(self._counts)
         return out
 
     def _counts(self) -> dict[int, int]:
@@ -203,12 +203,13 @@ class StreamPipeline(DataSource):
         held = {}
         with self._lock:
             for lane in np.unique(rows // self.lane_rows):
-                got = []
+                got, have = [], 0
                 for unit in self.lanes[int(lane)].units:
                     if unit not in self._eval_tokens:
                         self._train_tokens(unit)
                     got.append(self._eval_tokens[unit])
-                    if sum(len(tokens) for tokens, _ in got) >= needed:
+                    have += len(got[-1][0])
+                    if have >= needed:
                         break
                 held[int(lane)] = tuple(np.concatenate([g[i] for g in got]) for i in (0, 1))
         for i in range(max(1, num_batches)):
@@ -252,7 +253,7 @@ class StreamPipeline(DataSource):
         # not wait on storage)
         if not retry.current().cancelled() and self._lock.acquire(timeout=CLOSE_WAIT_S):
             try:
-                self._saved_counts.save(self._counts(), now=True)
+                self._saved_counts.save(self._counts, now=True)
             finally:
                 self._lock.release()
 
